@@ -1,0 +1,152 @@
+"""TorchServe entry point: one batched image-classification handler for every servinglab model.
+
+TorchServe imports this file by basename and requires exactly one class in it, so the plain
+functions live in `servinglab_imaging.py` (shipped alongside). The handler deliberately does not
+subclass `ts.torch_handler.base_handler.BaseHandler`: that module switches TF32 on globally at import
+and hides model loading; here the model comes from the archive's `build_model()` and a state dict,
+and the precision is applied exactly as the experiment's model-config.yaml asks
+(`handler: {precision, channelsLast, warmup, topK}`).
+
+Per batch it records timings as TorchServe metrics (declared in the metrics.yaml the runner renders):
+counters of milliseconds spent in preprocess / inference / postprocess, batches and batched
+requests (so the server-side breakdown and the mean batch size are exact over any window), and a
+gauge with the last batch size.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from servinglab_imaging import (
+    BadInput,
+    apply_precision,
+    decode_image,
+    error_response,
+    json_response,
+    plan_precision,
+    request_body,
+    to_batch,
+    top_k,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ServinglabImageHandler:
+    """initialize() once per worker; handle() once per batch."""
+
+    def __init__(self) -> None:
+        self.initialized = False
+        self.model: torch.nn.Module | None = None
+        self.device = torch.device("cpu")
+        self.input_size = 224
+        self.top_k = 5
+        self.channels_last = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def initialize(self, context: Any) -> None:
+        properties = context.system_properties
+        model_dir = Path(properties["model_dir"])
+        gpu_id = properties.get("gpu_id")
+        if torch.cuda.is_available() and gpu_id is not None:
+            self.device = torch.device(f"cuda:{int(gpu_id)}")
+            torch.cuda.set_device(self.device)
+        settings = (getattr(context, "model_yaml_config", None) or {}).get("handler", {}) or {}
+        self.top_k = int(settings.get("topK", 5))
+        # channels_last pays off with cuDNN/oneDNN convolutions on GPUs; default on there only.
+        self.channels_last = bool(settings.get("channelsLast", self.device.type == "cuda"))
+        self.plan = plan_precision(str(settings.get("precision", "fp32")), self.device)
+        logger.info("servinglab precision: %s", self.plan.note)
+
+        manifest_model = context.manifest["model"]
+        module = _import_file(model_dir / manifest_model["modelFile"], "servinglab_model_definition")
+        self.input_size = int(getattr(module, "INPUT_SIZE", 224))
+        model = module.build_model()
+        state = torch.load(
+            model_dir / manifest_model["serializedFile"], map_location="cpu", weights_only=True
+        )
+        model.load_state_dict(state)
+        model = model.to(self.device).eval()
+        self.model = apply_precision(model, self.plan, self.channels_last)
+        if settings.get("warmup", True):
+            self._warm_up(int(properties.get("batch_size") or 1))
+        self.initialized = True
+
+    def _warm_up(self, batch_size: int) -> None:
+        """Run each power-of-two batch size up to batch_size once, so the first requests are not
+        measured while cuDNN/oneDNN pick kernels and allocators grow."""
+        sizes = sorted({min(2**i, batch_size) for i in range(batch_size.bit_length() + 1)})
+        with torch.inference_mode():
+            for size in sizes:
+                shape = (size, 3, self.input_size, self.input_size)
+                dummy = torch.zeros(shape, device=self.device, dtype=self.plan.dtype)
+                if self.channels_last:
+                    dummy = dummy.contiguous(memory_format=torch.channels_last)
+                assert self.model is not None
+                self.model(dummy)
+        self._synchronize()
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # -- per batch -------------------------------------------------------------------------------
+
+    def handle(self, data: list[dict[str, Any]], context: Any) -> list[str]:
+        started = time.perf_counter()
+        images: list[Any] = []
+        valid: list[int] = []
+        responses: list[str] = [""] * len(data)
+        for index, row in enumerate(data):
+            try:
+                images.append(decode_image(request_body(row), self.input_size))
+                valid.append(index)
+            except BadInput as exc:
+                responses[index] = error_response(str(exc))
+                context.set_response_status(400, str(exc), idx=index)
+        batch = to_batch(images, self.device, self.plan.dtype, self.channels_last) if images else None
+        preprocessed = time.perf_counter()
+
+        logits = None
+        if batch is not None:
+            assert self.model is not None
+            with torch.inference_mode():
+                logits = self.model(batch)
+            self._synchronize()
+        inferred = time.perf_counter()
+
+        if logits is not None:
+            for index, predictions in zip(valid, top_k(logits, self.top_k), strict=True):
+                responses[index] = json_response(predictions)
+        finished = time.perf_counter()
+
+        self._record(context.metrics, len(data), started, preprocessed, inferred, finished)
+        return responses
+
+    @staticmethod
+    def _record(metrics: Any, size: int, t0: float, t1: float, t2: float, t3: float) -> None:
+        """Counters (not last-value gauges) so any window's means are exact differences."""
+        from ts.metrics.metric_type_enum import MetricTypes
+
+        counter, gauge = MetricTypes.COUNTER, MetricTypes.GAUGE
+        metrics.add_metric("ServinglabBatches", 1, unit="count", metric_type=counter)
+        metrics.add_metric("ServinglabBatchedRequests", size, unit="count", metric_type=counter)
+        metrics.add_metric("ServinglabPreprocessMs", (t1 - t0) * 1e3, unit="ms", metric_type=counter)
+        metrics.add_metric("ServinglabInferenceMs", (t2 - t1) * 1e3, unit="ms", metric_type=counter)
+        metrics.add_metric("ServinglabPostprocessMs", (t3 - t2) * 1e3, unit="ms", metric_type=counter)
+        metrics.add_metric("ServinglabLastBatchSize", size, unit="count", metric_type=gauge)
+
+
+def _import_file(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import model definition {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

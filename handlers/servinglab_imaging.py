@@ -1,0 +1,187 @@
+"""Plain, TorchServe-free functions behind the image-classification handler.
+
+Shipped inside the model archive next to `servinglab_image_handler.py` (TorchServe puts the archive
+directory on sys.path, so this imports by basename) and unit-tested directly. Nothing here imports
+`ts`, so the TorchServe-specific surface stays in the handler class alone.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+# ImageNet channel statistics, the usual normalisation for classifiers of this shape.
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_NPY_MAGIC = b"\x93NUMPY"
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+
+class BadInput(ValueError):
+    """A request body that cannot be turned into an image; reported per request, not per batch."""
+
+
+def request_body(row: dict[str, Any]) -> bytes:
+    """The payload of one TorchServe request row: raw body, or the first multipart file field."""
+    for key in ("body", "data", "file", "image"):
+        value = row.get(key)
+        if isinstance(value, bytes | bytearray):
+            return bytes(value)
+    raise BadInput("request has no binary body; POST the image bytes (JPEG, PNG or .npy uint8)")
+
+
+def decode_image(payload: bytes, size: int) -> np.ndarray:
+    """Bytes -> HxWx3 uint8 array of `size`x`size`.
+
+    Accepts JPEG, PNG (any mode, converted to RGB) and raw uint8 tensors in .npy format, shaped
+    HxWx3 or 3xHxW. Images of another size are resized (bilinear); raw tensors must already match.
+    """
+    if payload.startswith(_NPY_MAGIC):
+        try:
+            array = np.load(io.BytesIO(payload), allow_pickle=False)
+        except ValueError as exc:
+            raise BadInput(f"unreadable .npy payload: {exc}") from None
+        if array.dtype != np.uint8:
+            raise BadInput(f"raw tensor must be uint8, got {array.dtype}")
+        if array.ndim == 3 and array.shape[0] == 3 and array.shape[2] != 3:
+            array = array.transpose(1, 2, 0)
+        if array.shape != (size, size, 3):
+            raise BadInput(f"raw tensor must be {size}x{size}x3 (or 3x{size}x{size}), got {array.shape}")
+        return np.ascontiguousarray(array)
+    if not (payload.startswith(_JPEG_MAGIC) or payload.startswith(_PNG_MAGIC)):
+        raise BadInput("payload is neither JPEG, PNG nor a .npy uint8 tensor")
+    try:
+        with Image.open(io.BytesIO(payload)) as image:
+            rgb = image.convert("RGB")
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise BadInput(f"cannot decode image: {exc}") from None
+    if rgb.size != (size, size):
+        rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
+    return np.asarray(rgb, dtype=np.uint8)
+
+
+def to_batch(
+    images: Sequence[np.ndarray],
+    device: torch.device,
+    dtype: torch.dtype,
+    channels_last: bool,
+) -> torch.Tensor:
+    """Stack HxWx3 uint8 images into one normalised NCHW batch on `device` in `dtype`.
+
+    The uint8 batch crosses to the device first (a quarter of the bytes of fp32), then conversion and
+    normalisation run there as a few whole-batch operations rather than per image.
+    """
+    stacked = torch.from_numpy(np.stack(images)).to(device, non_blocking=True)
+    batch = stacked.permute(0, 3, 1, 2).float().div_(255.0)
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+    batch = batch.sub_(mean).div_(std).to(dtype)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    return batch.contiguous(memory_format=memory_format)
+
+
+def top_k(logits: torch.Tensor, k: int) -> list[list[dict[str, float | int]]]:
+    """Per row of logits, the k most likely classes with softmax probabilities (computed in fp32)."""
+    probabilities = torch.softmax(logits.float(), dim=1)
+    k = min(k, probabilities.shape[1])
+    values, indices = probabilities.topk(k, dim=1)
+    return [
+        [{"class": int(i), "probability": round(float(p), 6)} for p, i in zip(row_p, row_i, strict=True)]
+        for row_p, row_i in zip(values.tolist(), indices.tolist(), strict=True)
+    ]
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """How a requested precision is realised on a device, and whether it is native there."""
+
+    precision: str
+    dtype: torch.dtype
+    allow_tf32: bool
+    native: bool
+    note: str
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def plan_precision(precision: str, device: torch.device) -> PrecisionPlan:
+    """Choose dtype and TF32 policy for `precision` on `device`, and say if the hardware emulates it.
+
+    fp16/bf16 convert the model and inputs (`.half()` style) instead of autocast: for inference the
+    whole network runs in the reduced type, which is what a serving benchmark should measure.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        name = torch.cuda.get_device_name(device)
+        native = {
+            "fp32": True,
+            "tf32": major >= 8,
+            "fp16": (major, minor) >= (5, 3),
+            "bf16": major >= 8,
+        }[precision]
+    else:
+        flags = _cpu_flags()
+        name = "CPU"
+        native = {
+            "fp32": True,
+            "tf32": False,
+            "fp16": bool(flags & {"avx512_fp16", "amx_fp16"}),
+            "bf16": bool(flags & {"avx512_bf16", "amx_bf16"}),
+        }[precision]
+    note = (
+        f"{precision} runs natively on {name}"
+        if native
+        else f"{precision} is emulated on {name} (no native {precision} arithmetic); "
+        "expect it to be slower than fp32 here"
+    )
+    if precision == "tf32" and not native:
+        note = f"tf32 is not available on {name}; it runs as fp32"
+    return PrecisionPlan(precision, dtype, precision == "tf32", native, note)
+
+
+def apply_precision(model: torch.nn.Module, plan: PrecisionPlan, channels_last: bool) -> torch.nn.Module:
+    """Convert an eval-mode model to the plan's dtype and memory format; set the TF32 switches.
+
+    The TF32 switches are process-global in PyTorch; each TorchServe worker is its own process
+    serving one model, so setting them here is the per-model choice the spec asked for.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = plan.allow_tf32
+    torch.backends.cudnn.allow_tf32 = plan.allow_tf32
+    torch.set_float32_matmul_precision("high" if plan.allow_tf32 else "highest")
+    model = model.to(dtype=plan.dtype)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model.eval()
+
+
+def json_response(predictions: list[dict[str, float | int]]) -> str:
+    """Serialise one request's prediction list (TorchServe sends strings as-is)."""
+    return json.dumps({"predictions": predictions}, separators=(",", ":"))
+
+
+def error_response(message: str) -> str:
+    """Serialise a per-request error so one bad image does not fail the whole batch."""
+    return json.dumps({"error": message}, separators=(",", ":"))

@@ -1,0 +1,5 @@
+"""`python -m servinglab` is the `servinglab` command."""
+
+from servinglab.entry import main
+
+main()

@@ -1,0 +1,218 @@
+"""The `servinglab` command: validate, build-model, run, loadtest.
+
+Only orchestration and presentation live here; every command delegates to a module that does the
+work (spec, models, runner, loadgen). Commands that generate load are entered through
+:mod:`servinglab.entry`, which imports Locust (gevent patching) before this module.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from servinglab import __version__
+from servinglab.spec import SpecError, load_experiment
+
+console = Console(stderr=True)
+# Wide enough for the results table when output goes to a file or a CI log, not a terminal.
+stdout = Console(width=None if sys.stdout.isatty() else 160)
+
+
+@click.group()
+@click.version_option(__version__, prog_name="servinglab")
+def main() -> None:
+    """Benchmark TorchServe configurations with numbers you can trust."""
+
+
+@main.command()
+@click.argument("file", type=click.Path(path_type=Path))
+def validate(file: Path) -> None:
+    """Check an experiment file; exit 1 with every bad field named if it is invalid."""
+    try:
+        experiment = load_experiment(file)
+    except SpecError as exc:
+        _fail(str(exc), code=1)
+    click.echo(f"{file}: valid {experiment.kind} '{experiment.metadata.name}'")
+
+
+@main.command("build-model")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Rebuild even if the inputs are unchanged.")
+@click.option("--build-dir", type=click.Path(path_type=Path), help="Where archives go.")
+@click.option("--quiet", is_flag=True, help="Print nothing when the archive is already current.")
+def build_model(name: str, force: bool, build_dir: Path | None, quiet: bool) -> None:
+    """Build the TorchServe archive of a built-in model (rebuilt only when its inputs change)."""
+    from servinglab import models
+
+    try:
+        archive, rebuilt = models.build(name, build_dir, force=force)
+    except (ValueError, RuntimeError) as exc:
+        _fail(str(exc), code=1)
+    if rebuilt or not quiet:
+        click.echo(f"{'built' if rebuilt else 'up to date'}: {archive}")
+
+
+@main.command()
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the results JSON here.")
+def run(file: Path, output: Path | None) -> None:
+    """Run an experiment on this machine: TorchServe as a child process, the same load test."""
+    from servinglab import runner
+
+    try:
+        experiment = load_experiment(file)
+    except SpecError as exc:
+        _fail(str(exc), code=1)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+
+    with _LoadProgress() as progress:
+        hooks = runner.RunHooks(phase=progress.phase, progress=progress.update)
+        try:
+            document = runner.run_local(experiment, hooks)
+        except runner.RunError as exc:
+            _fail(f"experiment {experiment.metadata.name} failed: {exc}", code=2)
+        except KeyboardInterrupt:
+            _fail("interrupted; TorchServe stopped", code=130)
+    print_results(document)
+    if output is not None:
+        output.write_text(json.dumps(document, indent=2) + "\n")
+        console.print(f"results written to {output}")
+
+
+@main.command()
+@click.option("--target", required=True, help="TorchServe inference URL, e.g. http://server:8080.")
+@click.option("--model", "model_name", required=True, help="Model name (predictions path).")
+@click.option("--spec-file", type=click.Path(path_type=Path, exists=True), required=True)
+@click.option("--image-size", type=int, help="Payload size (defaults to the built-in model's).")
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Results JSON ('-' = stdout).")
+def loadtest(
+    target: str, model_name: str, spec_file: Path, image_size: int | None, output: Path | None
+) -> None:
+    """Run only the load levels of an experiment against a running server (the Job's command)."""
+    from servinglab import models
+    from servinglab.loadgen import closed_loop
+    from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
+
+    try:
+        experiment = load_experiment(spec_file)
+    except SpecError as exc:
+        _fail(str(exc), code=1)
+    load = experiment.spec.load
+    size = image_size or load.payload.image_size
+    if size is None:
+        size = models.model_info(experiment.spec.model.name).input_size
+    plan = closed_loop.LoadPlan(
+        target=target.rstrip("/"),
+        path=f"/predictions/{model_name}",
+        payloads=make_payloads(load.payload.format, size, load.payload.variants, load.payload.seed),
+        content_type=CONTENT_TYPES[load.payload.format],
+        request_timeout_seconds=load.request_timeout_seconds,
+    )
+    stats = closed_loop.run_levels(plan, load.concurrency, load.warmup_seconds, load.duration_seconds)
+    document = {"results": [s.to_json() for s in stats]}
+    text = json.dumps(document, indent=2) + "\n"
+    if output is None or str(output) == "-":
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+
+
+def print_results(document: dict[str, Any]) -> None:
+    """The results table a person reads: one row per level, plus cold start and the best level."""
+    server = document["server"]
+    title = (
+        f"{document['experiment']}: {document['model']} batch={server['batchSize']} "
+        f"delay={server['maxBatchDelayMs']}ms workers={server['workers']} precision={server['precision']}"
+    )
+    table = Table(title=title, title_justify="left")
+    for column in ("concurrency", "rps", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"):
+        table.add_column(column, justify="right")
+    for column in ("requests", "errors", "batch", "queue ms", "infer ms/batch"):
+        table.add_column(column, justify="right")
+    slo = document.get("slo")
+    if slo:
+        table.add_column(f"p99≤{slo['p99LatencyMs']:g}", justify="center")
+    for entry in document["results"]:
+        latency = entry["latencyMs"]
+        breakdown = entry.get("server") or {}
+        row = [
+            str(entry["concurrency"]),
+            f"{entry['throughputRps']:.1f}",
+            *(_ms(latency.get(k)) for k in ("p50", "p90", "p95", "p99", "max")),
+            str(entry["requests"]),
+            str(entry["errors"]),
+            _num(breakdown.get("meanBatchSize"), 2),
+            _num(breakdown.get("queueMsMean"), 1),
+            _num(breakdown.get("inferenceMsPerBatch"), 1),
+        ]
+        if slo:
+            row.append("yes" if entry.get("meetsSlo") else "no")
+        table.add_row(*row)
+    stdout.print(table)
+    notes = [f"cold start {document['coldStartSeconds']:.1f} s"]
+    best = document.get("best")
+    if best:
+        notes.append(f"best: concurrency {best['concurrency']} at {best['throughputRps']:.1f} rps")
+    precision_note = (document.get("runtime") or {}).get("precisionNote")
+    if precision_note:
+        notes.append(precision_note)
+    stdout.print("; ".join(notes))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _fail(message: str, code: int) -> Any:
+    console.print(f"[red]error:[/red] {message}", highlight=False)
+    sys.exit(code)
+
+
+class _LoadProgress:
+    """A rich progress bar per load level, refreshed from the load loop (no refresh thread)."""
+
+    def __init__(self) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeRemainingColumn(),
+            console=console,
+            auto_refresh=False,
+            transient=False,
+        )
+        self._tasks: dict[tuple[int, str], Any] = {}
+
+    def __enter__(self) -> _LoadProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def phase(self, message: str) -> None:
+        self._progress.console.print(message)
+        self._progress.refresh()
+
+    def update(self, level: int, phase: str, done: float, planned: float, measured: int) -> None:
+        if phase == "drain":
+            return
+        key = (level, phase)
+        if key not in self._tasks:
+            label = f"c={level:<4} {'warm-up' if phase == 'warmup' else 'measure'}"
+            self._tasks[key] = self._progress.add_task(label, total=planned or 1, detail="")
+        detail = f"{measured} req" if phase == "measure" else ""
+        self._progress.update(self._tasks[key], completed=done, detail=detail)
+        self._progress.refresh()

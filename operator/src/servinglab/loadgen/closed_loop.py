@@ -1,0 +1,193 @@
+"""Closed-loop load levels with Locust: N users, each sending its next request when the last returns.
+
+Locust supplies the users, the gevent HTTP client (FastHttpUser) and the runner; servinglab records
+every request itself (send time and latency from `time.perf_counter`, full float precision), because
+Locust's own statistics round latencies into buckets.
+
+One level = spawn N users -> warm-up (excluded) -> measurement period -> stop sending, wait for every
+measured request to finish -> stop users. Hooks let the caller read server metrics exactly at the
+start and end of each measured window. Used in-process by the local runner and by `servinglab
+loadtest` (the Kubernetes Job's command).
+"""
+
+from __future__ import annotations
+
+from locust import FastHttpUser, constant, task
+from locust.env import Environment
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent
+
+from servinglab.loadgen.stats import LevelStats, Sample, summarise
+
+#: Progress callback: (level concurrency, phase "warmup"|"measure"|"drain", seconds done, seconds
+#: planned, measured requests so far).
+ProgressFn = Callable[[int, str, float, float, int], None]
+WindowHook = Callable[[int], None]
+
+_TICK_SECONDS = 0.25
+_MAX_SPAWN_RATE = 100
+
+
+@dataclass
+class LoadPlan:
+    """Everything a level run needs; shared with the users through the Locust environment."""
+
+    target: str
+    path: str
+    payloads: Sequence[bytes]
+    content_type: str
+    request_timeout_seconds: float
+    sending: bool = False
+    measuring_since: float | None = None
+    in_flight: int = 0
+    samples: list[Sample] = field(default_factory=list)
+
+    def record(self, sent_at: float, latency_ms: float, error: str | None) -> None:
+        if self.measuring_since is not None and sent_at >= self.measuring_since:
+            self.samples.append(Sample(sent_at, latency_ms, error))
+
+
+def _error_kind(status: int, exception: BaseException | None) -> str | None:
+    if exception is not None and status == 0:
+        name = type(exception).__name__
+        return "timeout" if "timeout" in name.lower() else f"connection:{name}"
+    if 200 <= status < 300:
+        return None
+    return f"http_{status}"
+
+
+class InferenceUser(FastHttpUser):
+    """POSTs one generated image per request to TorchServe's prediction endpoint, back to back."""
+
+    wait_time = constant(0)
+    host = "http://127.0.0.1:8080"  # replaced per environment
+    _offset = 0
+
+    def on_start(self) -> None:
+        plan = self._plan
+        self.network_timeout = plan.request_timeout_seconds
+        self.connection_timeout = plan.request_timeout_seconds
+        # Users start at different payloads so a batch mixes images.
+        InferenceUser._offset += 1
+        self.next_payload = InferenceUser._offset
+
+    @property
+    def _plan(self) -> LoadPlan:
+        plan: LoadPlan = self.environment.servinglab_plan
+        return plan
+
+    @task
+    def predict(self) -> None:
+        plan = self._plan
+        if not plan.sending:
+            gevent.sleep(0.01)
+            return
+        body = plan.payloads[self.next_payload % len(plan.payloads)]
+        self.next_payload += 1
+        plan.in_flight += 1
+        sent_at = time.time()
+        started = time.perf_counter()
+        status, failure = 0, None
+        try:
+            with self.client.post(
+                plan.path,
+                data=body,
+                headers={"Content-Type": plan.content_type},
+                catch_response=True,
+                name="predictions",
+            ) as response:
+                status = response.status_code or 0
+                failure = response.error
+                if 200 <= status < 300:
+                    response.success()
+                else:
+                    response.failure(f"HTTP {status}")
+        except Exception as exc:  # noqa: BLE001 - any client failure is a recorded error, not a crash
+            failure = exc
+        finally:
+            latency_ms = (time.perf_counter() - started) * 1000.0
+            plan.in_flight -= 1
+            plan.record(sent_at, latency_ms, _error_kind(status, failure))
+
+
+def run_levels(
+    plan: LoadPlan,
+    levels: Sequence[int],
+    warmup_seconds: float,
+    duration_seconds: float,
+    on_progress: ProgressFn | None = None,
+    on_window_start: WindowHook | None = None,
+    on_window_end: WindowHook | None = None,
+) -> list[LevelStats]:
+    """Run each concurrency level in turn and return its exact statistics."""
+    environment = Environment(user_classes=[InferenceUser], host=plan.target)
+    environment.servinglab_plan = plan  # type: ignore[attr-defined]
+    runner = environment.create_local_runner()
+    results: list[LevelStats] = []
+    try:
+        for level in levels:
+            results.append(
+                _run_level(
+                    runner, plan, level, warmup_seconds, duration_seconds,
+                    on_progress, on_window_start, on_window_end,
+                )  # fmt: skip
+            )
+    finally:
+        runner.quit()
+    return results
+
+
+def _run_level(
+    runner: Any,
+    plan: LoadPlan,
+    level: int,
+    warmup_seconds: float,
+    duration_seconds: float,
+    on_progress: ProgressFn | None,
+    on_window_start: WindowHook | None,
+    on_window_end: WindowHook | None,
+) -> LevelStats:
+    def report(phase: str, done: float, planned: float) -> None:
+        if on_progress is not None:
+            on_progress(level, phase, done, planned, len(plan.samples))
+
+    plan.samples = []
+    plan.measuring_since = None
+    plan.sending = True
+    # Locust warns above 100 users/s; spawning finishes before the warm-up clock starts, so a
+    # level's warm-up and measurement always run at full concurrency.
+    runner.start(level, spawn_rate=min(level, _MAX_SPAWN_RATE), wait=False)
+    while runner.user_count < level:
+        gevent.sleep(0.02)
+    _wait(warmup_seconds, lambda done: report("warmup", done, warmup_seconds))
+
+    if on_window_start is not None:
+        on_window_start(level)
+    plan.measuring_since = time.time()
+    _wait(duration_seconds, lambda done: report("measure", done, duration_seconds))
+    plan.sending = False
+
+    # Every request sent inside the period counts, so wait for the stragglers (bounded by the
+    # request timeout, after which the client itself gives up and records a timeout).
+    deadline = time.monotonic() + plan.request_timeout_seconds + 5.0
+    while plan.in_flight > 0 and time.monotonic() < deadline:
+        report("drain", 0.0, 0.0)
+        gevent.sleep(0.02)
+    if on_window_end is not None:
+        on_window_end(level)
+    runner.stop()
+    samples, plan.samples, plan.measuring_since = plan.samples, [], None
+    return summarise(level, samples)
+
+
+def _wait(seconds: float, tick: Callable[[float], None]) -> None:
+    started = time.monotonic()
+    while (done := time.monotonic() - started) < seconds:
+        tick(done)
+        gevent.sleep(min(_TICK_SECONDS, seconds - done))
+    tick(seconds)

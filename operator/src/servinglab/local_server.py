@@ -1,0 +1,296 @@
+"""A real TorchServe as a child process: configure, start, wait for every worker, read, stop.
+
+The local runner and the TorchServe tests use this. Each server gets its own work directory (config,
+model store, logs, temp — TorchServe keeps its pid file in the temp dir, so two servers never clash)
+and free loopback ports. TorchServe runs in its own process group; stopping terminates the whole
+group (Java frontend and Python workers) and then kills whatever is left, so nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psutil
+
+from servinglab import tsconfig
+from servinglab.java import find_java_home
+from servinglab.spec import ServerSpec
+
+
+class ServerError(RuntimeError):
+    """TorchServe failed to start, crashed, or answered unexpectedly; the message says which."""
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """What the management API says about the model: effective settings and worker states."""
+
+    batch_size: int
+    max_batch_delay_ms: int
+    min_workers: int
+    max_workers: int
+    worker_states: tuple[str, ...]
+
+    @property
+    def ready_workers(self) -> int:
+        return sum(1 for state in self.worker_states if state == "READY")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "batchSize": self.batch_size,
+            "maxBatchDelayMs": self.max_batch_delay_ms,
+            "minWorkers": self.min_workers,
+            "maxWorkers": self.max_workers,
+            "readyWorkers": self.ready_workers,
+        }
+
+
+class LocalTorchServe:
+    """One TorchServe serving one model from a no-archive directory, configured from a ServerSpec."""
+
+    def __init__(self, model_name: str, archive: Path, server: ServerSpec, workdir: Path) -> None:
+        self.model_name = model_name
+        self.archive = archive
+        self.server = server
+        self.workdir = workdir
+        ports = free_ports(5)
+        self.addresses = tsconfig.Addresses(
+            inference=f"http://127.0.0.1:{ports[0]}",
+            management=f"http://127.0.0.1:{ports[1]}",
+            metrics=f"http://127.0.0.1:{ports[2]}",
+            grpc_inference_port=ports[3],
+            grpc_management_port=ports[4],
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_at: float | None = None
+        self.gpus = _visible_gpus()
+
+    # -- files -----------------------------------------------------------------------------------
+
+    def prepare(self) -> Path:
+        """Write config.properties, metrics.yaml and a model store holding this experiment's copy
+        of the model directory with its rendered model-config.yaml; return the config path."""
+        store = self.workdir / "model-store"
+        model_dir = store / self.model_name
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        model_dir.mkdir(parents=True)
+        for entry in self.archive.iterdir():
+            target = model_dir / entry.name
+            if entry.is_dir():
+                shutil.copytree(entry, target)
+            else:
+                # Weights can be hundreds of MB: link rather than copy; small files are copied.
+                target.symlink_to(entry.resolve()) if entry.stat().st_size > 1 << 20 else shutil.copy2(
+                    entry, target
+                )
+        (model_dir / "model-config.yaml").write_text(tsconfig.render_model_config(self.server))
+        for sub in ("logs", "tmp"):
+            (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        metrics_path = self.workdir / "metrics.yaml"
+        metrics_path.write_text(tsconfig.render_metrics_config())
+        properties = tsconfig.config_properties(
+            self.model_name,
+            self.server,
+            model_store=str(store),
+            metrics_config=str(metrics_path),
+            addresses=self.addresses,
+            number_of_gpu=self.gpus,
+        )
+        config_path = self.workdir / "config.properties"
+        config_path.write_text(tsconfig.render_properties(properties))
+        return config_path
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        config_path = self.prepare()
+        env = dict(os.environ)
+        java_home = find_java_home()
+        env.update(
+            JAVA_HOME=str(java_home),
+            PATH=os.pathsep.join([str(Path(sys.executable).parent), str(java_home / "bin"), env["PATH"]]),
+            LOG_LOCATION=str(self.workdir / "logs"),
+            METRICS_LOCATION=str(self.workdir / "logs"),
+            TEMP=str(self.workdir / "tmp"),
+            TMPDIR=str(self.workdir / "tmp"),
+            PYTHONUNBUFFERED="1",
+        )
+        env.pop("TS_CONFIG_FILE", None)  # would silently win over --ts-config
+        launcher = Path(sys.executable).with_name("torchserve")
+        command = [
+            str(launcher) if launcher.exists() else "torchserve",
+            "--start", "--foreground", "--ncs",
+            "--ts-config", str(config_path),
+            "--model-store", str(self.workdir / "model-store"),
+            "--disable-token-auth",
+        ]  # fmt: skip
+        self.started_at = time.monotonic()
+        with open(self.workdir / "logs" / "launcher.log", "ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=self.workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # own process group: stop() can reach every descendant
+            )
+
+    def wait_ready(self, timeout_seconds: float) -> float:
+        """Block until all requested workers are READY; return seconds since start (cold start)."""
+        assert self.started_at is not None, "start() first"
+        deadline = self.started_at + timeout_seconds
+        last_error = "no answer yet"
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                status = self.status()
+                if status.ready_workers >= self.server.workers:
+                    return time.monotonic() - self.started_at
+                last_error = f"{status.ready_workers}/{self.server.workers} workers ready"
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                last_error = str(exc)
+            time.sleep(0.5)
+        raise ServerError(
+            f"TorchServe was not ready within {timeout_seconds:.0f} s ({last_error}); "
+            f"logs in {self.workdir / 'logs'}"
+        )
+
+    def check_alive(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise ServerError(
+                f"TorchServe exited with code {self.process.returncode}; "
+                f"logs in {self.workdir / 'logs'}:\n{self.log_tail()}"
+            )
+
+    def log_tail(self, lines: int = 20) -> str:
+        log = self.workdir / "logs" / "ts_log.log"
+        if not log.exists():
+            log = self.workdir / "logs" / "launcher.log"
+        if not log.exists():
+            return ""
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace_seconds: float = 15.0) -> None:
+        """Terminate the process group, then kill any survivor; idempotent."""
+        if self.process is None:
+            return
+        descendants: list[psutil.Process] = []
+        try:
+            descendants = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:
+            pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout=grace_seconds)
+            except subprocess.TimeoutExpired:
+                continue
+            if sig is signal.SIGTERM:
+                _, alive = psutil.wait_procs(descendants, timeout=grace_seconds)
+                if not alive:
+                    break
+        for proc in descendants:  # anything that left the group (setsid) still goes
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(descendants, timeout=5)
+        self.process = None
+
+    def __enter__(self) -> LocalTorchServe:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- HTTP ------------------------------------------------------------------------------------
+
+    def _get(self, url: str, timeout: float = 10.0) -> bytes:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback only
+            body: bytes = response.read()
+            return body
+
+    def status(self) -> WorkerStatus:
+        """Effective settings from the management API (what TorchServe actually applied)."""
+        described = json.loads(self._get(f"{self.addresses.management}/models/{self.model_name}"))
+        model = described[0]
+        return WorkerStatus(
+            batch_size=int(model["batchSize"]),
+            max_batch_delay_ms=int(model["maxBatchDelay"]),
+            min_workers=int(model["minWorkers"]),
+            max_workers=int(model["maxWorkers"]),
+            worker_states=tuple(str(w.get("status")) for w in model.get("workers", [])),
+        )
+
+    def metrics_text(self) -> str:
+        return self._get(f"{self.addresses.metrics}/metrics").decode()
+
+    @property
+    def predictions_path(self) -> str:
+        return f"/predictions/{self.model_name}"
+
+    def predict(self, body: bytes, content_type: str, timeout: float = 60.0) -> tuple[int, Any]:
+        """One inference request (used by tests and the runner's sanity check)."""
+        request = urllib.request.Request(
+            self.addresses.inference + self.predictions_path,
+            data=body,
+            headers={"Content-Type": content_type},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _visible_gpus() -> int:
+    """GPUs TorchServe may use: none unless CUDA_VISIBLE_DEVICES or nvidia-smi says otherwise."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return len(result.stdout.split())

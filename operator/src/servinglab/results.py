@@ -1,0 +1,89 @@
+"""Assemble the results document of one experiment (pure functions).
+
+Field names match the ServingExperiment status the operator will write: a `results` list with one
+entry per level (`concurrency`, `throughputRps`, `latencyMs` {p50, p90, p95, p99, max, ...},
+`requests`, `errors`, `server` breakdown), `coldStartSeconds`, the requested and the effective
+server settings, and the best level (highest throughput, among levels meeting the SLO if one is set).
+"""
+
+from __future__ import annotations
+
+import platform
+from datetime import UTC, datetime
+from typing import Any
+
+from servinglab import __version__
+from servinglab.loadgen.stats import LevelStats
+from servinglab.spec import ServingExperiment
+
+RESULTS_KIND = "ServingExperimentResults"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def level_entry(
+    stats: LevelStats, server_breakdown: dict[str, float | None], slo_p99_ms: float | None
+) -> dict[str, Any]:
+    entry = stats.to_json()
+    entry["server"] = server_breakdown
+    if slo_p99_ms is not None:
+        p99 = stats.latency_ms.get("p99")
+        entry["meetsSlo"] = p99 is not None and p99 <= slo_p99_ms and stats.errors == 0
+    return entry
+
+
+def best_level(entries: list[dict[str, Any]], slo_p99_ms: float | None) -> dict[str, Any] | None:
+    """The level with the highest throughput; with an SLO, only levels that meet it qualify."""
+    candidates = [e for e in entries if e["throughputRps"] > 0]
+    if slo_p99_ms is not None:
+        candidates = [e for e in candidates if e.get("meetsSlo")]
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda e: e["throughputRps"])
+    return {
+        "concurrency": best["concurrency"],
+        "throughputRps": best["throughputRps"],
+        "p99LatencyMs": best["latencyMs"].get("p99"),
+    }
+
+
+def document(
+    experiment: ServingExperiment,
+    entries: list[dict[str, Any]],
+    cold_start_seconds: float,
+    effective: dict[str, Any],
+    runtime: dict[str, Any],
+    started_at: str,
+    finished_at: str,
+) -> dict[str, Any]:
+    spec = experiment.spec
+    slo = spec.slo.p99_latency_ms
+    return {
+        "apiVersion": experiment.api_version,
+        "kind": RESULTS_KIND,
+        "experiment": experiment.metadata.name,
+        "model": spec.model.name,
+        "server": {
+            "batchSize": spec.server.batch_size,
+            "maxBatchDelayMs": spec.server.max_batch_delay_ms,
+            "workers": spec.server.workers,
+            "precision": str(spec.server.precision),
+            "effective": effective,
+        },
+        "load": {
+            "mode": "closed-loop",
+            "warmupSeconds": spec.load.warmup_seconds,
+            "durationSeconds": spec.load.duration_seconds,
+            "payload": str(spec.load.payload.format),
+        },
+        "slo": {"p99LatencyMs": slo} if slo is not None else None,
+        "coldStartSeconds": round(cold_start_seconds, 3),
+        "results": entries,
+        "best": best_level(entries, slo),
+        "runtime": runtime,
+        "startedAt": started_at,
+        "finishedAt": finished_at,
+        "generator": {"servinglab": __version__, "python": platform.python_version()},
+    }

@@ -1,0 +1,195 @@
+"""The local runner behind `servinglab run FILE`: one experiment on this machine, no cluster.
+
+Flow: build the model archive if needed (child process, torch stays out of this one) -> start a real
+TorchServe configured from the spec -> wait for every worker (cold start) -> check one request and
+the effective settings -> run each load level with warm-up excluded, reading TorchServe's counters
+at the edges of each measured window -> assemble the results document. The server is stopped on
+success, failure, Ctrl-C or SIGTERM; its work directory (configs, logs) is kept only on failure.
+
+The caller must have imported Locust first (see :mod:`servinglab.entry`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from servinglab import models, results, tsmetrics
+from servinglab.loadgen import closed_loop
+from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
+from servinglab.local_server import LocalTorchServe, ServerError
+from servinglab.spec import ServingExperiment
+
+
+class RunError(RuntimeError):
+    """The experiment could not produce trustworthy results; the message says why."""
+
+
+@dataclass
+class RunHooks:
+    """Callbacks for the console: phase messages and per-tick load progress."""
+
+    phase: Callable[[str], None] = lambda message: None
+    progress: closed_loop.ProgressFn | None = None
+
+
+def resolve_archive(experiment: ServingExperiment, workdir: Path) -> tuple[Path, int]:
+    """(no-archive model directory, image size) for the experiment's model."""
+    model = experiment.spec.model
+    payload_size = experiment.spec.load.payload.image_size
+    if model.archive is None:
+        archive = models.ensure_built(model.name)
+        return archive, payload_size or models.model_info(model.name).input_size
+    if payload_size is None:
+        raise RunError("spec.load.payload.imageSize: required when spec.model.archive is set")
+    source = Path(model.archive.removeprefix("file://")).expanduser()
+    if source.is_dir():
+        return source, payload_size
+    if source.is_file() and zipfile.is_zipfile(source):
+        target = workdir / "unpacked" / model.name
+        with zipfile.ZipFile(source) as archive_zip:
+            archive_zip.extractall(target)
+        return target, payload_size
+    raise RunError(
+        f"spec.model.archive: {model.archive!r} is not a local .mar file or model directory "
+        "(URLs are fetched by the operator on Kubernetes, not by the local runner)"
+    )
+
+
+def _precision_note(logs: Path) -> str | None:
+    """The worker's own statement of how the precision ran (native or emulated), from its log."""
+    log = logs / "model_log.log"
+    if not log.exists():
+        return None
+    notes = [line for line in log.read_text(errors="replace").splitlines() if "servinglab precision:" in line]
+    return notes[-1].split("servinglab precision:", 1)[1].strip() if notes else None
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit so `finally` blocks stop the server (as Ctrl-C does)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> dict[str, Any]:
+    """Run the experiment against a local TorchServe and return the results document."""
+    hooks = hooks or RunHooks()
+    spec = experiment.spec
+    started_at = results.now_iso()
+    workdir = Path(tempfile.mkdtemp(prefix=f"servinglab-{experiment.metadata.name}-"))
+    succeeded = False
+    with _sigterm_as_exit():
+        try:
+            hooks.phase(f"Preparing model {spec.model.name}")
+            archive, image_size = resolve_archive(experiment, workdir)
+            server = LocalTorchServe(spec.model.name, archive, spec.server, workdir)
+            try:
+                hooks.phase("Starting TorchServe")
+                server.start()
+                cold_start = server.wait_ready(spec.server.startup_timeout_seconds)
+                hooks.phase(f"TorchServe ready in {cold_start:.1f} s")
+                document = _measure(experiment, server, image_size, cold_start, hooks)
+            finally:
+                server.stop()
+            document["startedAt"] = started_at
+            succeeded = True
+            return document
+        except ServerError as exc:
+            raise RunError(str(exc)) from None
+        finally:
+            if succeeded:
+                shutil.rmtree(workdir, ignore_errors=True)
+            else:
+                hooks.phase(f"Server work directory kept for inspection: {workdir}")
+
+
+def _measure(
+    experiment: ServingExperiment,
+    server: LocalTorchServe,
+    image_size: int,
+    cold_start: float,
+    hooks: RunHooks,
+) -> dict[str, Any]:
+    spec = experiment.spec
+    payload = spec.load.payload
+    payloads = make_payloads(payload.format, image_size, payload.variants, payload.seed)
+    content_type = CONTENT_TYPES[payload.format]
+
+    status, answer = server.predict(payloads[0], content_type, timeout=spec.load.request_timeout_seconds)
+    if status != 200:
+        raise RunError(f"TorchServe answered a test request with HTTP {status}: {answer}")
+    effective = server.status()
+    requested = (spec.server.batch_size, spec.server.max_batch_delay_ms, spec.server.workers)
+    applied = (effective.batch_size, effective.max_batch_delay_ms, effective.ready_workers)
+    if requested != applied:
+        raise RunError(
+            "TorchServe did not apply the requested settings (batchSize, maxBatchDelayMs, workers): "
+            f"requested {requested}, in effect {applied}"
+        )
+
+    snapshots: dict[int, tsmetrics.Snapshot] = {}
+    breakdowns: dict[int, dict[str, float | None]] = {}
+
+    def window_start(level: int) -> None:
+        server.check_alive()
+        snapshots[level] = tsmetrics.parse(server.metrics_text(), server.model_name)
+
+    def window_end(level: int) -> None:
+        server.check_alive()
+        after = tsmetrics.parse(server.metrics_text(), server.model_name)
+        breakdowns[level] = tsmetrics.breakdown(snapshots[level], after)
+
+    plan = closed_loop.LoadPlan(
+        target=server.addresses.inference,
+        path=server.predictions_path,
+        payloads=payloads,
+        content_type=content_type,
+        request_timeout_seconds=spec.load.request_timeout_seconds,
+    )
+    hooks.phase(f"Load: levels {spec.load.concurrency}")
+    stats = closed_loop.run_levels(
+        plan,
+        spec.load.concurrency,
+        spec.load.warmup_seconds,
+        spec.load.duration_seconds,
+        on_progress=hooks.progress,
+        on_window_start=window_start,
+        on_window_end=window_end,
+    )
+    server.check_alive()
+    slo = spec.slo.p99_latency_ms
+    entries = [results.level_entry(s, breakdowns.get(s.concurrency, {}), slo) for s in stats]
+    runtime = {
+        "mode": "local",
+        "device": "cuda" if server.gpus > 0 else "cpu",
+        "precisionNote": _precision_note(server.workdir / "logs"),
+        "cpuCount": os.cpu_count(),
+        "machine": platform.machine(),
+    }
+    return results.document(
+        experiment,
+        entries,
+        cold_start,
+        effective.to_json(),
+        runtime,
+        started_at="",
+        finished_at=results.now_iso(),
+    )

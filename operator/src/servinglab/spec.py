@@ -1,0 +1,298 @@
+"""The ServingExperiment v1alpha1 spec: the one validated model of what a user asks for.
+
+Everything else derives from it: the local runner (`servinglab run`), the TorchServe configuration
+renderer, the load generator's settings and (later) the CRD schema and the operator. Parsing goes
+through :func:`load_experiment` / :func:`parse_experiment`, which turn pydantic's errors into
+:class:`SpecError` with one message per problem, each naming the field path and the bad value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "servinglab.dev"
+API_VERSION = "v1alpha1"
+KIND = "ServingExperiment"
+
+#: Built-in demo models shipped in model-store/ (see :mod:`servinglab.models`).
+BUILTIN_MODELS = ("resnet50", "tiny")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+class _Spec(BaseModel):
+    """Base: camelCase on the wire, snake_case in Python, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class Precision(StrEnum):
+    """Numeric precision the handler runs the model in.
+
+    fp32 is strict IEEE fp32 (TF32 explicitly off); tf32 allows TF32 matmuls/convolutions on GPUs
+    that have them; fp16 and bf16 convert weights and inputs to that type (not autocast).
+    """
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class PayloadFormat(StrEnum):
+    """Request body the load generator sends: an encoded image or a raw uint8 tensor (.npy)."""
+
+    JPEG = "jpeg"
+    PNG = "png"
+    RAW = "raw"
+
+
+class ModelRef(_Spec):
+    """Which model to serve: a built-in demo model, or an existing archive."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
+    archive: str | None = Field(
+        default=None,
+        description="Path or URL of a TorchServe archive (.mar or no-archive directory). "
+        "Unset: `name` must be a built-in model.",
+    )
+
+    @model_validator(mode="after")
+    def _builtin_or_archive(self) -> ModelRef:
+        if self.archive is None and self.name not in BUILTIN_MODELS:
+            raise ValueError(
+                f"'{self.name}' is not a built-in model ({', '.join(BUILTIN_MODELS)}); "
+                "set model.archive to serve another model"
+            )
+        return self
+
+
+class Toleration(_Spec):
+    """A Kubernetes toleration, as in a pod spec."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0)
+
+
+class Resources(_Spec):
+    """CPU/memory requests and limits for the server container (GPUs come from `server.gpus`)."""
+
+    requests: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _quantities(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, quantity in value.items():
+            if name not in ("cpu", "memory", "ephemeral-storage"):
+                raise ValueError(f"'{name}' is not one of cpu, memory, ephemeral-storage")
+            if not _QUANTITY.match(str(quantity)):
+                raise ValueError(f"{name}: '{quantity}' is not a Kubernetes quantity")
+        return value
+
+
+DEFAULT_SERVER_IMAGE = "pytorch/torchserve:0.12.0-gpu"
+
+
+class ServerSpec(_Spec):
+    """The TorchServe configuration under test."""
+
+    batch_size: int = Field(default=1, ge=1, le=1024, description="TorchServe batchSize.")
+    max_batch_delay_ms: int = Field(
+        default=50,
+        ge=1,
+        le=60_000,
+        description="TorchServe maxBatchDelay in ms; TorchServe ignores values <= 0, so 1 is the minimum.",
+    )
+    workers: int = Field(default=1, ge=1, le=64, description="Backend worker processes (model copies).")
+    precision: Precision = Precision.FP32
+    gpus: int = Field(default=1, ge=0, le=16, description="GPUs requested on Kubernetes (0 = CPU).")
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    resources: Resources = Field(default_factory=Resources)
+    image: str = DEFAULT_SERVER_IMAGE
+    job_queue_size: int = Field(default=1000, ge=1, le=100_000)
+    response_timeout_seconds: int = Field(default=300, ge=1, le=3600)
+    startup_timeout_seconds: int = Field(default=600, ge=1, le=7200)
+
+    @field_validator("image")
+    @classmethod
+    def _pinned_image(cls, value: str) -> str:
+        last = value.rsplit("/", 1)[-1]
+        if "@" not in last and ":" not in last:
+            raise ValueError(f"'{value}' has no tag; pin a version (e.g. {DEFAULT_SERVER_IMAGE})")
+        if last.endswith(":latest"):
+            raise ValueError(f"'{value}' uses the moving tag 'latest'; pin a version")
+        return value
+
+
+class PayloadSpec(_Spec):
+    """What each request carries. Image size defaults to the model's input size."""
+
+    format: PayloadFormat = PayloadFormat.JPEG
+    image_size: int | None = Field(default=None, ge=8, le=4096)
+    variants: int = Field(default=8, ge=1, le=256, description="Distinct generated images, sent in turn.")
+    seed: int = Field(default=0, ge=0)
+
+
+class LoadSpec(_Spec):
+    """The load test: closed-loop concurrency levels, each warmed up then measured."""
+
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1, 4, 16], min_length=1, max_length=64
+    )
+    warmup_seconds: float = Field(default=10.0, ge=0, le=3600, description="Per level, excluded.")
+    duration_seconds: float = Field(default=60.0, gt=0, le=3600, description="Measured time per level.")
+    request_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
+    payload: PayloadSpec = Field(default_factory=PayloadSpec)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _unique_levels(cls, value: list[int]) -> list[int]:
+        seen: set[int] = set()
+        for level in value:
+            if level in seen:
+                raise ValueError(f"level {level} appears twice")
+            seen.add(level)
+        return value
+
+
+class SloSpec(_Spec):
+    """Optional latency objective; levels that meet it are marked and the best one picked."""
+
+    p99_latency_ms: float | None = Field(default=None, gt=0, le=3_600_000)
+
+
+class MetricsSpec(_Spec):
+    """Where GPU (DCGM) metrics are read from on Kubernetes."""
+
+    prometheus_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+
+
+class ExperimentSpec(_Spec):
+    """`spec` of a ServingExperiment."""
+
+    model: ModelRef
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    load: LoadSpec = Field(default_factory=LoadSpec)
+    slo: SloSpec = Field(default_factory=SloSpec)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+
+
+class ObjectMeta(_Spec):
+    """The part of Kubernetes metadata an experiment file may carry."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=52)]
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        # 52 leaves room for child-name suffixes within Kubernetes' 63-character label limit.
+        if not _DNS_LABEL.match(value):
+            raise ValueError(
+                f"'{value}' is not a DNS-1123 label (lowercase letters, digits and '-', "
+                "starting and ending with a letter or digit)"
+            )
+        return value
+
+
+class ServingExperiment(_Spec):
+    """A whole experiment document, as applied with kubectl or run with `servinglab run`."""
+
+    api_version: Literal["servinglab.dev/v1alpha1"]
+    kind: Literal["ServingExperiment"]
+    metadata: ObjectMeta
+    spec: ExperimentSpec
+
+
+class SpecError(ValueError):
+    """An experiment failed validation; `problems` holds one 'field.path: message' per error."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(where + "invalid experiment:\n  " + "\n  ".join(problems))
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += ("." if path else "") + str(part)
+    return path or "(document)"
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    """One human sentence for a pydantic error, always quoting the offending value."""
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    value = error.get("input")
+    shown = repr(value) if isinstance(value, str) else str(value)
+    if kind in ("greater_than_equal", "greater_than"):
+        bound = ctx.get("ge", ctx.get("gt"))
+        word = "the minimum" if kind == "greater_than_equal" else "the exclusive minimum"
+        return f"{shown} is below {word} {bound}"
+    if kind in ("less_than_equal", "less_than"):
+        bound = ctx.get("le", ctx.get("lt"))
+        word = "the maximum" if kind == "less_than_equal" else "the exclusive maximum"
+        return f"{shown} is above {word} {bound}"
+    if kind == "extra_forbidden":
+        return f"unknown field (value {shown})"
+    if kind == "missing":
+        return "required field is missing"
+    if kind in ("literal_error", "enum"):
+        return f"{shown} is not one of {ctx.get('expected')}"
+    if kind in ("too_short", "too_long"):
+        return f"{shown} has {ctx.get('actual_length')} items; {error['msg'].lower()}"
+    if kind == "string_pattern_mismatch":
+        return f"{shown} does not match the pattern {ctx.get('pattern')}"
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    return f"{shown}: {error['msg']}"
+
+
+def parse_experiment(document: Any, source: str | None = None) -> ServingExperiment:
+    """Validate one parsed YAML/JSON document; raise :class:`SpecError` naming every bad field."""
+    if not isinstance(document, Mapping):
+        raise SpecError([f"(document): expected a mapping, got {type(document).__name__}"], source)
+    try:
+        return ServingExperiment.model_validate(document)
+    except ValidationError as exc:
+        problems = [f"{_field_path(e['loc'])}: {_describe(e)}" for e in exc.errors()]
+        raise SpecError(problems, source) from None
+
+
+def load_experiment(path: str | Path) -> ServingExperiment:
+    """Read and validate an experiment file (YAML or JSON, exactly one document)."""
+    path = Path(path)
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except OSError as exc:
+        raise SpecError([f"cannot read file: {exc.strerror}"], str(path)) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([f"not valid YAML: {exc}"], str(path)) from None
+    if len(documents) != 1:
+        raise SpecError([f"expected exactly one document, found {len(documents)}"], str(path))
+    return parse_experiment(documents[0], str(path))
