@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from servinglab_imaging import (
     BadInput,
     apply_precision,

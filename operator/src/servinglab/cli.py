@@ -79,8 +79,8 @@ def run(file: Path, output: Path | None) -> None:
             document = runner.run_local(experiment, hooks)
         except runner.RunError as exc:
             _fail(f"experiment {experiment.metadata.name} failed: {exc}", code=2)
-        except KeyboardInterrupt:
-            _fail("interrupted; TorchServe stopped", code=130)
+        except runner.Interrupted as exc:
+            _fail(f"interrupted by {exc}; TorchServe stopped, nothing left running", code=128 + exc.signum)
     print_results(document)
     if output is not None:
         output.write_text(json.dumps(document, indent=2) + "\n")
@@ -181,17 +181,18 @@ def _fail(message: str, code: int) -> Any:
 
 
 class _LoadProgress:
-    """A rich progress bar per load level, refreshed from the load loop (no refresh thread)."""
+    """Load progress: live bars on a terminal; one line per phase change in logs and pipes."""
 
     def __init__(self) -> None:
+        self._live = console.is_terminal
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             TextColumn("{task.fields[detail]}"),
             TimeRemainingColumn(),
             console=console,
-            auto_refresh=False,
-            transient=False,
+            auto_refresh=False,  # refreshed from the load loop: no extra thread beside gevent
+            disable=not self._live,
         )
         self._tasks: dict[tuple[int, str], Any] = {}
 
@@ -203,16 +204,21 @@ class _LoadProgress:
         self._progress.stop()
 
     def phase(self, message: str) -> None:
-        self._progress.console.print(message)
+        console.print(message, highlight=False)
         self._progress.refresh()
 
     def update(self, level: int, phase: str, done: float, planned: float, measured: int) -> None:
+        key = (level, phase)
         if phase == "drain":
             return
-        key = (level, phase)
         if key not in self._tasks:
             label = f"c={level:<4} {'warm-up' if phase == 'warmup' else 'measure'}"
             self._tasks[key] = self._progress.add_task(label, total=planned or 1, detail="")
+            self._line(f"c={level}: {'warm-up' if phase == 'warmup' else 'measuring'} for {planned:g} s")
         detail = f"{measured} req" if phase == "measure" else ""
         self._progress.update(self._tasks[key], completed=done, detail=detail)
         self._progress.refresh()
+
+    def _line(self, message: str) -> None:
+        if not self._live:
+            console.print(message, highlight=False)

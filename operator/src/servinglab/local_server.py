@@ -8,6 +8,7 @@ group (Java frontend and Python workers) and then kills whatever is left, so not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -204,10 +205,8 @@ class LocalTorchServe:
         if self.process is None:
             return
         descendants: list[psutil.Process] = []
-        try:
+        with contextlib.suppress(psutil.Error):
             descendants = psutil.Process(self.process.pid).children(recursive=True)
-        except psutil.Error:
-            pass
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.process.pid, sig)
@@ -222,10 +221,8 @@ class LocalTorchServe:
                 if not alive:
                     break
         for proc in descendants:  # anything that left the group (setsid) still goes
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.kill()
-            except psutil.Error:
-                pass
         psutil.wait_procs(descendants, timeout=5)
         self.process = None
 
@@ -241,7 +238,7 @@ class LocalTorchServe:
     # -- HTTP ------------------------------------------------------------------------------------
 
     def _get(self, url: str, timeout: float = 10.0) -> bytes:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback only
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             body: bytes = response.read()
             return body
 
@@ -273,7 +270,7 @@ class LocalTorchServe:
             method="POST",
         )
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}")

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from servinglab import models, results, tsmetrics
@@ -75,18 +74,35 @@ def _precision_note(logs: Path) -> str | None:
     return notes[-1].split("servinglab precision:", 1)[1].strip() if notes else None
 
 
+class Interrupted(BaseException):  # like KeyboardInterrupt: not an error to catch
+    """SIGINT or SIGTERM arrived; raised in the main greenlet so cleanup runs in one place."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 @contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """Turn SIGTERM into SystemExit so `finally` blocks stop the server (as Ctrl-C does)."""
+def _interrupts_stop_the_run() -> Iterator[None]:
+    """Deliver SIGINT/SIGTERM to the main greenlet as :class:`Interrupted`.
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
+    A plain Python handler would raise inside whichever greenlet happens to run (often a Locust
+    user, mid-request); gevent runs this handler in its own greenlet, which throws into the main one
+    where it waits, so `finally` blocks stop the load and the server in order.
+    """
+    import gevent
+    import greenlet
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    main = greenlet.getcurrent()
+    watchers = [
+        gevent.signal_handler(signum, lambda n=signum: main.throw(Interrupted(n)))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    ]
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for watcher in watchers:
+            watcher.cancel()
 
 
 def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> dict[str, Any]:
@@ -95,8 +111,8 @@ def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> d
     spec = experiment.spec
     started_at = results.now_iso()
     workdir = Path(tempfile.mkdtemp(prefix=f"servinglab-{experiment.metadata.name}-"))
-    succeeded = False
-    with _sigterm_as_exit():
+    keep_workdir = False  # kept only when something failed, for its logs
+    with _interrupts_stop_the_run():
         try:
             hooks.phase(f"Preparing model {spec.model.name}")
             archive, image_size = resolve_archive(experiment, workdir)
@@ -110,15 +126,18 @@ def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> d
             finally:
                 server.stop()
             document["startedAt"] = started_at
-            succeeded = True
             return document
         except ServerError as exc:
+            keep_workdir = True
             raise RunError(str(exc)) from None
+        except RunError:
+            keep_workdir = True
+            raise
         finally:
-            if succeeded:
-                shutil.rmtree(workdir, ignore_errors=True)
-            else:
+            if keep_workdir:
                 hooks.phase(f"Server work directory kept for inspection: {workdir}")
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _measure(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import numpy.typing as npt
 from PIL import Image
 
 from servinglab.spec import PayloadFormat
@@ -19,16 +20,17 @@ CONTENT_TYPES = {
 }
 
 
-def _image(rng: np.random.Generator, size: int) -> np.ndarray:
+def _image(rng: np.random.Generator, size: int) -> npt.NDArray[np.uint8]:
     """A smooth gradient plus noise: compresses like a photo rather than like pure noise."""
     y, x = np.mgrid[0:size, 0:size].astype(np.float32) / max(size - 1, 1)
     phases = rng.uniform(0, 2 * np.pi, size=3)
     base = np.stack([0.5 + 0.5 * np.sin(2 * np.pi * (x + y) + p) for p in phases], axis=-1)
     noisy = base * 200 + rng.normal(0, 12, size=(size, size, 3))
-    return np.clip(noisy, 0, 255).astype(np.uint8)
+    image: npt.NDArray[np.uint8] = np.clip(noisy, 0, 255).astype(np.uint8)
+    return image
 
 
-def encode(array: np.ndarray, fmt: PayloadFormat) -> bytes:
+def encode(array: npt.NDArray[np.uint8], fmt: PayloadFormat) -> bytes:
     buffer = io.BytesIO()
     if fmt is PayloadFormat.RAW:
         np.save(buffer, array, allow_pickle=False)

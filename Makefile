@@ -1,0 +1,44 @@
+# servinglab developer tasks. `make help` lists them. Everything runs from a project-local .venv.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo smoke test lint typecheck unit integration clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check pip==25.3
+	$(BIN)/python -m pip install -q -e . --group dev
+	rm -f $(VENV)/.installed-*; touch $@
+
+setup: $(STAMP) ## create .venv with pinned dependencies (torch, TorchServe, Locust, ...)
+
+demo: setup ## run the ResNet-50 demo experiment locally (results in results-demo.json)
+	$(BIN)/servinglab run examples/experiment-demo.yaml --output results-demo.json
+
+smoke: setup ## run the tiny smoke experiment (under a minute)
+	$(BIN)/servinglab run examples/experiment-smoke.yaml --output results-smoke.json
+
+lint: setup ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup ## mypy --strict on the servinglab package
+	$(BIN)/mypy
+
+unit: setup ## fast tests (no TorchServe)
+	$(BIN)/pytest tests/unit
+
+integration: setup ## tests that start a real TorchServe
+	$(BIN)/pytest tests/integration
+
+test: lint typecheck ## everything CI runs: lint, types, all tests
+	$(BIN)/pytest
+
+clean: ## remove build outputs (keeps .venv)
+	rm -rf model-store/build .pytest_cache .mypy_cache .ruff_cache results-*.json

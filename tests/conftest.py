@@ -1,0 +1,38 @@
+"""Shared fixtures: paths of the examples, a tiny model archive built once per session."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="session")
+def servinglab_cmd() -> list[str]:
+    """How tests invoke the real command line (the console script of this environment)."""
+    script = Path(sys.executable).with_name("servinglab")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "servinglab"]
+
+
+@pytest.fixture(scope="session")
+def tiny_archive(tmp_path_factory: pytest.TempPathFactory, servinglab_cmd: list[str]) -> Path:
+    """The tiny model's no-archive directory, built by `servinglab build-model` into a temp dir."""
+    build_dir = tmp_path_factory.mktemp("build")
+    subprocess.run([*servinglab_cmd, "build-model", "tiny", "--build-dir", str(build_dir)], check=True)
+    archive = build_dir / "tiny" / "tiny"
+    assert (archive / "MAR-INF" / "MANIFEST.json").exists()
+    return archive
+
+
+@pytest.fixture()
+def tiny_model_copy(tiny_archive: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny archive a test may modify."""
+    target = tmp_path / "tiny"
+    shutil.copytree(tiny_archive, target)
+    return target

@@ -1,0 +1,98 @@
+"""`servinglab run` end to end: real TorchServe, real Locust load, results JSON, no leftovers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.torchserve
+
+SMOKE = Path(__file__).resolve().parents[2] / "examples" / "experiment-smoke.yaml"
+
+
+def test_smoke_experiment_reports_every_level(
+    servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float
+) -> None:
+    output = tmp_path / "r.json"
+    run = subprocess.run(
+        [*servinglab_cmd, "run", str(SMOKE), "--output", str(output)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    document = json.loads(output.read_text())
+    spec = yaml.safe_load(SMOKE.read_text())["spec"]
+    assert [level["concurrency"] for level in document["results"]] == spec["load"]["concurrency"]
+    for level in document["results"]:
+        latency = level["latencyMs"]
+        assert level["throughputRps"] > 0
+        assert level["errors"] == 0 and level["requests"] > 0
+        assert latency["p50"] <= latency["p90"] <= latency["p95"] <= latency["p99"] <= latency["max"]
+        # the measured window is the configured duration, plus at most one request's latency
+        assert spec["load"]["durationSeconds"] * 0.9 <= level["windowSeconds"]
+        assert level["windowSeconds"] <= spec["load"]["durationSeconds"] + latency["max"] / 1000 + 0.5
+        assert level["server"]["serverRequests"] >= level["requests"]
+    assert document["coldStartSeconds"] > 0
+    assert document["server"]["effective"]["batchSize"] == spec["server"]["batchSize"]
+    assert document["server"]["effective"]["readyWorkers"] == spec["server"]["workers"]
+    # at the highest concurrency the server batches (mean batch size above 1)
+    assert document["results"][-1]["server"]["meanBatchSize"] > 1
+    assert "runs natively" in document["runtime"]["precisionNote"]
+    assert "p99" in run.stdout and "cold start" in run.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_stops_torchserve(
+    servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float, sig: signal.Signals
+) -> None:
+    long_run = yaml.safe_load(SMOKE.read_text())
+    long_run["spec"]["load"]["durationSeconds"] = 120
+    experiment = tmp_path / "long.yaml"
+    experiment.write_text(yaml.safe_dump(long_run))
+    process = subprocess.Popen(
+        [*servinglab_cmd, "run", str(experiment)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    try:
+        seen = ""
+        deadline = time.monotonic() + 120
+        while "measuring" not in seen and time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line:
+                break
+            seen += line
+        assert "measuring" in seen, seen
+        time.sleep(1.0)  # mid-level: users are sending, TorchServe is batching
+        process.send_signal(sig)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + sig
+    assert f"interrupted by {sig.name}; TorchServe stopped" in rest
+    assert "Traceback" not in seen + rest
+
+
+def test_invalid_experiment_is_refused_before_anything_starts(
+    servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float
+) -> None:
+    bad = yaml.safe_load(SMOKE.read_text())
+    bad["spec"]["server"]["batchSize"] = 0
+    bad["spec"]["load"]["concurrency"] = [2, 2]
+    experiment = tmp_path / "bad.yaml"
+    experiment.write_text(yaml.safe_dump(bad))
+    run = subprocess.run(
+        [*servinglab_cmd, "run", str(experiment), "--output", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 1
+    assert "spec.server.batchSize: 0 is below the minimum 1" in run.stderr
+    assert "spec.load.concurrency: level 2 appears twice" in run.stderr
+    assert "Starting TorchServe" not in run.stderr
+    assert not (tmp_path / "r.json").exists()
