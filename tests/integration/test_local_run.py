@@ -96,3 +96,25 @@ def test_invalid_experiment_is_refused_before_anything_starts(
     assert "spec.load.concurrency: level 2 appears twice" in run.stderr
     assert "Starting TorchServe" not in run.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_emulated_precision_is_reported(
+    servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float
+) -> None:
+    """fp16 on a CPU without fp16 arithmetic runs, and the results say it was emulated."""
+    experiment = yaml.safe_load(SMOKE.read_text())
+    experiment["spec"]["server"]["precision"] = "fp16"
+    experiment["spec"]["load"].update(concurrency=[2], durationSeconds=2)
+    path = tmp_path / "fp16.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    output = tmp_path / "r.json"
+    run = subprocess.run(
+        [*servinglab_cmd, "run", str(path), "--output", str(output)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    document = json.loads(output.read_text())
+    cpu_has_fp16 = any(flag in Path("/proc/cpuinfo").read_text() for flag in ("avx512_fp16", "amx_fp16"))
+    note = document["runtime"]["precisionNote"]
+    assert ("emulated" in note) == (not cpu_has_fp16), note
+    assert document["results"][0]["errors"] == 0

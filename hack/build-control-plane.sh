@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Build the binaries of the test control plane from Go modules (no release downloads, no Docker):
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl   <- k8s.io/kubernetes
+#   etcd                                                               <- go.etcd.io/etcd/server/v3
+#   kwok (+ its stage YAMLs)                                           <- sigs.k8s.io/kwok
+#   helm                                                               <- helm.sh/helm/v3
+# into a cache directory outside the repo keyed by the versions in hack/control-plane.env, and
+# print that directory. A complete cache returns at once; a partial one builds what is missing.
+#
+#   hack/build-control-plane.sh            # build or reuse; prints the bin directory
+#   SERVINGLAB_K8S_CACHE=/path ...         # cache root (default ~/.cache/servinglab/control-plane)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=control-plane.env
+source "$here/control-plane.env"
+cache_root=${SERVINGLAB_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/servinglab/control-plane}
+bin="$cache_root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
+
+if [[ -f "$bin/.complete" ]]; then
+  echo "$bin"
+  exit 0
+fi
+
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+mkdir -p "$bin"
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+log() { printf '[build-control-plane %s] %s\n' "$(date +%T)" "$*" >&2; }
+
+module_field() { # MODULE@VERSION FIELD -> a field of `go mod download -json`
+  (cd "$scratch" && GOFLAGS= go mod download -json "$1") |
+    python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"
+}
+
+build_kubernetes() {
+  local minor=${K8S_VERSION#v1.}          # 34.7
+  local upstream_gomod
+  upstream_gomod=$(module_field "k8s.io/kubernetes@$K8S_VERSION" GoMod)
+  mkdir -p "$scratch/k8s" && cd "$scratch/k8s"
+  go mod init servinglab.local/k8s-bins >/dev/null 2>&1
+  # Same Go language version and GODEBUG defaults as upstream (godebug only counts in the main module).
+  go mod edit -go="$(awk '$1 == "go" {print $2; exit}' "$upstream_gomod")" -require="k8s.io/kubernetes@$K8S_VERSION"
+  awk '$1 == "godebug" && NF == 2 {print $2}' "$upstream_gomod" | while read -r setting; do
+    go mod edit -godebug="$setting"
+  done
+  # Upstream requires its staging modules at the placeholder v0.0.0 and replaces them with local
+  # paths, which a dependent module cannot see: point each at its published v0.<minor>.<patch> tag.
+  local staging
+  staging=$(grep -oE '^[[:space:]]*(require[[:space:]]+)?k8s\.io/[A-Za-z0-9._-]+ v0\.0\.0' "$upstream_gomod" |
+    awk '{print $NF == "v0.0.0" ? $(NF-1) : $NF}' | sort -u)
+  for module in $staging; do go mod edit -replace="$module=$module@v0.$minor"; done
+  local flags=(-s -w) stamp
+  stamp=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=(-X "$pkg.gitVersion=$K8S_VERSION" -X "$pkg.gitMajor=1" -X "$pkg.gitMinor=${minor%%.*}"
+            -X "$pkg.gitTreeState=clean" -X "$pkg.buildDate=$stamp")
+  done
+  log "building Kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl)"
+  go build -trimpath -tags selinux,notest -ldflags "${flags[*]}" -o "$bin/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+}
+
+build_etcd() {
+  # etcd's server module has a main package at its root but replace directives in its go.mod,
+  # so `go install ...@version` is refused: build it from a wrapper module instead.
+  mkdir -p "$scratch/etcd" && cd "$scratch/etcd"
+  go mod init servinglab.local/etcd-bin >/dev/null 2>&1
+  go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  log "building etcd $ETCD_VERSION"
+  go build -trimpath -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
+    -o "$bin/etcd" go.etcd.io/etcd/server/v3
+}
+
+build_kwok() {
+  log "building kwok $KWOK_VERSION"
+  GOFLAGS= GOBIN="$bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  local source
+  source=$(module_field "sigs.k8s.io/kwok@$KWOK_VERSION" Dir)
+  mkdir -p "$bin/kwok-stages"
+  cp "$source/kustomize/stage/node/fast/node-initialize.yaml" \
+     "$source/kustomize/stage/pod/fast/pod-ready.yaml" \
+     "$source/kustomize/stage/pod/fast/pod-delete.yaml" "$bin/kwok-stages/"
+  chmod -R u+w "$bin/kwok-stages"
+}
+
+build_helm() {
+  # helm v3 reports Kubernetes v1.20 to `helm template`/`lint` unless told the real minor.
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local flags=(-s -w -X "helm.sh/helm/v3/internal/version.version=$HELM_VERSION")
+  for pkg in pkg/chartutil pkg/lint/rules; do
+    flags+=(-X "helm.sh/helm/v3/$pkg.k8sVersionMajor=1" -X "helm.sh/helm/v3/$pkg.k8sVersionMinor=$minor")
+  done
+  log "building helm $HELM_VERSION"
+  GOFLAGS= GOBIN="$bin" go install -trimpath -ldflags "${flags[*]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+}
+
+started=$(date +%s)
+[[ -x "$bin/kube-apiserver" && -x "$bin/kubectl" && -x "$bin/kube-scheduler" && -x "$bin/kube-controller-manager" ]] ||
+  (build_kubernetes)
+[[ -x "$bin/etcd" ]] || (build_etcd)
+[[ -x "$bin/kwok" && -d "$bin/kwok-stages" ]] || (build_kwok)
+[[ -x "$bin/helm" ]] || (build_helm)
+"$bin/kube-apiserver" --version >&2
+"$bin/etcd" --version | head -1 >&2
+touch "$bin/.complete"
+log "done in $(( $(date +%s) - started )) s"
+echo "$bin"
