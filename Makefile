@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke test lint typecheck unit integration clean
+.PHONY: help setup demo smoke test lint typecheck unit integration k8s control-plane clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -37,7 +37,13 @@ unit: setup ## fast tests (no TorchServe)
 integration: setup ## tests that start a real TorchServe
 	$(BIN)/pytest tests/integration
 
-test: lint typecheck ## everything CI runs: lint, types, all tests
+control-plane: ## build (or reuse the cached) Kubernetes binaries, etcd, KWOK and helm from Go modules
+	hack/build-control-plane.sh
+
+k8s: setup control-plane ## tests against the local Kubernetes control plane
+	$(BIN)/pytest tests/k8s
+
+test: lint typecheck control-plane ## everything CI runs: lint, types, all tests
 	$(BIN)/pytest
 
 clean: ## remove build outputs (keeps .venv)

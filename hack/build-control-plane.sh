@@ -33,6 +33,19 @@ module_field() { # MODULE@VERSION FIELD -> a field of `go mod download -json`
     python3 -c "import json,sys; print(json.load(sys.stdin)['$2'])"
 }
 
+staging_version() { # MODULE WANTED -> WANTED if the proxy serves it, else its newest same-minor tag
+  # (the proxy may withhold single versions; only modules outside the build, such as
+  # sample-apiserver, have needed this, and any same-minor tag satisfies the module graph)
+  local listed
+  listed=$(cd "$scratch" && GOFLAGS= go list -m -versions "$1" | tr ' ' '\n' | tail -n +2)
+  if grep -qx "$2" <<<"$listed"; then echo "$2"; return; fi
+  local fallback
+  fallback=$(grep -E "^${2%.*}\.[0-9]+$" <<<"$listed" | sort -V | tail -1)
+  [[ -n "$fallback" ]] || { log "no $1 ${2%.*}.x on the module proxy"; return 1; }
+  log "$1 $2 is not served by the module proxy; using $fallback"
+  echo "$fallback"
+}
+
 build_kubernetes() {
   local minor=${K8S_VERSION#v1.}          # 34.7
   local upstream_gomod
@@ -47,9 +60,10 @@ build_kubernetes() {
   # Upstream requires its staging modules at the placeholder v0.0.0 and replaces them with local
   # paths, which a dependent module cannot see: point each at its published v0.<minor>.<patch> tag.
   local staging
-  staging=$(grep -oE '^[[:space:]]*(require[[:space:]]+)?k8s\.io/[A-Za-z0-9._-]+ v0\.0\.0' "$upstream_gomod" |
-    awk '{print $NF == "v0.0.0" ? $(NF-1) : $NF}' | sort -u)
-  for module in $staging; do go mod edit -replace="$module=$module@v0.$minor"; done
+  # (exactly v0.0.0: pseudo-versions such as k8s.io/utils v0.0.0-2025... are real dependencies)
+  staging=$(grep -E '^[[:space:]]*(require[[:space:]]+)?k8s\.io/[A-Za-z0-9._-]+ v0\.0\.0([[:space:]]|$)' "$upstream_gomod" |
+    sed -E 's/^[[:space:]]*(require[[:space:]]+)?//' | awk '{print $1}' | sort -u)
+  for module in $staging; do go mod edit -replace="$module=$module@$(staging_version "$module" "v0.$minor")"; done
   local flags=(-s -w) stamp
   stamp=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do

@@ -13,6 +13,17 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cluster",
+        choices=("local", "existing"),
+        default="local",
+        help="Kubernetes for tests/k8s: 'local' builds (or reuses) and starts a real control plane with "
+        "KWOK on loopback; 'existing' uses the current KUBECONFIG cluster (kind, k3d, a real one) and "
+        "adds KWOK-simulated GPU nodes to it.",
+    )
+
+
 @pytest.fixture(scope="session")
 def servinglab_cmd() -> list[str]:
     """How tests invoke the real command line (the console script of this environment)."""

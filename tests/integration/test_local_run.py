@@ -16,14 +16,20 @@ pytestmark = pytest.mark.torchserve
 SMOKE = Path(__file__).resolve().parents[2] / "examples" / "experiment-smoke.yaml"
 
 
+def run_experiment(
+    servinglab_cmd: list[str], experiment: Path, output: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*servinglab_cmd, "run", str(experiment), "--output", str(output)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
 def test_smoke_experiment_reports_every_level(
     servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float
 ) -> None:
     output = tmp_path / "r.json"
-    run = subprocess.run(
-        [*servinglab_cmd, "run", str(SMOKE), "--output", str(output)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    run = run_experiment(servinglab_cmd, SMOKE, output)
     assert run.returncode == 0, run.stderr[-3000:]
     document = json.loads(output.read_text())
     spec = yaml.safe_load(SMOKE.read_text())["spec"]
@@ -87,10 +93,7 @@ def test_invalid_experiment_is_refused_before_anything_starts(
     bad["spec"]["load"]["concurrency"] = [2, 2]
     experiment = tmp_path / "bad.yaml"
     experiment.write_text(yaml.safe_dump(bad))
-    run = subprocess.run(
-        [*servinglab_cmd, "run", str(experiment), "--output", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    run = run_experiment(servinglab_cmd, experiment, tmp_path / "r.json")
     assert run.returncode == 1
     assert "spec.server.batchSize: 0 is below the minimum 1" in run.stderr
     assert "spec.load.concurrency: level 2 appears twice" in run.stderr
@@ -108,10 +111,7 @@ def test_emulated_precision_is_reported(
     path = tmp_path / "fp16.yaml"
     path.write_text(yaml.safe_dump(experiment))
     output = tmp_path / "r.json"
-    run = subprocess.run(
-        [*servinglab_cmd, "run", str(path), "--output", str(output)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    run = run_experiment(servinglab_cmd, path, output)
     assert run.returncode == 0, run.stderr[-3000:]
     document = json.loads(output.read_text())
     cpu_has_fp16 = any(flag in Path("/proc/cpuinfo").read_text() for flag in ("avx512_fp16", "amx_fp16"))

@@ -30,6 +30,8 @@ from servinglab import tsconfig
 from servinglab.java import find_java_home
 from servinglab.spec import ServerSpec
 
+_LINK_ABOVE_BYTES = 1 << 20
+
 
 class ServerError(RuntimeError):
     """TorchServe failed to start, crashed, or answered unexpectedly; the message says which."""
@@ -107,11 +109,10 @@ class LocalTorchServe:
             target = model_dir / entry.name
             if entry.is_dir():
                 shutil.copytree(entry, target)
+            elif entry.stat().st_size > _LINK_ABOVE_BYTES:
+                target.symlink_to(entry.resolve())  # weights: hundreds of MB, read-only
             else:
-                # Weights can be hundreds of MB: link rather than copy; small files are copied.
-                target.symlink_to(entry.resolve()) if entry.stat().st_size > 1 << 20 else shutil.copy2(
-                    entry, target
-                )
+                shutil.copy2(entry, target)
         (model_dir / "model-config.yaml").write_text(tsconfig.render_model_config(self.server))
         for sub in ("logs", "tmp"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)

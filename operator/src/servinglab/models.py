@@ -23,8 +23,8 @@ from pathlib import Path
 from types import ModuleType
 
 from servinglab import paths
+from servinglab.tsconfig import ARCHIVE_VERSION
 
-ARCHIVE_VERSION = "1.0"
 HANDLER_FILE = "servinglab_image_handler.py"
 HANDLER_HELPERS = ("servinglab_imaging.py",)
 STAMP_FILE = "inputs.sha256"
@@ -170,7 +170,9 @@ def build(name: str, build_root: Path | None = None, force: bool = False) -> tup
             "--export-path", str(export),
             "--force",
         ]  # fmt: skip
-        subprocess.run(command, check=True, capture_output=True, text=True)
+        archived = subprocess.run(command, capture_output=True, text=True, check=False)
+        if archived.returncode != 0:
+            raise RuntimeError(f"torch-model-archiver failed for {name}:\n{archived.stderr.strip()}")
         if target.exists():
             shutil.rmtree(target)
         (export / name).rename(target)

@@ -42,8 +42,8 @@ class Addresses:
     grpc_management_port: int = 7071
 
 
-def model_config(server: ServerSpec) -> dict[str, Any]:
-    """The model-config.yaml contents: frontend batching/worker keys and the handler's settings."""
+def _frontend_settings(server: ServerSpec) -> dict[str, int]:
+    """Per-model frontend keys, the same in model-config.yaml and in config.properties' `models=`."""
     return {
         "minWorkers": server.workers,
         "maxWorkers": server.workers,
@@ -51,6 +51,13 @@ def model_config(server: ServerSpec) -> dict[str, Any]:
         "maxBatchDelay": server.max_batch_delay_ms,
         "responseTimeout": server.response_timeout_seconds,
         "startupTimeout": server.startup_timeout_seconds,
+    }
+
+
+def model_config(server: ServerSpec) -> dict[str, Any]:
+    """The model-config.yaml contents: frontend batching/worker keys and the handler's settings."""
+    return {
+        **_frontend_settings(server),
         "jobQueueSize": server.job_queue_size,
         "handler": {"precision": str(server.precision), "warmup": True, "topK": 5},
     }
@@ -69,14 +76,7 @@ def config_properties(
     number_of_gpu: int,
 ) -> dict[str, str]:
     """config.properties as an ordered mapping (rendered with :func:`render_properties`)."""
-    per_model = {
-        "minWorkers": server.workers,
-        "maxWorkers": server.workers,
-        "batchSize": server.batch_size,
-        "maxBatchDelay": server.max_batch_delay_ms,
-        "responseTimeout": server.response_timeout_seconds,
-        "startupTimeout": server.startup_timeout_seconds,
-    }
+    per_model = _frontend_settings(server)
     return {
         "inference_address": addresses.inference,
         "management_address": addresses.management,

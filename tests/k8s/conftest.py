@@ -1,0 +1,66 @@
+"""The `cluster` fixture: a Kubernetes cluster with two simulated Tesla-T4 nodes and a CPU node.
+
+`--cluster=local` (default, what CI runs) builds or reuses the pinned binaries and starts etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler and KWOK on free loopback ports with their
+own PKI. `--cluster=existing` uses the current KUBECONFIG and runs the same KWOK out of cluster to
+add the simulated nodes. Either way everything started is stopped at the end of the session, also
+when tests fail.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterenv import manifests
+from clusterenv.controlplane import (
+    Cluster,
+    Kubectl,
+    Kwok,
+    LocalControlPlane,
+    build_binaries,
+    register_nodes,
+    remove_tree,
+    wait_default_service_account,
+)
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    binaries = build_binaries()
+    workdir = Path(tempfile.mkdtemp(prefix="servinglab-k8s-"))
+    control_plane: LocalControlPlane | None = None
+    kwok: Kwok | None = None
+    try:
+        if request.config.getoption("--cluster") == "local":
+            control_plane = LocalControlPlane(binaries, workdir)
+            control_plane.start()
+            kubeconfig = control_plane.kubeconfig
+        else:
+            kubeconfig = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
+        kubectl = Kubectl(binaries.kubectl, kubeconfig)
+        kwok = Kwok(binaries, workdir, kubeconfig)
+        kwok.start()
+        wait_default_service_account(kubectl)
+        register_nodes(kubectl, manifests.default_nodes())
+        yield Cluster(kubeconfig, kubectl, binaries)
+    finally:
+        if kwok is not None:
+            kwok.stop()
+        if control_plane is not None:
+            control_plane.stop()
+        remove_tree(workdir)
+
+
+@pytest.fixture()
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards (without waiting for finalisation)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl.run("create", "namespace", name)
+    yield name
+    cluster.kubectl.run("delete", "namespace", name, "--wait=false", check=False)
