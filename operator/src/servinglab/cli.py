@@ -42,6 +42,16 @@ def validate(file: Path) -> None:
     click.echo(f"{file}: valid {experiment.kind} '{experiment.metadata.name}'")
 
 
+@main.command()
+def crd() -> None:
+    """Print the ServingExperiment CustomResourceDefinition (generated from the spec model)."""
+    import yaml
+
+    from servinglab.crd import crd_manifest
+
+    click.echo(yaml.safe_dump(crd_manifest(), sort_keys=False), nl=False)
+
+
 @main.command("build-model")
 @click.argument("name")
 @click.option("--force", is_flag=True, help="Rebuild even if the inputs are unchanged.")

@@ -1,0 +1,120 @@
+"""The ServingExperiment CustomResourceDefinition, generated from the spec model (pure functions).
+
+`spec.py` is the single source of truth: its pydantic JSON schema is turned into the structural
+OpenAPI v3.0 schema Kubernetes requires — references inlined, `Optional[X]` as nullable X, numeric
+`exclusiveMinimum` as OpenAPI's boolean form, titles dropped, `additionalProperties: false` dropped
+(the API server prunes unknown fields instead, and kubectl's strict validation reports them).
+Checks that need code (a built-in model or an archive, unique levels) stay in the operator.
+
+Used by `servinglab crd` and, later, by the Helm chart (a test keeps the chart's copy in sync).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec
+
+PLURAL = "servingexperiments"
+SHORT_NAMES = ["sx"]
+
+_DROPPED_KEYS = {"title", "$defs"}
+
+
+def _structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in schema:
+        target = definitions[schema["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return _structural(merged, definitions)
+    variants = schema.get("anyOf")
+    if variants is not None:
+        non_null = [v for v in variants if v.get("type") != "null"]
+        if len(non_null) != 1:
+            raise ValueError(f"cannot express anyOf {variants} structurally")
+        rest = {k: v for k, v in schema.items() if k != "anyOf"}
+        merged = {**_structural(non_null[0], definitions), **rest, "nullable": True}
+        return _structural(merged, definitions)
+    result: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DROPPED_KEYS:
+            continue
+        if key == "additionalProperties" and value is False:
+            continue
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            result["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            result[key] = True
+        elif key == "properties":
+            result[key] = {name: _structural(sub, definitions) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            result[key] = _structural(value, definitions)
+        elif key == "default" and value is None:
+            continue
+        else:
+            result[key] = value
+    return result
+
+
+def spec_schema() -> dict[str, Any]:
+    """The structural OpenAPI schema of `spec`."""
+    raw = ExperimentSpec.model_json_schema(by_alias=True, mode="validation")
+    return _structural(raw, raw.get("$defs", {}))
+
+
+def _column(name: str, json_path: str, kind: str = "string", priority: int = 0) -> dict[str, Any]:
+    column: dict[str, Any] = {"name": name, "type": kind, "jsonPath": json_path}
+    if priority:
+        column["priority"] = priority
+    return column
+
+
+def crd_manifest() -> dict[str, Any]:
+    """The whole CustomResourceDefinition object."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{API_GROUP}"},
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": SHORT_NAMES,
+            },
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        _column("Model", ".spec.model.name"),
+                        _column("Batch", ".spec.server.batchSize", "integer"),
+                        _column("Delay", ".spec.server.maxBatchDelayMs", "integer"),
+                        _column("Workers", ".spec.server.workers", "integer"),
+                        _column("Precision", ".spec.server.precision"),
+                        _column("RPS", ".status.summary.bestThroughputRps", "number"),
+                        _column("P99", ".status.summary.bestP99LatencyMs", "number"),
+                        _column("State", ".status.state"),
+                        _column("Age", ".metadata.creationTimestamp", "date"),
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A TorchServe configuration benchmarked under load.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }

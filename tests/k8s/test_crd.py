@@ -1,0 +1,62 @@
+"""The generated ServingExperiment CRD on the real API server: served, examples accepted, bad
+values rejected by the server with the field named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clusterenv.controlplane import Cluster
+from servinglab.crd import crd_manifest
+
+pytestmark = pytest.mark.k8s
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def crd_installed(cluster: Cluster) -> None:
+    cluster.kubectl.apply(crd_manifest())
+    cluster.kubectl.run(
+        "wait", "--for=condition=Established", "crd/servingexperiments.servinglab.dev", "--timeout=60s"
+    )
+    cluster.kubectl.wait_for(
+        lambda: cluster.kubectl.run("get", "sx", check=False).returncode == 0, 30, "servingexperiments served"
+    )
+
+
+@pytest.mark.parametrize(
+    "example", ["experiment-halfp.yaml", "experiment-smoke.yaml", "experiment-demo.yaml"]
+)
+def test_examples_are_accepted(cluster: Cluster, namespace: str, crd_installed: None, example: str) -> None:
+    document = yaml.safe_load((EXAMPLES / example).read_text())
+    cluster.kubectl.apply(document, namespace=namespace)
+    stored = cluster.kubectl.get("sx", document["metadata"]["name"], "-n", namespace)
+    assert stored["spec"]["model"]["name"] == document["spec"]["model"]["name"]
+    # defaults are not applied by the server: the operator's model fills them in
+    assert stored["spec"]["server"] == document["spec"]["server"]
+
+
+def test_server_rejects_out_of_range_values_naming_the_field(
+    cluster: Cluster, namespace: str, crd_installed: None
+) -> None:
+    document = yaml.safe_load((EXAMPLES / "experiment-halfp.yaml").read_text())
+    document["spec"]["server"]["batchSize"] = 0
+    document["spec"]["server"]["precision"] = "fp8"
+    result = cluster.kubectl.run("apply", "-n", namespace, "-f", "-", stdin=json.dumps(document), check=False)
+    assert result.returncode != 0
+    assert "spec.server.batchSize" in result.stderr
+    assert "spec.server.precision" in result.stderr
+    assert cluster.kubectl.run("get", "sx", "resnet50-halfp", "-n", namespace, check=False).returncode != 0
+
+
+def test_printer_columns(cluster: Cluster, namespace: str, crd_installed: None) -> None:
+    document = yaml.safe_load((EXAMPLES / "experiment-halfp.yaml").read_text())
+    cluster.kubectl.apply(document, namespace=namespace)
+    table = cluster.kubectl.run("get", "sx", "-n", namespace).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split()[:8] == ["NAME", "MODEL", "BATCH", "DELAY", "WORKERS", "PRECISION", "RPS", "P99"]
+    assert row.split()[:6] == ["resnet50-halfp", "resnet50", "64", "50", "4", "fp16"]
