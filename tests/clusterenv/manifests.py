@@ -48,7 +48,24 @@ def node(
         "status": {
             "capacity": capacity,
             "allocatable": capacity,
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "fake"},
+            # every NodeSystemInfo field is required by the schema; KWOK fills in what matters
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "fake",
+                **dict.fromkeys(
+                    (
+                        "machineID",
+                        "systemUUID",
+                        "bootID",
+                        "kernelVersion",
+                        "osImage",
+                        "containerRuntimeVersion",
+                        "kubeProxyVersion",
+                    ),
+                    "",
+                ),  # fmt: skip
+            },
         },
     }
 

@@ -11,6 +11,7 @@ import yaml
 
 from clusterenv.controlplane import Cluster
 from servinglab.crd import crd_manifest
+from servinglab.spec import parse_experiment
 
 pytestmark = pytest.mark.k8s
 
@@ -36,8 +37,9 @@ def test_examples_are_accepted(cluster: Cluster, namespace: str, crd_installed: 
     cluster.kubectl.apply(document, namespace=namespace)
     stored = cluster.kubectl.get("sx", document["metadata"]["name"], "-n", namespace)
     assert stored["spec"]["model"]["name"] == document["spec"]["model"]["name"]
-    # defaults are not applied by the server: the operator's model fills them in
-    assert stored["spec"]["server"] == document["spec"]["server"]
+    # the server fills in the schema's defaults; they must be the spec model's defaults
+    assert {k: stored["spec"]["server"][k] for k in document["spec"]["server"]} == document["spec"]["server"]
+    assert parse_experiment(stored).spec == parse_experiment(document).spec
 
 
 def test_server_rejects_out_of_range_values_naming_the_field(

@@ -1,0 +1,378 @@
+"""Pure builders of every object the operator creates for one ServingExperiment.
+
+Each function takes the validated spec and the experiment's identity and returns a plain manifest
+dict; nothing here talks to the API. Children have deterministic names (`names`) and an owner
+reference to the experiment, so a repeated reconcile finds instead of duplicates them and deleting
+the experiment garbage-collects them.
+
+Server pod: an init container from the servinglab image builds the model archive (seeded weights,
+no downloads) into an emptyDir and drops in the experiment's model-config.yaml; the TorchServe
+container (the spec's pinned image) serves it with the rendered config.properties. Inference and
+metrics listen on all interfaces, management on localhost only. Load Job: the servinglab image
+running `servinglab loadtest`, which writes its results into the experiment's results ConfigMap
+through the API, as a per-experiment ServiceAccount allowed to patch only that ConfigMap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from servinglab import tsconfig
+from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec
+
+INFERENCE_PORT = 8080
+MANAGEMENT_PORT = 8081
+METRICS_PORT = 8082
+MODEL_STORE = "/home/model-server/model-store"
+CONFIG_DIR = "/etc/torchserve"
+EXPERIMENT_DIR = "/etc/servinglab"
+MANAGED_BY = "servinglab-operator"
+#: uid of the `model-server` user in the pytorch/torchserve images
+TORCHSERVE_UID = 1000
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The experiment that owns the children."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Names:
+    """Deterministic child names, all derived from the experiment's name."""
+
+    experiment: str
+
+    @property
+    def config(self) -> str:
+        return f"{self.experiment}-config"
+
+    @property
+    def server(self) -> str:
+        return f"{self.experiment}-server"
+
+    @property
+    def load(self) -> str:
+        return f"{self.experiment}-load"
+
+    @property
+    def results(self) -> str:
+        return f"{self.experiment}-results"
+
+
+def labels(owner: Owner, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "servinglab",
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        f"{API_GROUP}/experiment": owner.name,
+    }
+
+
+def _metadata(owner: Owner, name: str, component: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner, component),
+        "ownerReferences": [
+            {
+                "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def pod_config_properties(model: str, spec: ExperimentSpec) -> str:
+    addresses = tsconfig.Addresses(
+        inference=f"http://0.0.0.0:{INFERENCE_PORT}",
+        management=f"http://127.0.0.1:{MANAGEMENT_PORT}",
+        metrics=f"http://0.0.0.0:{METRICS_PORT}",
+    )
+    properties = tsconfig.config_properties(
+        model,
+        spec.server,
+        model_store=MODEL_STORE,
+        metrics_config=f"{CONFIG_DIR}/metrics.yaml",
+        addresses=addresses,
+        number_of_gpu=spec.server.gpus,
+    )
+    return tsconfig.render_properties(properties)
+
+
+def config_map(owner: Owner, spec: ExperimentSpec, experiment_document: dict[str, Any]) -> dict[str, Any]:
+    """TorchServe's three config files and the experiment the load Job reads."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, Names(owner.name).config, "config"),
+        "data": {
+            "config.properties": pod_config_properties(spec.model.name, spec),
+            "model-config.yaml": tsconfig.render_model_config(spec.server),
+            "metrics.yaml": tsconfig.render_metrics_config(),
+            "experiment.yaml": yaml.safe_dump(experiment_document, sort_keys=False),
+        },
+    }
+
+
+def results_config_map(owner: Owner) -> dict[str, Any]:
+    """Empty until the load Job writes `results.json`; holds the full results afterwards."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, Names(owner.name).results, "results"),
+        "data": {},
+    }
+
+
+def _restricted(read_only_root: bool = True) -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": read_only_root,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
+    server = spec.server
+    names = Names(owner.name)
+    pod_labels = labels(owner, "server")
+    limits: dict[str, str] = dict(server.resources.limits)
+    if server.gpus:
+        limits["nvidia.com/gpu"] = str(server.gpus)
+    resources: dict[str, Any] = {"limits": limits} if limits else {}
+    if server.resources.requests:
+        resources["requests"] = dict(server.resources.requests)
+    model = spec.model.name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, names.server, "server"),
+        "spec": {
+            "replicas": 1,
+            "selector": {
+                "matchLabels": {
+                    k: pod_labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")
+                }
+            },
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "nodeSelector": dict(server.node_selector),
+                    "tolerations": [
+                        t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations
+                    ],
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": TORCHSERVE_UID,
+                        "runAsGroup": TORCHSERVE_UID,
+                        "fsGroup": TORCHSERVE_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "initContainers": [
+                        {
+                            "name": "model",
+                            "image": servinglab_image,
+                            "command": ["sh", "-ec"],
+                            "args": [
+                                f"servinglab build-model {model} --build-dir /tmp/build\n"
+                                f"cp -r /tmp/build/{model}/{model} {MODEL_STORE}/{model}\n"
+                                f"cp {CONFIG_DIR}/model-config.yaml {MODEL_STORE}/{model}/model-config.yaml\n"
+                            ],
+                            "volumeMounts": [
+                                {"name": "model-store", "mountPath": MODEL_STORE},
+                                {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                                {"name": "tmp", "mountPath": "/tmp"},
+                            ],
+                            "securityContext": _restricted(),
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "torchserve",
+                            "image": server.image,
+                            "command": ["torchserve"],
+                            "args": [
+                                "--foreground",
+                                "--ncs",
+                                "--disable-token-auth",
+                                "--ts-config",
+                                f"{CONFIG_DIR}/config.properties",
+                                "--model-store",
+                                MODEL_STORE,
+                            ],  # fmt: skip
+                            "env": [
+                                {"name": "LOG_LOCATION", "value": "/home/model-server/logs"},
+                                {"name": "METRICS_LOCATION", "value": "/home/model-server/logs"},
+                                {"name": "TEMP", "value": "/tmp"},
+                            ],
+                            "ports": [
+                                {"name": "inference", "containerPort": INFERENCE_PORT},
+                                {"name": "metrics", "containerPort": METRICS_PORT},
+                            ],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/ping", "port": "inference"},
+                                "periodSeconds": 2,
+                                "failureThreshold": 3,
+                            },
+                            "livenessProbe": {
+                                "tcpSocket": {"port": "inference"},
+                                "initialDelaySeconds": 30,
+                                "periodSeconds": 10,
+                            },
+                            "resources": resources,
+                            "volumeMounts": [
+                                {"name": "model-store", "mountPath": MODEL_STORE},
+                                {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                                {"name": "logs", "mountPath": "/home/model-server/logs"},
+                                {"name": "tmp", "mountPath": "/tmp"},
+                                {"name": "shm", "mountPath": "/dev/shm"},
+                            ],
+                            "securityContext": _restricted(),
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": names.config}},
+                        {"name": "model-store", "emptyDir": {}},
+                        {"name": "logs", "emptyDir": {}},
+                        {"name": "tmp", "emptyDir": {}},
+                        # PyTorch workers share tensors through /dev/shm; the default 64 MiB is too small.
+                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def service(owner: Owner) -> dict[str, Any]:
+    pod_labels = labels(owner, "server")
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, Names(owner.name).server, "server"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {
+                k: pod_labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")
+            },
+            "ports": [
+                {"name": "inference", "port": INFERENCE_PORT, "targetPort": "inference"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
+            ],
+        },
+    }
+
+
+def load_service_account(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(owner, Names(owner.name).load, "load"),
+    }
+
+
+def load_role(owner: Owner) -> dict[str, Any]:
+    """The load Job may read and patch its own results ConfigMap and nothing else."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(owner, Names(owner.name).load, "load"),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [Names(owner.name).results],
+                "verbs": ["get", "patch"],
+            }
+        ],
+    }
+
+
+def load_role_binding(owner: Owner) -> dict[str, Any]:
+    name = Names(owner.name).load
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(owner, name, "load"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+    }
+
+
+def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
+    names = Names(owner.name)
+    load = spec.load
+    # Generous bound: every level's warm-up and measurement, plus stragglers and start-up.
+    levels = len(load.concurrency)
+    deadline = int(
+        levels * (load.warmup_seconds + load.duration_seconds + load.request_timeout_seconds) + 300
+    )
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(owner, names.load, "load"),
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": deadline,
+            "template": {
+                "metadata": {"labels": labels(owner, "load")},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": names.load,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
+                    "containers": [
+                        {
+                            "name": "loadgen",
+                            "image": servinglab_image,
+                            "command": ["servinglab", "loadtest"],
+                            "args": [
+                                "--target",
+                                f"http://{names.server}:{INFERENCE_PORT}",
+                                "--model",
+                                spec.model.name,
+                                "--spec-file",
+                                f"{EXPERIMENT_DIR}/experiment.yaml",
+                                "--results-configmap",
+                                names.results,
+                            ],  # fmt: skip
+                            "env": [
+                                {
+                                    "name": "POD_NAMESPACE",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+                                }
+                            ],
+                            "terminationMessagePolicy": "FallbackToLogsOnError",
+                            "volumeMounts": [
+                                {"name": "experiment", "mountPath": EXPERIMENT_DIR, "readOnly": True}
+                            ],
+                            "securityContext": _restricted(read_only_root=False),
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": "experiment",
+                            "configMap": {
+                                "name": names.config,
+                                "items": [{"key": "experiment.yaml", "path": "experiment.yaml"}],
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
