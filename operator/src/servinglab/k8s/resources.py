@@ -76,6 +76,11 @@ def labels(owner: Owner, component: str) -> dict[str, str]:
     }
 
 
+def selector(owner: Owner, component: str) -> dict[str, str]:
+    """The stable subset of labels that selects one component's pods."""
+    return {k: v for k, v in labels(owner, component).items() if k.endswith(("/instance", "/component"))}
+
+
 def _metadata(owner: Owner, name: str, component: str) -> dict[str, Any]:
     return {
         "name": name,
@@ -163,11 +168,7 @@ def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dic
         "metadata": _metadata(owner, names.server, "server"),
         "spec": {
             "replicas": 1,
-            "selector": {
-                "matchLabels": {
-                    k: pod_labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")
-                }
-            },
+            "selector": {"matchLabels": selector(owner, "server")},
             "template": {
                 "metadata": {"labels": pod_labels},
                 "spec": {
@@ -260,16 +261,13 @@ def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dic
 
 
 def service(owner: Owner) -> dict[str, Any]:
-    pod_labels = labels(owner, "server")
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(owner, Names(owner.name).server, "server"),
         "spec": {
             "type": "ClusterIP",
-            "selector": {
-                k: pod_labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")
-            },
+            "selector": selector(owner, "server"),
             "ports": [
                 {"name": "inference", "port": INFERENCE_PORT, "targetPort": "inference"},
                 {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
