@@ -69,9 +69,7 @@ class ServinglabImageHandler:
         module = _import_file(model_dir / manifest_model["modelFile"], "servinglab_model_definition")
         self.input_size = int(getattr(module, "INPUT_SIZE", 224))
         model = module.build_model()
-        state = torch.load(
-            model_dir / manifest_model["serializedFile"], map_location="cpu", weights_only=True
-        )
+        state = torch.load(model_dir / manifest_model["serializedFile"], map_location="cpu", weights_only=True)
         model.load_state_dict(state)
         model = model.to(self.device).eval()
         self.model = apply_precision(model, self.plan, self.channels_last)

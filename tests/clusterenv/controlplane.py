@@ -208,18 +208,12 @@ class LocalControlPlane:
         ])  # fmt: skip
         admin_context = ssl.create_default_context(cafile=str(pki.ca_cert))
         admin_context.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
-        self.group.wait_until(
-            api, lambda: _https_ok(f"{self.server}/readyz", admin_context), timeout, "/readyz"
-        )
+        self.group.wait_until(api, lambda: _https_ok(f"{self.server}/readyz", admin_context), timeout, "/readyz")
 
-        self.kubeconfig.write_text(
-            manifests.kubeconfig(self.server, pki.ca_cert, pki.admin.cert, pki.admin.key)
-        )
+        self.kubeconfig.write_text(manifests.kubeconfig(self.server, pki.ca_cert, pki.admin.cert, pki.admin.key))
         kcm_config = self.workdir / "kube-controller-manager.kubeconfig"
         kcm_config.write_text(
-            manifests.kubeconfig(
-                self.server, pki.ca_cert, pki.controller_manager.cert, pki.controller_manager.key
-            )
+            manifests.kubeconfig(self.server, pki.ca_cert, pki.controller_manager.cert, pki.controller_manager.key)
         )
         scheduler_config = self.workdir / "kube-scheduler.kubeconfig"
         scheduler_config.write_text(
@@ -287,9 +281,7 @@ class Kwok:
             *(f"--config={config}" for config in configs),
         ]  # fmt: skip
         # HOME here keeps a developer's ~/.kwok/kwok.yaml from being loaded into the tests.
-        kwok = self.group.start(
-            "kwok", command, env={"HOME": str(self.workdir), "KWOK_WORKDIR": str(self.workdir)}
-        )
+        kwok = self.group.start("kwok", command, env={"HOME": str(self.workdir), "KWOK_WORKDIR": str(self.workdir)})
         self.group.wait_until(kwok, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), timeout, "/healthz")
 
     def stop(self) -> None:
@@ -303,9 +295,7 @@ class Kubectl:
         self.binary = binary
         self.kubeconfig = kubeconfig
 
-    def run(
-        self, *args: str, stdin: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args],
             input=stdin, capture_output=True, text=True, timeout=120, check=False,
@@ -341,9 +331,7 @@ def register_nodes(kubectl: Kubectl, nodes: list[dict[str, Any]], timeout: float
         ready = {
             item["metadata"]["name"]
             for item in items
-            if any(
-                c["type"] == "Ready" and c["status"] == "True" for c in item["status"].get("conditions", [])
-            )
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in item["status"].get("conditions", []))
         }
         return names <= ready
 

@@ -19,9 +19,7 @@ MESSAGE_ANNOTATION = "kwok.servinglab.dev/message"
 REASON_ANNOTATION = "kwok.servinglab.dev/reason"
 
 
-def node(
-    name: str, gpus: int = 0, product: str = "Tesla-T4", cpu: str = "8", memory: str = "32Gi"
-) -> dict[str, Any]:
+def node(name: str, gpus: int = 0, product: str = "Tesla-T4", cpu: str = "8", memory: str = "32Gi") -> dict[str, Any]:
     labels = {
         "kubernetes.io/arch": "amd64",
         "kubernetes.io/os": "linux",
@@ -134,9 +132,7 @@ spec:
 """
 
 
-def kubeconfig(
-    server: str, ca_cert: Path, client_cert: Path, client_key: Path, name: str = "servinglab-test"
-) -> str:
+def kubeconfig(server: str, ca_cert: Path, client_cert: Path, client_key: Path, name: str = "servinglab-test") -> str:
     """A kubeconfig with the CA and client credentials embedded (JSON is valid YAML)."""
 
     def b64(path: Path) -> str:
@@ -145,9 +141,7 @@ def kubeconfig(
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": name, "cluster": {"server": server, "certificate-authority-data": b64(ca_cert)}}
-        ],
+        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority-data": b64(ca_cert)}}],
         "users": [
             {
                 "name": name,

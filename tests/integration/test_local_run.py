@@ -16,9 +16,7 @@ pytestmark = pytest.mark.torchserve
 SMOKE = Path(__file__).resolve().parents[2] / "examples" / "experiment-smoke.yaml"
 
 
-def run_experiment(
-    servinglab_cmd: list[str], experiment: Path, output: Path
-) -> subprocess.CompletedProcess[str]:
+def run_experiment(servinglab_cmd: list[str], experiment: Path, output: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*servinglab_cmd, "run", str(experiment), "--output", str(output)],
         capture_output=True, text=True, timeout=300, check=False,
@@ -101,9 +99,7 @@ def test_invalid_experiment_is_refused_before_anything_starts(
     assert not (tmp_path / "r.json").exists()
 
 
-def test_emulated_precision_is_reported(
-    servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float
-) -> None:
+def test_emulated_precision_is_reported(servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float) -> None:
     """fp16 on a CPU without fp16 arithmetic runs, and the results say it was emulated."""
     experiment = yaml.safe_load(SMOKE.read_text())
     experiment["spec"]["server"]["precision"] = "fp16"

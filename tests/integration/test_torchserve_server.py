@@ -70,7 +70,4 @@ def test_precision_reaches_the_worker_and_keeps_predictions(
             assert code == 200
         log = (workdir / "logs" / "model_log.log").read_text()
         assert f"servinglab precision: {precision}" in log
-    assert (
-        answers[Precision.FP32]["predictions"][0]["class"]
-        == answers[Precision.BF16]["predictions"][0]["class"]
-    )
+    assert answers[Precision.FP32]["predictions"][0]["class"] == answers[Precision.BF16]["predictions"][0]["class"]

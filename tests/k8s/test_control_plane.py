@@ -76,9 +76,7 @@ def test_versions_are_the_pinned_ones(cluster: Cluster) -> None:
 
 def test_simulated_gpu_nodes_look_like_t4_nodes(cluster: Cluster) -> None:
     nodes = {n["metadata"]["name"]: n for n in cluster.kubectl.get("nodes")["items"]}
-    gpu_nodes = [
-        n for n in nodes.values() if n["metadata"]["labels"].get("nvidia.com/gpu.product") == "Tesla-T4"
-    ]
+    gpu_nodes = [n for n in nodes.values() if n["metadata"]["labels"].get("nvidia.com/gpu.product") == "Tesla-T4"]
     assert len(gpu_nodes) >= 2
     for node in gpu_nodes:
         assert node["status"]["allocatable"]["nvidia.com/gpu"] == "1"
@@ -86,9 +84,7 @@ def test_simulated_gpu_nodes_look_like_t4_nodes(cluster: Cluster) -> None:
     assert "nvidia.com/gpu" not in nodes["cpu-0"]["status"]["allocatable"]
 
 
-def test_gpu_deployment_is_scheduled_on_a_t4_node_and_becomes_available(
-    cluster: Cluster, namespace: str
-) -> None:
+def test_gpu_deployment_is_scheduled_on_a_t4_node_and_becomes_available(cluster: Cluster, namespace: str) -> None:
     kubectl = cluster.kubectl
     kubectl.apply(gpu_deployment("server", gpus=1), namespace=namespace)
     kubectl.run("wait", "-n", namespace, "deployment/server", "--for=condition=Available", "--timeout=90s")
@@ -105,9 +101,7 @@ def test_deployment_wanting_more_gpus_than_any_node_stays_pending_with_the_reaso
     kubectl.apply(gpu_deployment("greedy", gpus=4), namespace=namespace)
 
     def scheduler_said_why() -> bool:
-        events = kubectl.get("events", "-n", namespace, "--field-selector", "reason=FailedScheduling")[
-            "items"
-        ]
+        events = kubectl.get("events", "-n", namespace, "--field-selector", "reason=FailedScheduling")["items"]
         return any("Insufficient nvidia.com/gpu" in e.get("message", "") for e in events)
 
     kubectl.wait_for(scheduler_said_why, 60, "a FailedScheduling event naming nvidia.com/gpu")
@@ -123,16 +117,12 @@ def test_job_completes(cluster: Cluster, namespace: str) -> None:
     kubectl.run("wait", "-n", namespace, "job/done", "--for=condition=Complete", "--timeout=90s")
 
 
-def test_failing_job_records_exit_code_and_message_chosen_by_the_test(
-    cluster: Cluster, namespace: str
-) -> None:
+def test_failing_job_records_exit_code_and_message_chosen_by_the_test(cluster: Cluster, namespace: str) -> None:
     kubectl = cluster.kubectl
     kubectl.apply(job("fails"), namespace=namespace)
     # Without the annotation the pod keeps running, like real work; the test decides when and how it ends.
     kubectl.wait_for(
-        lambda: any(
-            p["status"].get("phase") == "Running" for p in pods_of(kubectl, namespace, "job-name=fails")
-        ),
+        lambda: any(p["status"].get("phase") == "Running" for p in pods_of(kubectl, namespace, "job-name=fails")),
         60,
         "the Job's pod Running",
     )
@@ -152,9 +142,7 @@ def test_failing_job_records_exit_code_and_message_chosen_by_the_test(
 
 def test_deleting_an_owner_garbage_collects_its_children(cluster: Cluster, namespace: str) -> None:
     kubectl = cluster.kubectl
-    kubectl.apply(
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}, namespace=namespace
-    )
+    kubectl.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}, namespace=namespace)
     owner = kubectl.get("configmap", "owner", "-n", namespace)
     reference = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
     children = [
@@ -194,9 +182,7 @@ CRD = {
                         "properties": {
                             "spec": {
                                 "type": "object",
-                                "properties": {
-                                    "batchSize": {"type": "integer", "minimum": 1, "maximum": 1024}
-                                },
+                                "properties": {"batchSize": {"type": "integer", "minimum": 1, "maximum": 1024}},
                             }
                         },
                     }
@@ -207,9 +193,7 @@ CRD = {
 }
 
 
-def test_crd_is_served_and_schema_violations_are_rejected_with_the_field(
-    cluster: Cluster, namespace: str
-) -> None:
+def test_crd_is_served_and_schema_violations_are_rejected_with_the_field(cluster: Cluster, namespace: str) -> None:
     kubectl = cluster.kubectl
     kubectl.apply(CRD)
     kubectl.run("wait", "--for=condition=Established", "crd/widgets.test.servinglab.dev", "--timeout=60s")

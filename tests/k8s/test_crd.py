@@ -21,17 +21,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.fixture(scope="module")
 def crd_installed(cluster: Cluster) -> None:
     cluster.kubectl.apply(crd_manifest())
-    cluster.kubectl.run(
-        "wait", "--for=condition=Established", "crd/servingexperiments.servinglab.dev", "--timeout=60s"
-    )
+    cluster.kubectl.run("wait", "--for=condition=Established", "crd/servingexperiments.servinglab.dev", "--timeout=60s")
     cluster.kubectl.wait_for(
         lambda: cluster.kubectl.run("get", "sx", check=False).returncode == 0, 30, "servingexperiments served"
     )
 
 
-@pytest.mark.parametrize(
-    "example", ["experiment-halfp.yaml", "experiment-smoke.yaml", "experiment-demo.yaml"]
-)
+@pytest.mark.parametrize("example", ["experiment-halfp.yaml", "experiment-smoke.yaml", "experiment-demo.yaml"])
 def test_examples_are_accepted(cluster: Cluster, namespace: str, crd_installed: None, example: str) -> None:
     document = yaml.safe_load((EXAMPLES / example).read_text())
     cluster.kubectl.apply(document, namespace=namespace)

@@ -130,8 +130,6 @@ def test_validate_command_exit_codes(tmp_path: Path, servinglab_cmd: list[str]) 
     assert good.returncode == 0, good.stderr
     bad_file = tmp_path / "bad.yaml"
     bad_file.write_text(yaml.safe_dump(with_spec("server.batchSize", 0)))
-    bad = subprocess.run(
-        [*servinglab_cmd, "validate", str(bad_file)], capture_output=True, text=True, check=False
-    )
+    bad = subprocess.run([*servinglab_cmd, "validate", str(bad_file)], capture_output=True, text=True, check=False)
     assert bad.returncode == 1
     assert "spec.server.batchSize: 0 is below the minimum 1" in bad.stderr

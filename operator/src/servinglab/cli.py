@@ -101,20 +101,42 @@ def run(file: Path, output: Path | None) -> None:
 @click.option("--target", required=True, help="TorchServe inference URL, e.g. http://server:8080.")
 @click.option("--model", "model_name", required=True, help="Model name (predictions path).")
 @click.option("--spec-file", type=click.Path(path_type=Path, exists=True), required=True)
+@click.option("--metrics-url", help="TorchServe metrics URL for the server-side breakdown.")
 @click.option("--image-size", type=int, help="Payload size (defaults to the built-in model's).")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Results JSON ('-' = stdout).")
+@click.option("--results-configmap", help="Also write the results into this ConfigMap (in-cluster).")
+@click.option(
+    "--termination-log",
+    type=click.Path(path_type=Path),
+    default=Path("/dev/termination-log"),
+    show_default=True,
+    help="Where a one-line outcome is written for Kubernetes (skipped if the folder does not exist).",
+)
 def loadtest(
-    target: str, model_name: str, spec_file: Path, image_size: int | None, output: Path | None
+    target: str,
+    model_name: str,
+    spec_file: Path,
+    metrics_url: str | None,
+    image_size: int | None,
+    output: Path | None,
+    results_configmap: str | None,
+    termination_log: Path,
 ) -> None:
     """Run only the load levels of an experiment against a running server (the Job's command)."""
-    from servinglab import models
-    from servinglab.loadgen import closed_loop
+    from servinglab import models, tsmetrics
+    from servinglab.loadgen import closed_loop, results_sink
     from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
+
+    def finish(message: str, code: int) -> None:
+        if termination_log.parent.is_dir():
+            termination_log.write_text(message[:4000])
+        if code:
+            _fail(message, code)
 
     try:
         experiment = load_experiment(spec_file)
     except SpecError as exc:
-        _fail(str(exc), code=1)
+        finish(str(exc), 1)
     load = experiment.spec.load
     size = image_size or load.payload.image_size
     if size is None:
@@ -126,13 +148,39 @@ def loadtest(
         content_type=CONTENT_TYPES[load.payload.format],
         request_timeout_seconds=load.request_timeout_seconds,
     )
-    stats = closed_loop.run_levels(plan, load.concurrency, load.warmup_seconds, load.duration_seconds)
-    document = {"results": [s.to_json() for s in stats]}
+    windows = None
+    if metrics_url:
+        windows = tsmetrics.WindowReader(tsmetrics.http_fetcher(metrics_url), model_name)
+    try:
+        stats = closed_loop.run_levels(
+            plan,
+            load.concurrency,
+            load.warmup_seconds,
+            load.duration_seconds,
+            on_window_start=windows.window_start if windows else None,
+            on_window_end=windows.window_end if windows else None,
+        )
+    except OSError as exc:
+        finish(f"reading TorchServe metrics failed: {exc}", 3)
+    entries = []
+    for level in stats:
+        entry = level.to_json()
+        if windows is not None:
+            entry["server"] = windows.breakdowns.get(level.concurrency, {})
+        entries.append(entry)
+    document = {"results": entries}
     text = json.dumps(document, indent=2) + "\n"
     if output is None or str(output) == "-":
         sys.stdout.write(text)
     else:
         output.write_text(text)
+    if results_configmap:
+        try:
+            results_sink.write_results(results_configmap, document)
+        except results_sink.SinkError as exc:
+            finish(str(exc), 4)
+    errors = sum(level.errors for level in stats)
+    finish(f"{len(stats)} levels measured, {sum(level.requests for level in stats)} requests, {errors} errors", 0)
 
 
 def print_results(document: dict[str, Any]) -> None:

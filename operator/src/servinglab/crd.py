@@ -54,10 +54,16 @@ def _structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str
     return result
 
 
+IMMUTABLE_SPEC_MESSAGE = "spec is immutable once applied: delete the experiment and apply a new one"
+
+
 def spec_schema() -> dict[str, Any]:
-    """The structural OpenAPI schema of `spec`."""
+    """The structural OpenAPI schema of `spec`; the API server refuses edits of an applied spec,
+    so results always describe the spec that is stored with them."""
     raw = ExperimentSpec.model_json_schema(by_alias=True, mode="validation")
-    return _structural(raw, raw.get("$defs", {}))
+    schema = _structural(raw, raw.get("$defs", {}))
+    schema["x-kubernetes-validations"] = [{"rule": "self == oldSelf", "message": IMMUTABLE_SPEC_MESSAGE}]
+    return schema
 
 
 def _column(name: str, json_path: str, kind: str = "string", priority: int = 0) -> dict[str, Any]:

@@ -17,9 +17,7 @@ MIN_JAVA = 17
 def java_major(java: Path) -> int | None:
     """Major version of a java binary (`java -version` prints to stderr), or None if it won't run."""
     try:
-        result = subprocess.run(
-            [str(java), "-version"], capture_output=True, text=True, timeout=30, check=False
-        )
+        result = subprocess.run([str(java), "-version"], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     match = re.search(r'version "(\d+)(?:\.(\d+))?', result.stderr + result.stdout)

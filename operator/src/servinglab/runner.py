@@ -164,17 +164,11 @@ def _measure(
             f"requested {requested}, in effect {applied}"
         )
 
-    snapshots: dict[int, tsmetrics.Snapshot] = {}
-    breakdowns: dict[int, dict[str, float | None]] = {}
-
-    def window_start(level: int) -> None:
+    def fetch_metrics() -> str:
         server.check_alive()
-        snapshots[level] = tsmetrics.parse(server.metrics_text(), server.model_name)
+        return server.metrics_text()
 
-    def window_end(level: int) -> None:
-        server.check_alive()
-        after = tsmetrics.parse(server.metrics_text(), server.model_name)
-        breakdowns[level] = tsmetrics.breakdown(snapshots[level], after)
+    windows = tsmetrics.WindowReader(fetch_metrics, server.model_name)
 
     plan = closed_loop.LoadPlan(
         target=server.addresses.inference,
@@ -190,12 +184,12 @@ def _measure(
         spec.load.warmup_seconds,
         spec.load.duration_seconds,
         on_progress=hooks.progress,
-        on_window_start=window_start,
-        on_window_end=window_end,
+        on_window_start=windows.window_start,
+        on_window_end=windows.window_end,
     )
     server.check_alive()
     slo = spec.slo.p99_latency_ms
-    entries = [results.level_entry(s, breakdowns.get(s.concurrency, {}), slo) for s in stats]
+    entries = [results.level_entry(s, windows.breakdowns.get(s.concurrency, {}), slo) for s in stats]
     runtime = {
         "mode": "local",
         "device": "cuda" if server.gpus > 0 else "cpu",

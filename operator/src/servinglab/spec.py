@@ -181,6 +181,14 @@ class MetricsSpec(_Spec):
     prometheus_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
 
 
+class CleanupSpec(_Spec):
+    """What happens to the server under test once the experiment has finished."""
+
+    delete_server: bool = Field(
+        default=True, description="Delete the TorchServe Deployment and Service after the run (results stay)."
+    )
+
+
 class ExperimentSpec(_Spec):
     """`spec` of a ServingExperiment."""
 
@@ -189,6 +197,7 @@ class ExperimentSpec(_Spec):
     load: LoadSpec = Field(default_factory=LoadSpec)
     slo: SloSpec = Field(default_factory=SloSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    cleanup: CleanupSpec = Field(default_factory=CleanupSpec)
 
 
 class ObjectMeta(_Spec):

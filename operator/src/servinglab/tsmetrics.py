@@ -12,7 +12,9 @@ Used by the local runner; the operator will use the same arithmetic on PromQL in
 
 from __future__ import annotations
 
+import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -73,3 +75,32 @@ def breakdown(before: Snapshot, after: Snapshot) -> dict[str, float | None]:
         "batches": batches,
         "serverRequests": requests,
     }
+
+
+class WindowReader:
+    """Scrapes a TorchServe metrics endpoint at the start and end of each measured window and
+    keeps each level's breakdown; its two methods are the load generator's window hooks."""
+
+    def __init__(self, fetch: Callable[[], str], model_name: str) -> None:
+        self._fetch = fetch
+        self._model_name = model_name
+        self._before: dict[int, Snapshot] = {}
+        self.breakdowns: dict[int, dict[str, float | None]] = {}
+
+    def window_start(self, level: int) -> None:
+        self._before[level] = parse(self._fetch(), self._model_name)
+
+    def window_end(self, level: int) -> None:
+        after = parse(self._fetch(), self._model_name)
+        self.breakdowns[level] = breakdown(self._before[level], after)
+
+
+def http_fetcher(url: str, timeout: float = 10.0) -> Callable[[], str]:
+    """A fetch function for :class:`WindowReader` reading `url` (TorchServe's /metrics)."""
+
+    def fetch() -> str:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            text: str = response.read().decode()
+            return text
+
+    return fetch

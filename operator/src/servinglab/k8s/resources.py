@@ -174,9 +174,7 @@ def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dic
                 "spec": {
                     "automountServiceAccountToken": False,
                     "nodeSelector": dict(server.node_selector),
-                    "tolerations": [
-                        t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations
-                    ],
+                    "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations],
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": TORCHSERVE_UID,
@@ -317,9 +315,7 @@ def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[
     load = spec.load
     # Generous bound: every level's warm-up and measurement, plus stragglers and start-up.
     levels = len(load.concurrency)
-    deadline = int(
-        levels * (load.warmup_seconds + load.duration_seconds + load.request_timeout_seconds) + 300
-    )
+    deadline = int(levels * (load.warmup_seconds + load.duration_seconds + load.request_timeout_seconds) + 300)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -355,9 +351,7 @@ def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[
                                 }
                             ],
                             "terminationMessagePolicy": "FallbackToLogsOnError",
-                            "volumeMounts": [
-                                {"name": "experiment", "mountPath": EXPERIMENT_DIR, "readOnly": True}
-                            ],
+                            "volumeMounts": [{"name": "experiment", "mountPath": EXPERIMENT_DIR, "readOnly": True}],
                             "securityContext": _restricted(read_only_root=False),
                         }
                     ],

@@ -54,6 +54,8 @@ class LevelStats:
     throughput_rps: float
     window_seconds: float
     latency_ms: dict[str, float] = field(default_factory=dict)
+    window_start: float = 0.0
+    window_end: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -64,6 +66,8 @@ class LevelStats:
             "errors": self.errors,
             "errorsByKind": dict(self.errors_by_kind),
             "windowSeconds": round(self.window_seconds, 3),
+            "windowStart": round(self.window_start, 3),
+            "windowEnd": round(self.window_end, 3),
         }
 
 
@@ -72,9 +76,10 @@ def summarise(concurrency: int, samples: Iterable[Sample]) -> LevelStats:
     samples = list(samples)
     ok = sorted(s.latency_ms for s in samples if s.error is None)
     errors = Counter(s.error for s in samples if s.error is not None)
-    window = 0.0
+    start = end = 0.0
     if samples:
-        window = max(s.finished_at for s in samples) - min(s.sent_at for s in samples)
+        start, end = min(s.sent_at for s in samples), max(s.finished_at for s in samples)
+    window = end - start
     latency: dict[str, float] = {}
     if ok:
         latency = {f"p{p}": percentile(ok, p) for p in PERCENTILES}
@@ -89,4 +94,6 @@ def summarise(concurrency: int, samples: Iterable[Sample]) -> LevelStats:
         throughput_rps=len(ok) / window if window > 0 else 0.0,
         window_seconds=window,
         latency_ms=latency,
+        window_start=start,
+        window_end=end,
     )

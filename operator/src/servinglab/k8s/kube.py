@@ -1,0 +1,179 @@
+"""The operator's only door to the Kubernetes API (kubernetes_asyncio), with errors mapped.
+
+Objects are plain dicts. Children are written with server-side apply under one field manager, so a
+repeated reconcile is a no-op and a restarted operator converges on the same objects instead of
+creating duplicates. API failures become :class:`KubeError` subclasses the handlers can act on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from servinglab.spec import API_GROUP, API_VERSION
+
+FIELD_MANAGER = "servinglab-operator"
+
+_PATHS = {
+    ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps",
+    ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts",
+    ("v1", "Pod"): "/api/v1/namespaces/{namespace}/pods",
+    ("v1", "Event"): "/api/v1/namespaces/{namespace}/events",
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments",
+    ("batch/v1", "Job"): "/apis/batch/v1/namespaces/{namespace}/jobs",
+    (
+        "rbac.authorization.k8s.io/v1",
+        "Role",
+    ): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
+    ),
+    (f"{API_GROUP}/{API_VERSION}", "ServingExperiment"): (
+        f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{namespace}}/servingexperiments"
+    ),
+}
+
+
+class KubeError(RuntimeError):
+    """An API call failed; `status` is the HTTP status (0 when the server was not reached)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Forbidden(KubeError):
+    pass
+
+
+class Invalid(KubeError):
+    pass
+
+
+def _map(exc: ApiException, what: str) -> KubeError:
+    try:
+        message = json.loads(exc.body or "{}").get("message") or exc.reason
+    except (ValueError, AttributeError):
+        message = exc.reason
+    kind = {404: NotFound, 403: Forbidden, 422: Invalid}.get(exc.status, KubeError)
+    return kind(f"{what}: {message}", exc.status)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Which object: api version, kind, namespace, name."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str = ""
+
+    @classmethod
+    def of(cls, manifest: dict[str, Any]) -> Ref:
+        meta = manifest["metadata"]
+        return cls(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta.get("name", ""))
+
+    def path(self, subresource: str = "") -> str:
+        base = _PATHS[(self.api_version, self.kind)].format(namespace=self.namespace)
+        path = f"{base}/{self.name}" if self.name else base
+        return f"{path}/{subresource}" if subresource else path
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+class Kube:
+    """Async API client; create with :meth:`connect`, close with :meth:`close`."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+
+    @classmethod
+    async def connect(cls) -> Kube:
+        """In-cluster credentials in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            await config.load_kube_config()
+        return cls(client.ApiClient())
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        try:
+            result = await self._api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                response_types_map={200: "object", 201: "object", 202: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+        except ApiException as exc:
+            raise _map(exc, what) from None
+        except OSError as exc:
+            raise KubeError(f"{what}: {exc}") from None
+        return result if isinstance(result, dict) else {}
+
+    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply: create or converge the object to `manifest` (idempotent)."""
+        ref = Ref.of(manifest)
+        return await self._call(
+            "PATCH",
+            ref.path(),
+            f"apply {ref}",
+            body=manifest,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def get(self, ref: Ref) -> dict[str, Any] | None:
+        try:
+            return await self._call("GET", ref.path(), f"get {ref}")
+        except NotFound:
+            return None
+
+    async def list(self, ref: Ref, label_selector: str = "", field_selector: str = "") -> list[dict[str, Any]]:
+        query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v]
+        result = await self._call("GET", ref.path(), f"list {ref.kind} in {ref.namespace}", query=query)
+        items: list[dict[str, Any]] = result.get("items", [])
+        return items
+
+    async def delete(self, ref: Ref) -> None:
+        with contextlib.suppress(NotFound):
+            await self._call("DELETE", ref.path(), f"delete {ref}", body={"propagationPolicy": "Background"})
+
+    async def patch_status(self, ref: Ref, status: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the status subresource (conditions and results are whole values)."""
+        return await self._call(
+            "PATCH",
+            ref.path("status"),
+            f"patch status of {ref}",
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        ref = Ref.of(manifest)
+        return await self._call("POST", ref.path(), f"create {ref.kind} in {ref.namespace}", body=manifest)

@@ -1,0 +1,409 @@
+"""The ServingExperiment operator: kopf handlers that orchestrate one experiment to its result.
+
+One kopf daemon per experiment runs :func:`reconcile` every few seconds until the experiment has
+Succeeded or Failed. Each pass reads the current state from the API and moves it one step:
+
+  deploy children (server-side apply, idempotent) -> server Available (cold start recorded) ->
+  load Job created -> Job Complete: results read from the results ConfigMap, GPU figures from
+  Prometheus, status written once, server cleaned up -> finished (never touched again).
+
+Failures end the experiment with a Failed condition naming the cause: invalid spec (no children
+are created), unschedulable server (the scheduler's own message), server not ready in time,
+server crashed, load Job failed (its termination message), results missing. A restarted operator
+resumes from what the API holds: the same children, at most one Job, nothing lost.
+
+Run with `servinglab operator` (kopf's runner), in the cluster or against a kubeconfig.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from servinglab.k8s import conditions as cond
+from servinglab.k8s import opmetrics, resources, summary
+from servinglab.k8s.kube import Kube, KubeError, Ref
+from servinglab.k8s.promql import GpuMetrics, PrometheusError
+from servinglab.loadgen.results_sink import RESULTS_KEY
+from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
+
+PLURAL = "servingexperiments"
+LOG = logging.getLogger("servinglab.operator")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Operator settings; :meth:`from_env` reads them from the environment (the Helm chart sets it)."""
+
+    servinglab_image: str = "servinglab/servinglab:0.1.0"
+    """Image of the model-builder init container and the load Job (SERVINGLAB_IMAGE)."""
+    prometheus_url: str | None = None
+    """Default Prometheus for GPU metrics when an experiment names none (SERVINGLAB_PROMETHEUS_URL)."""
+    poll_seconds: float = 2.0
+    """How often a running experiment is reconciled (SERVINGLAB_POLL_SECONDS)."""
+    unschedulable_grace_seconds: float = 30.0
+    """How long the server pod may stay unschedulable before the experiment fails
+    (SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS)."""
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        env = os.environ
+        return cls(
+            servinglab_image=env.get("SERVINGLAB_IMAGE", cls.servinglab_image),
+            prometheus_url=env.get("SERVINGLAB_PROMETHEUS_URL") or None,
+            poll_seconds=float(env.get("SERVINGLAB_POLL_SECONDS", cls.poll_seconds)),
+            unschedulable_grace_seconds=float(
+                env.get("SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS", cls.unschedulable_grace_seconds)
+            ),
+        )
+
+
+def _epoch(timestamp: str) -> float:
+    return datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def _now() -> float:
+    return datetime.now(UTC).timestamp()
+
+
+class Experiment:
+    """One experiment's view of the cluster for a single reconcile pass."""
+
+    def __init__(self, kube: Kube, body: dict[str, Any], settings: Settings) -> None:
+        self.kube = kube
+        self.body = body
+        self.settings = settings
+        meta = body["metadata"]
+        self.name, self.namespace, self.uid = meta["name"], meta["namespace"], meta["uid"]
+        self.generation = meta.get("generation")
+        self.ref = Ref(f"{API_GROUP}/{API_VERSION}", KIND, self.namespace, self.name)
+        self.owner = resources.Owner(self.name, self.namespace, self.uid)
+        self.names = resources.Names(self.name)
+        self.status: dict[str, Any] = dict(body.get("status") or {})
+
+    @property
+    def conditions(self) -> list[cond.Condition]:
+        return list(self.status.get("conditions") or [])
+
+    def child(self, api_version: str, kind: str, name: str) -> Ref:
+        return Ref(api_version, kind, self.namespace, name)
+
+    async def patch(self, **fields: Any) -> None:
+        self.status.update(fields)
+        await self.kube.patch_status(self.ref, fields)
+
+    async def set(self, kind: str, status: bool | None, reason: str, message: str, **fields: Any) -> None:
+        conditions = cond.set_condition(self.conditions, kind, status, reason, message, self.generation)
+        await self.patch(conditions=conditions, observedGeneration=self.generation, **fields)
+
+    async def event(self, kind: str, reason: str, message: str) -> None:
+        """A Kubernetes event on the experiment; failing to record one never fails the experiment."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{self.name}.", "namespace": self.namespace},
+            "involvedObject": {
+                "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                "kind": KIND,
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1000],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": "servinglab-operator"},
+        }
+        try:
+            await self.kube.create(event)
+        except KubeError as exc:
+            LOG.warning("could not record event %s for %s: %s", reason, self.ref, exc)
+
+    async def fail(self, reason: str, message: str) -> None:
+        """End the experiment as Failed; the load Job (if any) is stopped, results kept."""
+        conditions = cond.set_condition(self.conditions, cond.FAILED, True, reason, message, self.generation)
+        conditions = cond.set_condition(conditions, cond.SUCCEEDED, False, reason, message, self.generation)
+        state = {
+            "state": "Failed",
+            **{k: v for k, v in (self.status.get("summary") or {}).items() if k != "state"},
+        }
+        await self.patch(conditions=conditions, summary=state, finishedAt=cond.now())
+        await self.event("Warning", reason, message)
+        await self.kube.delete(self.child("batch/v1", "Job", self.names.load))
+        opmetrics.finished(self.namespace, self.name, "Failed")
+
+
+async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings) -> bool:
+    """Move the experiment one step; True once it has finished (Succeeded or Failed)."""
+    experiment = Experiment(kube, body, settings)
+    if cond.finished(experiment.conditions):
+        return True
+    try:
+        document = {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "metadata": {"name": experiment.name, "namespace": experiment.namespace},
+            "spec": body.get("spec"),
+        }
+        spec = parse_experiment(document).spec
+    except SpecError as exc:
+        await experiment.fail("InvalidSpec", "; ".join(exc.problems))
+        return True
+    if spec.model.archive is not None:
+        await experiment.fail(
+            "InvalidSpec", "spec.model.archive: not supported on Kubernetes yet; use a built-in model"
+        )
+        return True
+
+    if "startedAt" not in experiment.status:
+        await experiment.set(
+            cond.SERVER_READY, None, "Deploying", "TorchServe is being deployed",
+            startedAt=cond.now(), summary={"state": "Deploying"},
+            resultsRef={"kind": "ConfigMap", "name": experiment.names.results, "key": RESULTS_KEY},
+        )  # fmt: skip
+        await experiment.event("Normal", "Deploying", f"Deploying TorchServe for {spec.model.name}")
+
+    if not cond.is_true(experiment.conditions, cond.LOAD_TEST_COMPLETE):
+        await _deploy(experiment, spec)
+    if not cond.is_true(experiment.conditions, cond.SERVER_READY):
+        return await _await_server(experiment, spec)
+    return await _run_load(experiment, spec)
+
+
+async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> None:
+    owner, image = experiment.owner, experiment.settings.servinglab_image
+    document = {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "metadata": {"name": experiment.name},
+        "spec": spec.model_dump(by_alias=True, mode="json"),
+    }
+    for manifest in (
+        resources.config_map(owner, spec, document),
+        resources.results_config_map(owner),
+        resources.load_service_account(owner),
+        resources.load_role(owner),
+        resources.load_role_binding(owner),
+        resources.deployment(owner, spec, image),
+        resources.service(owner),
+    ):
+        await experiment.kube.apply(manifest)
+
+
+async def _server_pods(experiment: Experiment) -> list[dict[str, Any]]:
+    selector = ",".join(f"{k}={v}" for k, v in resources.selector(experiment.owner, "server").items())
+    return await experiment.kube.list(experiment.child("v1", "Pod", ""), label_selector=selector)
+
+
+def unschedulable_reason(pods: list[dict[str, Any]]) -> str | None:
+    """The scheduler's message when the server pod cannot be placed (e.g. no node has the GPUs)."""
+    for pod in pods:
+        for condition in pod.get("status", {}).get("conditions", []):
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                return str(condition.get("message", "unschedulable"))
+    return None
+
+
+def crash_reason(pods: list[dict[str, Any]]) -> str | None:
+    """Why the server container died, if it did (a restart, a termination or a crash loop)."""
+    for pod in pods:
+        status = pod.get("status", {})
+        if status.get("phase") in ("Failed", "Succeeded"):
+            return f"server pod {pod['metadata']['name']} is {status['phase']}: {status.get('message', '')}".strip()
+        for container in status.get("containerStatuses", []):
+            state = container.get("state", {})
+            terminated = state.get("terminated") or container.get("lastState", {}).get("terminated")
+            if container.get("restartCount", 0) > 0 or state.get("terminated"):
+                detail = terminated or state.get("waiting") or {}
+                return (
+                    f"container {container['name']} of {pod['metadata']['name']} "
+                    f"restarted {container.get('restartCount', 0)} times; last: "
+                    f"{detail.get('reason', 'unknown')} (exit code {detail.get('exitCode', '?')}) "
+                    f"{detail.get('message', '')}"
+                ).strip()
+    return None
+
+
+async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
+    kube = experiment.kube
+    deployment = await kube.get(experiment.child("apps/v1", "Deployment", experiment.names.server)) or {}
+    pods = await _server_pods(experiment)
+    elapsed = _now() - _epoch(experiment.status["startedAt"])
+    if (deployment.get("status", {}).get("availableReplicas") or 0) >= 1:
+        ready = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        pod_name = ready[0]["metadata"]["name"] if ready else ""
+        await experiment.set(
+            cond.SERVER_READY, True, "Available", f"TorchServe is ready in pod {pod_name}",
+            coldStartSeconds=round(elapsed, 3), serverReadyAt=cond.now(), serverPod=pod_name,
+            summary={"state": "Ready"},
+        )  # fmt: skip
+        await experiment.event("Normal", "ServerReady", f"TorchServe ready after {elapsed:.1f} s")
+        return False
+    if (crash := crash_reason(pods)) is not None:
+        await experiment.fail("ServerCrashed", crash)
+        return True
+    unschedulable = unschedulable_reason(pods)
+    if unschedulable is not None and elapsed > experiment.settings.unschedulable_grace_seconds:
+        await experiment.fail("Unschedulable", f"the scheduler cannot place the server: {unschedulable}")
+        return True
+    if elapsed > spec.server.startup_timeout_seconds:
+        await experiment.fail(
+            "ServerNotReady", f"TorchServe was not ready within {spec.server.startup_timeout_seconds} s"
+        )
+        return True
+    return False
+
+
+async def _run_load(experiment: Experiment, spec: ExperimentSpec) -> bool:
+    kube = experiment.kube
+    job_ref = experiment.child("batch/v1", "Job", experiment.names.load)
+    job = await kube.get(job_ref)
+    if job is None:
+        await kube.apply(resources.load_job(experiment.owner, spec, experiment.settings.servinglab_image))
+        await experiment.set(
+            cond.LOAD_TEST_COMPLETE, False, "Running",
+            f"load levels {spec.load.concurrency} running in Job {experiment.names.load}",
+            summary={"state": "Running"},
+        )  # fmt: skip
+        await experiment.event("Normal", "LoadTestStarted", f"Job {experiment.names.load} started")
+        return False
+    job_conditions = {c["type"]: c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"}
+    if "Failed" in job_conditions:
+        message = await _job_message(experiment) or job_conditions["Failed"].get("message", "")
+        await experiment.fail("LoadJobFailed", f"Job {experiment.names.load} failed: {message}")
+        return True
+    if "Complete" in job_conditions:
+        await _collect(experiment, spec)
+        return True
+    if (crash := crash_reason(await _server_pods(experiment))) is not None:
+        await experiment.fail("ServerCrashed", f"during the load test: {crash}")
+        return True
+    return False
+
+
+async def _job_message(experiment: Experiment) -> str | None:
+    pods = await experiment.kube.list(
+        experiment.child("v1", "Pod", ""), label_selector=f"job-name={experiment.names.load}"
+    )
+    for pod in pods:
+        for container in pod.get("status", {}).get("containerStatuses", []):
+            terminated = container.get("state", {}).get("terminated") or {}
+            if terminated:
+                return (
+                    f"exit code {terminated.get('exitCode')}: {terminated.get('message') or terminated.get('reason')}"
+                )
+    return None
+
+
+async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
+    results_ref = experiment.child("v1", "ConfigMap", experiment.names.results)
+    stored = await experiment.kube.get(results_ref) or {}
+    try:
+        levels: list[dict[str, Any]] = json.loads((stored.get("data") or {})[RESULTS_KEY])["results"]
+    except (KeyError, ValueError, TypeError):
+        await experiment.fail("ResultsMissing", f"the load Job finished without results in {results_ref}")
+        return
+    gpu, gpu_condition = await _gpu_figures(experiment, spec, levels)
+    slo = spec.slo.p99_latency_ms
+    compact = [summary.level_status(level, gpu.get(level["concurrency"]), slo) for level in levels]
+    conditions = cond.set_condition(experiment.conditions, cond.GPU_METRICS, *gpu_condition, experiment.generation)
+    conditions = cond.set_condition(
+        conditions,
+        cond.LOAD_TEST_COMPLETE,
+        True,
+        "Complete",
+        f"{len(levels)} levels measured",
+        experiment.generation,
+    )
+    conditions = cond.set_condition(
+        conditions, cond.SUCCEEDED, True, "Measured", "results are in status.results", experiment.generation
+    )
+    conditions = cond.set_condition(conditions, cond.FAILED, False, "Measured", "", experiment.generation)
+    # One write: the finished result lands whole, or not at all.
+    await experiment.patch(
+        conditions=conditions,
+        results=compact,
+        summary=summary.summarise(compact, slo, "Succeeded"),
+        finishedAt=cond.now(),
+        observedGeneration=experiment.generation,
+    )
+    await experiment.event("Normal", "Succeeded", f"{len(levels)} levels measured")
+    opmetrics.finished(experiment.namespace, experiment.name, "Succeeded", spec, compact)
+    if spec.cleanup.delete_server:
+        try:
+            await experiment.kube.delete(experiment.child("apps/v1", "Deployment", experiment.names.server))
+            await experiment.kube.delete(experiment.child("v1", "Service", experiment.names.server))
+        except KubeError as exc:  # the result is already safe; say so and move on
+            await experiment.event("Warning", "CleanupFailed", str(exc))
+
+
+async def _gpu_figures(
+    experiment: Experiment, spec: ExperimentSpec, levels: list[dict[str, Any]]
+) -> tuple[dict[int, dict[str, float | None]], tuple[bool, str, str]]:
+    url = spec.metrics.prometheus_url or experiment.settings.prometheus_url
+    if url is None:
+        return {}, (False, "NotConfigured", "no Prometheus URL in spec.metrics or the operator settings")
+    reader, pod = GpuMetrics(url), experiment.status.get("serverPod", "")
+    figures: dict[int, dict[str, float | None]] = {}
+    try:
+        for level in levels:
+            successful = int(level["requests"]) - int(level["errors"])
+            figures[level["concurrency"]] = await reader.window(
+                experiment.namespace, pod, float(level["windowStart"]), float(level["windowEnd"]), successful
+            )
+    except PrometheusError as exc:
+        return {}, (False, "PrometheusUnreachable", str(exc))
+    if not any(value is not None for level in figures.values() for value in level.values()):
+        return figures, (False, "NoData", f"Prometheus at {url} has no DCGM metrics for pod {pod}")
+    return figures, (True, "Measured", f"DCGM metrics of pod {pod} from {url}")
+
+
+# -- kopf wiring -----------------------------------------------------------------------------------
+
+
+@kopf.on.startup()
+async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # kopf keeps its own bookkeeping in annotations under our group, never in our status.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
+    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    settings.posting.level = logging.WARNING  # our own events say what happened; kopf's are noise
+    memo.kube = await Kube.connect()
+    memo.settings = Settings.from_env()
+    opmetrics.start_server()
+
+
+@kopf.on.cleanup()
+async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.kube.close()
+
+
+@kopf.daemon(API_GROUP, API_VERSION, PLURAL, cancellation_timeout=5.0)
+async def drive(
+    name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+) -> None:
+    """One per experiment, restarted with the operator: reconcile until finished."""
+    kube: Kube = memo.kube
+    settings: Settings = memo.settings
+    ref = Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace or "", name)
+    while not stopped:
+        body = await kube.get(ref)
+        if body is None:
+            return
+        try:
+            if await reconcile(kube, body, settings):
+                return
+        except KubeError as exc:
+            opmetrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
+            logger.warning("Reconcile of %s failed, retrying: %s", ref, exc)
+        await stopped.wait(settings.poll_seconds)

@@ -1,0 +1,49 @@
+"""From the load Job's results to the experiment's status (pure functions).
+
+`status.results` is compact: one entry per level with throughput, the latency percentiles, errors,
+the server-side breakdown and GPU figures. The full document (every field the load generator
+wrote, errors by kind, window timestamps) stays in the results ConfigMap the status references.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servinglab import results as local_results
+
+_LATENCY_KEYS = ("p50", "p90", "p95", "p99", "max")
+
+
+def level_status(entry: dict[str, Any], gpu: dict[str, float | None] | None, slo: float | None) -> dict[str, Any]:
+    latency = entry.get("latencyMs", {})
+    server = entry.get("server") or {}
+    compact: dict[str, Any] = {
+        "concurrency": entry["concurrency"],
+        "throughputRps": entry["throughputRps"],
+        "latencyMs": {k: latency[k] for k in _LATENCY_KEYS if k in latency},
+        "requests": entry["requests"],
+        "errors": entry["errors"],
+        "server": {
+            k: server[k]
+            for k in ("queueMsMean", "serverLatencyMsMean", "inferenceMsPerBatch", "meanBatchSize")
+            if server.get(k) is not None
+        },
+    }
+    if gpu:
+        compact["gpu"] = {k: v for k, v in gpu.items() if v is not None}
+    if slo is not None:
+        p99 = latency.get("p99")
+        compact["meetsSlo"] = p99 is not None and p99 <= slo and entry["errors"] == 0
+    return compact
+
+
+def summarise(levels: list[dict[str, Any]], slo: float | None, state: str) -> dict[str, Any]:
+    best = local_results.best_level(levels, slo)
+    summary: dict[str, Any] = {"state": state, "levels": len(levels)}
+    if best is not None:
+        summary |= {
+            "bestConcurrency": best["concurrency"],
+            "bestThroughputRps": best["throughputRps"],
+            "bestP99LatencyMs": best["p99LatencyMs"],
+        }
+    return summary
