@@ -10,6 +10,7 @@ process, kills survivors and removes the work directory.
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import os
@@ -266,10 +267,12 @@ class Kwok:
         stages = self.workdir / "stages"
         stages.mkdir(parents=True, exist_ok=True)
         (stages / "pod-complete.yaml").write_text(manifests.JOB_POD_COMPLETE_STAGE)
+        shipped_pod_ready = (self.binaries.kwok_stages / "pod-ready.yaml").read_text()
+        (stages / "pod-ready.yaml").write_text("---\n".join(manifests.probe_aware_pod_stages(shipped_pod_ready)))
         configs = [
             self.binaries.kwok_stages / "node-initialize.yaml",
-            self.binaries.kwok_stages / "pod-ready.yaml",
             self.binaries.kwok_stages / "pod-delete.yaml",
+            stages / "pod-ready.yaml",
             stages / "pod-complete.yaml",
         ]
         (port,) = free_ports(1)
@@ -363,3 +366,10 @@ class Cluster:
     def env(self) -> dict[str, str]:
         """Environment for subprocesses (helm, the operator) that should talk to this cluster."""
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def api_server(self, ca_file: Path) -> str:
+        """The API server URL of the current context; its CA certificate is written to `ca_file`."""
+        config = json.loads(self.kubectl.run("config", "view", "--raw", "--minify", "-o", "json").stdout)
+        cluster = config["clusters"][0]["cluster"]
+        ca_file.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        return str(cluster["server"])

@@ -8,9 +8,13 @@ GPU nodes look like what NVIDIA's device plugin and GPU feature discovery publis
 from __future__ import annotations
 
 import base64
+import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 #: Pod annotations read by the job-completion stage (set on the pod template or patched later).
@@ -152,3 +156,69 @@ def kubeconfig(server: str, ca_cert: Path, client_cert: Path, client_key: Path, 
         "current-context": name,
     }
     return json.dumps(config, indent=2)
+
+
+READY_ANNOTATION = "kwok.servinglab.dev/ready"
+_NO_PROBE = {"key": ".spec.containers.[].readinessProbe", "operator": "DoesNotExist"}
+_HAS_PROBE = {"key": ".spec.containers.[].readinessProbe", "operator": "Exists"}
+
+
+def probe_aware_pod_stages(shipped_pod_ready: str) -> list[str]:
+    """KWOK's pod-ready stage split the way a kubelet behaves with readiness probes.
+
+    Pods without a readiness probe become Ready at once (KWOK's default). Pods with one start
+    Running but not Ready, and become Ready only once annotated `kwok.servinglab.dev/ready: "true"`
+    — which the test harness does after probing the real process it started for the pod.
+    """
+    base = yaml.safe_load(shipped_pod_ready)
+    stages = []
+
+    without_probe = copy.deepcopy(base)
+    without_probe["spec"]["selector"]["matchExpressions"].append(_NO_PROBE)
+    stages.append(without_probe)
+
+    started = copy.deepcopy(base)
+    started["metadata"]["name"] = "pod-start-unready"
+    started["spec"]["selector"]["matchExpressions"].append(_HAS_PROBE)
+    template = started["spec"]["next"]["statusTemplate"]
+    template = re.sub(r'status: "True"(\s+)type: (Ready|ContainersReady)\b', r'status: "False"\1type: \2', template)
+    # the first `ready: true` is in containerStatuses (init containers follow and do finish)
+    started["spec"]["next"]["statusTemplate"] = template.replace("ready: true", "ready: false", 1)
+    stages.append(started)
+
+    probed = {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": "pod-probe-ready"},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {
+                "matchExpressions": [
+                    {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+                    {"key": ".status.phase", "operator": "In", "values": ["Running"]},
+                    _HAS_PROBE,
+                    {"key": f'.metadata.annotations["{READY_ANNOTATION}"]', "operator": "In", "values": ["true"]},
+                    {
+                        "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
+                        "operator": "NotIn",
+                        "values": ["True"],
+                    },
+                ]
+            },
+            "next": {
+                "statusTemplate": (
+                    "{{ $now := Now }}\n"
+                    "conditions:\n"
+                    '- lastTransitionTime: {{ $now | Quote }}\n  status: "True"\n  type: Ready\n'
+                    '- lastTransitionTime: {{ $now | Quote }}\n  status: "True"\n  type: ContainersReady\n'
+                    "containerStatuses:\n"
+                    "{{ range .status.containerStatuses }}\n"
+                    "- name: {{ .name | Quote }}\n  image: {{ .image | Quote }}\n  ready: true\n"
+                    "  restartCount: {{ .restartCount }}\n  state: {{ .state | YAML 1 }}\n"
+                    "{{ end }}\n"
+                )
+            },
+        },
+    }
+    stages.append(probed)
+    return [yaml.safe_dump(stage, sort_keys=False) for stage in stages]

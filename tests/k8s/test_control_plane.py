@@ -217,3 +217,23 @@ def test_crd_is_served_and_schema_violations_are_rejected_with_the_field(cluster
     assert rejected.returncode != 0
     assert "spec.batchSize" in rejected.stderr
     assert "should be greater than or equal to 1" in rejected.stderr
+
+
+def test_pods_with_a_readiness_probe_become_ready_only_when_probed(cluster: Cluster, namespace: str) -> None:
+    """Like a kubelet: Running at once, Ready only after the (harness-run) probe passes."""
+    kubectl = cluster.kubectl
+    deployment = gpu_deployment("probed", gpus=1)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["readinessProbe"] = {"httpGet": {"path": "/ping", "port": 8080}}
+    kubectl.apply(deployment, namespace=namespace)
+
+    def running() -> list[dict[str, Any]]:
+        return [p for p in pods_of(kubectl, namespace, "app=probed") if p["status"].get("phase") == "Running"]
+
+    kubectl.wait_for(lambda: bool(running()), 60, "the probed pod Running")
+    (pod,) = running()
+    ready = [c for c in pod["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready[0]["status"] == "False"
+    assert kubectl.get("deployment", "probed", "-n", namespace)["status"].get("availableReplicas") is None
+    kubectl.run("annotate", "-n", namespace, "pod", pod["metadata"]["name"], f"{manifests.READY_ANNOTATION}=true")
+    kubectl.run("wait", "-n", namespace, "deployment/probed", "--for=condition=Available", "--timeout=60s")

@@ -43,6 +43,27 @@ def validate(file: Path) -> None:
 
 
 @main.command()
+@click.option("--namespace", "-n", "namespaces", multiple=True, help="Watch these namespaces (repeatable).")
+@click.option("--all-namespaces", "-A", is_flag=True, help="Watch every namespace.")
+@click.option("--liveness", default="http://0.0.0.0:8080/healthz", show_default=True, help="Health endpoint.")
+def operator(namespaces: tuple[str, ...], all_namespaces: bool, liveness: str) -> None:
+    """Run the ServingExperiment operator (kopf) against the current cluster."""
+    import kopf
+
+    from servinglab.k8s import operator as handlers  # registers the handlers
+
+    if not namespaces and not all_namespaces:
+        _fail("choose --namespace NAME (repeatable) or --all-namespaces", code=2)
+    handlers.LOG.info("servinglab operator starting")
+    kopf.run(
+        standalone=True,  # one replica; no peering objects needed
+        clusterwide=all_namespaces,
+        namespaces=list(namespaces),
+        liveness_endpoint=liveness,
+    )
+
+
+@main.command()
 def crd() -> None:
     """Print the ServingExperiment CustomResourceDefinition (generated from the spec model)."""
     import yaml

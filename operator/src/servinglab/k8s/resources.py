@@ -337,6 +337,8 @@ def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[
                             "args": [
                                 "--target",
                                 f"http://{names.server}:{INFERENCE_PORT}",
+                                "--metrics-url",
+                                f"http://{names.server}:{METRICS_PORT}/metrics",
                                 "--model",
                                 spec.model.name,
                                 "--spec-file",

@@ -1,0 +1,126 @@
+"""A real Prometheus (Debian's package) and a DCGM-format test exporter, both on loopback.
+
+`DcgmExporter` serves what NVIDIA's dcgm-exporter serves for a T4 that a pod uses — the same metric
+names, types and labels (gpu, UUID, device, modelName, Hostname, container, namespace, pod) — with
+values from a known pattern, so tests can check the figures computed from them: utilisation steps
+between 40 and 90 %, 2048 MiB used, 60 W, and an energy counter rising 60 000 mJ per second.
+`Prometheus` scrapes the exporter and any file-discovered targets (the local TorchServe) every second.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from clusterenv.controlplane import ProcessGroup, free_ports
+
+UTIL_LOW, UTIL_HIGH = 40.0, 90.0
+FB_USED_MIB = 2048.0
+POWER_WATTS = 60.0
+
+
+class DcgmExporter:
+    def __init__(self) -> None:
+        self.pods: list[tuple[str, str]] = []  # (namespace, pod) using the GPU
+        self._started = time.time()
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = exporter.render().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        (self.port,) = free_ports(1)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def start(self) -> DcgmExporter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+
+    def render(self) -> str:
+        elapsed = time.time() - self._started
+        util = UTIL_HIGH if int(elapsed) % 2 else UTIL_LOW
+        energy = elapsed * POWER_WATTS * 1000.0
+        lines = []
+        for name, kind, value in (
+            ("DCGM_FI_DEV_GPU_UTIL", "gauge", util),
+            ("DCGM_FI_DEV_FB_USED", "gauge", FB_USED_MIB),
+            ("DCGM_FI_DEV_POWER_USAGE", "gauge", POWER_WATTS),
+            ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", energy),
+        ):
+            lines += [f"# HELP {name} test", f"# TYPE {name} {kind}"]
+            for namespace, pod in self.pods or [("", "")]:
+                labels = (
+                    'gpu="0",UUID="GPU-00000000-0000-0000-0000-000000000000",pci_bus_id="00000000:00:1E.0",'
+                    'device="nvidia0",modelName="Tesla T4",Hostname="gpu-t4-0",'
+                    f'container="torchserve",namespace="{namespace}",pod="{pod}"'
+                )
+                lines.append(f"{name}{{{labels}}} {value}")
+        return "\n".join(lines) + "\n"
+
+
+class Prometheus:
+    def __init__(self, workdir: Path, exporter_port: int) -> None:
+        self.workdir = workdir
+        self.group = ProcessGroup(workdir)
+        (self.port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.targets = workdir / "targets.json"
+        self.targets.write_text("[]")
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [
+                {"job_name": "dcgm", "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}],
+                 "honor_labels": True},
+                {"job_name": "torchserve", "file_sd_configs": [{"files": [str(self.targets)],
+                                                                "refresh_interval": "1s"}]},
+            ],
+        }  # fmt: skip
+        (workdir / "prometheus.yml").write_text(json.dumps(config))
+
+    def start(self, timeout: float = 60.0) -> Prometheus:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("prometheus is not installed (apt-get install prometheus)")
+        process = self.group.start("prometheus", [
+            binary, f"--config.file={self.workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}",
+        ])  # fmt: skip
+
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                return bool(response.status == 200)
+
+        self.group.wait_until(process, ready, timeout, "/-/ready")
+        return self
+
+    def scrape(self, target: str, labels: dict[str, str]) -> None:
+        """Add a scrape target (host:port) through file discovery."""
+        current = json.loads(self.targets.read_text())
+        current.append({"targets": [target], "labels": labels})
+        self.targets.write_text(json.dumps(current))
+
+    def query(self, expression: str) -> list[dict[str, object]]:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
+        with urllib.request.urlopen(url, timeout=5) as response:
+            result: list[dict[str, object]] = json.loads(response.read())["data"]["result"]
+            return result
+
+    def stop(self) -> None:
+        self.group.stop()

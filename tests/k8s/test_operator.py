@@ -1,0 +1,303 @@
+"""The operator end to end on the real control plane.
+
+The operator runs as `servinglab operator` (kopf's runner) in its own process. KWOK schedules and
+runs the pods on simulated T4 nodes; the local kubelet starts the real TorchServe and the real load
+generator from the specs the operator wrote; a real Prometheus scrapes that TorchServe and a
+DCGM-format exporter. Each test follows one experiment to its outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterenv.controlplane import Cluster, free_ports
+from clusterenv.kubelet import LocalKubelet
+from clusterenv.monitoring import FB_USED_MIB, POWER_WATTS, UTIL_HIGH, UTIL_LOW, DcgmExporter, Prometheus
+from servinglab.crd import crd_manifest
+
+pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: Cluster) -> None:
+    cluster.kubectl.apply(crd_manifest())
+    cluster.kubectl.run("wait", "--for=condition=Established", "crd/servingexperiments.servinglab.dev")
+
+
+@pytest.fixture(scope="module")
+def monitoring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DcgmExporter, Prometheus]]:
+    exporter = DcgmExporter().start()
+    prometheus = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.port).start()
+    yield exporter, prometheus
+    prometheus.stop()
+    exporter.stop()
+
+
+class Operator:
+    """`servinglab operator` as a child process watching one namespace."""
+
+    def __init__(self, cluster: Cluster, namespace: str, workdir: Path) -> None:
+        self.cluster, self.namespace, self.workdir = cluster, namespace, workdir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Operator:
+        metrics, liveness = free_ports(2)
+        self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
+        env = {
+            **self.cluster.env,
+            "SERVINGLAB_METRICS_PORT": str(metrics),
+            "SERVINGLAB_POLL_SECONDS": "1",
+            "SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS": "3",
+        }
+        log = (self.workdir / "operator.log").open("ab")
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("servinglab")), "operator", "--namespace", self.namespace,
+             "--liveness", f"http://127.0.0.1:{liveness}/healthz"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def log(self) -> str:
+        return (self.workdir / "operator.log").read_text(errors="replace")[-5000:]
+
+
+@pytest.fixture()
+def operator(cluster: Cluster, crd: None, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    running = Operator(cluster, namespace, tmp_path).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture()
+def kubelet_factory(
+    cluster: Cluster, namespace: str, tmp_path: Path, monitoring: tuple[DcgmExporter, Prometheus]
+) -> Iterator[Callable[..., LocalKubelet]]:
+    exporter, prometheus = monitoring
+    started: list[LocalKubelet] = []
+
+    def server_started(pod: str, metrics_port: int) -> None:
+        exporter.pods.append((namespace, pod))
+        prometheus.scrape(f"127.0.0.1:{metrics_port}", {"namespace": namespace, "pod": pod})
+
+    def make(**options: Any) -> LocalKubelet:
+        api = cluster.api_server(tmp_path / "ca.crt")
+        kubelet = LocalKubelet(
+            cluster.kubectl, namespace, tmp_path / "pods", api, tmp_path / "ca.crt", server_started, **options
+        )
+        started.append(kubelet.start())
+        return kubelet
+
+    yield make
+    for kubelet in started:
+        kubelet.stop()
+
+
+def experiment(name: str, prometheus_url: str | None = None, **server: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "servinglab.dev/v1alpha1",
+        "kind": "ServingExperiment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "tiny"},
+            "server": {
+                "batchSize": 4,
+                "maxBatchDelayMs": 5,
+                "workers": 1,
+                "precision": "fp32",
+                "gpus": 1,
+                "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                **server,
+            },
+            "load": {"concurrency": [1, 4], "warmupSeconds": 1, "durationSeconds": 3},
+            "slo": {"p99LatencyMs": 5000},
+            "metrics": {"prometheusUrl": prometheus_url} if prometheus_url else {},
+        },
+    }
+
+
+def wait_finished(
+    cluster: Cluster, namespace: str, name: str, operator: Operator, timeout: float = 240
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = cluster.kubectl.get("sx", name, "-n", namespace)
+        conditions = {c["type"]: c for c in body.get("status", {}).get("conditions", [])}
+        if any(conditions.get(kind, {}).get("status") == "True" for kind in ("Succeeded", "Failed")):
+            return body
+        time.sleep(1)
+    pytest.fail(f"{name} did not finish in {timeout} s; operator log:\n{operator.log()}")
+
+
+def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in body["status"]["conditions"] if c["type"] == kind)
+
+
+def test_experiment_runs_to_succeeded_with_results_in_status(
+    cluster: Cluster,
+    namespace: str,
+    operator: Operator,
+    kubelet_factory: Callable[..., LocalKubelet],
+    monitoring: tuple[DcgmExporter, Prometheus],
+) -> None:
+    _, prometheus = monitoring
+    kubelet = kubelet_factory()
+    applied_at = time.monotonic()
+    cluster.kubectl.apply(experiment("tiny-e2e", prometheus.url), namespace=namespace)
+    body = wait_finished(cluster, namespace, "tiny-e2e", operator)
+    elapsed = time.monotonic() - applied_at
+    status = body["status"]
+    assert condition(body, "Succeeded")["status"] == "True", (status, operator.log(), kubelet.errors)
+    assert condition(body, "ServerReady")["status"] == "True"
+    assert condition(body, "LoadTestComplete")["status"] == "True"
+
+    # The server pod really ran on a simulated T4 node, started from the operator's Deployment.
+    server_pod = status["serverPod"]
+    assert server_pod.startswith("tiny-e2e-server-")
+    assert status["coldStartSeconds"] > 0
+
+    # Status numbers are the load generator's own, as written to the referenced ConfigMap.
+    stored = cluster.kubectl.get("configmap", status["resultsRef"]["name"], "-n", namespace)
+    full = json.loads(stored["data"]["results.json"])["results"]
+    assert [level["concurrency"] for level in status["results"]] == [1, 4]
+    for compact, raw in zip(status["results"], full, strict=True):
+        assert compact["throughputRps"] == raw["throughputRps"] > 0
+        assert compact["latencyMs"]["p99"] == raw["latencyMs"]["p99"]
+        latency = compact["latencyMs"]
+        assert latency["p50"] <= latency["p90"] <= latency["p95"] <= latency["p99"] <= latency["max"]
+        assert compact["errors"] == 0
+        assert compact["server"]["meanBatchSize"] >= 1
+        gpu = compact["gpu"]
+        assert UTIL_LOW <= gpu["utilizationAvgPercent"] <= UTIL_HIGH
+        assert gpu["utilizationMaxPercent"] == UTIL_HIGH
+        assert gpu["memoryUsedMaxMiB"] == FB_USED_MIB
+        assert gpu["powerAvgWatts"] == POWER_WATTS
+        # 60 W over the window, within Prometheus' extrapolation at 1 s resolution
+        assert gpu["energyJoules"] == pytest.approx(POWER_WATTS * raw["windowSeconds"], rel=0.35)
+    assert condition(body, "GPUMetricsAvailable")["status"] == "True"
+    summary = status["summary"]
+    assert summary["state"] == "Succeeded"
+    assert summary["bestThroughputRps"] == max(level["throughputRps"] for level in status["results"])
+
+    # Prometheus scraped the same TorchServe: it counted at least the measured requests.
+    served = prometheus.query(f'sum(ts_inference_requests_total{{namespace="{namespace}"}})')
+    assert float(served[0]["value"][1]) >= sum(level["requests"] for level in full)
+
+    # The server is cleaned up after the run; the results stay.
+    cluster.kubectl.wait_for(
+        lambda: not cluster.kubectl.get("deployments", "-n", namespace)["items"], 30, "the server Deployment deleted"
+    )
+    table = cluster.kubectl.run("get", "sx", "-n", namespace).stdout
+    assert "Succeeded" in table
+    print(f"apply -> Succeeded: {elapsed:.1f} s for {2 * (1 + 3)} s of configured load\n{table}")
+
+
+def test_invalid_spec_fails_without_children(cluster: Cluster, namespace: str, operator: Operator) -> None:
+    bad = experiment("no-such-model")
+    bad["spec"]["model"]["name"] = "bert"  # passes the CRD schema, fails the operator's model check
+    cluster.kubectl.apply(bad, namespace=namespace)
+    body = wait_finished(cluster, namespace, "no-such-model", operator, timeout=60)
+    failed = condition(body, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
+    assert "spec.model: 'bert' is not a built-in model" in failed["message"]
+    for kind in ("deployments", "jobs", "configmaps", "services"):
+        items = cluster.kubectl.get(kind, "-n", namespace)["items"]
+        assert not [i for i in items if i["metadata"]["name"].startswith("no-such-model")], kind
+
+
+def test_unschedulable_server_fails_quoting_the_scheduler(cluster: Cluster, namespace: str, operator: Operator) -> None:
+    cluster.kubectl.apply(experiment("greedy", gpus=4), namespace=namespace)
+    body = wait_finished(cluster, namespace, "greedy", operator, timeout=90)
+    failed = condition(body, "Failed")
+    assert failed["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in failed["message"]
+
+
+def test_failed_load_job_fails_the_experiment_with_its_message(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    kubelet_factory(job_outcome=(137, "OOMKilled: load generator ran out of memory"))
+    cluster.kubectl.apply(experiment("job-dies"), namespace=namespace)
+    body = wait_finished(cluster, namespace, "job-dies", operator)
+    failed = condition(body, "Failed")
+    assert failed["reason"] == "LoadJobFailed"
+    assert "exit code 137" in failed["message"] and "OOMKilled" in failed["message"]
+
+
+def test_server_crash_during_the_run_fails_the_experiment(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    kubelet = kubelet_factory()
+    long = experiment("crashes")
+    long["spec"]["load"]["durationSeconds"] = 60
+    cluster.kubectl.apply(long, namespace=namespace)
+    cluster.kubectl.wait_for(
+        lambda: bool(cluster.kubectl.get("jobs", "-n", namespace)["items"]), 120, "the load Job to start"
+    )
+    kubelet.kill_server()
+    body = wait_finished(cluster, namespace, "crashes", operator, timeout=60)
+    failed = condition(body, "Failed")
+    assert failed["reason"] == "ServerCrashed", failed
+    assert "exit code 137" in failed["message"]
+
+
+def test_operator_restart_mid_run_resumes_without_a_second_job(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    kubelet_factory()
+    cluster.kubectl.apply(experiment("restarts"), namespace=namespace)
+    cluster.kubectl.wait_for(
+        lambda: bool(cluster.kubectl.get("jobs", "-n", namespace)["items"]), 120, "the load Job to start"
+    )
+    job_uid = cluster.kubectl.get("job", "restarts-load", "-n", namespace)["metadata"]["uid"]
+    operator.stop()
+    operator.start()
+    body = wait_finished(cluster, namespace, "restarts", operator)
+    assert condition(body, "Succeeded")["status"] == "True", body["status"]
+    jobs = cluster.kubectl.get("jobs", "-n", namespace)["items"]
+    assert [job["metadata"]["uid"] for job in jobs] == [job_uid]
+
+
+def test_deleting_the_experiment_removes_its_children(cluster: Cluster, namespace: str, operator: Operator) -> None:
+    cluster.kubectl.apply(experiment("deleted"), namespace=namespace)
+    cluster.kubectl.wait_for(
+        lambda: bool(cluster.kubectl.get("deployments", "-n", namespace)["items"]), 60, "the server Deployment"
+    )
+    cluster.kubectl.run("delete", "sx", "deleted", "-n", namespace, "--wait=true", "--timeout=60s")
+
+    def children_gone() -> bool:
+        left = [
+            item["metadata"]["name"]
+            for kind in ("deployments", "services", "configmaps", "roles", "serviceaccounts")
+            for item in cluster.kubectl.get(kind, "-n", namespace)["items"]
+            if item["metadata"]["name"].startswith("deleted-")
+        ]
+        return not left
+
+    cluster.kubectl.wait_for(children_gone, 60, "the garbage collector to remove every child")
+
+
+def test_spec_is_immutable_once_applied(cluster: Cluster, namespace: str, crd: None) -> None:
+    cluster.kubectl.apply(experiment("frozen"), namespace=namespace)
+    edit = cluster.kubectl.run(
+        "patch", "sx", "frozen", "-n", namespace, "--type=merge", "-p", '{"spec":{"server":{"batchSize":8}}}',
+        check=False,
+    )  # fmt: skip
+    assert edit.returncode != 0
+    assert "spec is immutable" in edit.stderr
