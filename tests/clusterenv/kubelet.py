@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.request
 from collections.abc import Callable
@@ -138,7 +139,8 @@ class LocalKubelet:
             if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
                 continue
             if name not in self.pods and component in ("server", "load"):
-                self.pods[name] = RunningPod(name, self.workdir / name)
+                # a short root: TorchServe puts unix sockets under the pod's /tmp (108-byte limit)
+                self.pods[name] = RunningPod(name, Path(tempfile.mkdtemp(prefix="kl-", dir=self.workdir)))
                 (self._start_server if component == "server" else self._start_job)(pod, self.pods[name])
             running = self.pods.get(name)
             if running is None or running.done:
@@ -156,7 +158,7 @@ class LocalKubelet:
         volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
         mapping: dict[str, Path] = {}
         for mount in container.get("volumeMounts", []):
-            local = root / "volumes" / mount["name"]
+            local = root / "v" / mount["name"]
             volume = volumes[mount["name"]]
             if "configMap" in volume and not local.exists():
                 data = self.kubectl.get("configmap", volume["configMap"]["name"], "-n", self.namespace).get("data", {})
@@ -191,6 +193,7 @@ class LocalKubelet:
         self, running: RunningPod, name: str, command: list[str], env: dict[str, str]
     ) -> subprocess.Popen[bytes]:
         log = running.root / f"{name}.log"
+        (running.root / f"{name}.command").write_text(json.dumps(command))
         with log.open("ab") as handle:
             process = subprocess.Popen(
                 command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

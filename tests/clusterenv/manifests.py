@@ -214,7 +214,8 @@ def probe_aware_pod_stages(shipped_pod_ready: str) -> list[str]:
                     "containerStatuses:\n"
                     "{{ range .status.containerStatuses }}\n"
                     "- name: {{ .name | Quote }}\n  image: {{ .image | Quote }}\n  ready: true\n"
-                    "  restartCount: {{ .restartCount }}\n  state: {{ .state | YAML 1 }}\n"
+                    "  restartCount: {{ .restartCount }}\n"
+                    "  state:\n    running:\n      startedAt: {{ $now | Quote }}\n"
                     "{{ end }}\n"
                 )
             },

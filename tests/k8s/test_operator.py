@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -97,9 +98,8 @@ def kubelet_factory(
 
     def make(**options: Any) -> LocalKubelet:
         api = cluster.api_server(tmp_path / "ca.crt")
-        kubelet = LocalKubelet(
-            cluster.kubectl, namespace, tmp_path / "pods", api, tmp_path / "ca.crt", server_started, **options
-        )
+        pods = Path(tempfile.mkdtemp(prefix="pods-"))  # short paths: unix sockets live under it
+        kubelet = LocalKubelet(cluster.kubectl, namespace, pods, api, tmp_path / "ca.crt", server_started, **options)
         started.append(kubelet.start())
         return kubelet
 

@@ -169,6 +169,8 @@ def loadtest(
         content_type=CONTENT_TYPES[load.payload.format],
         request_timeout_seconds=load.request_timeout_seconds,
     )
+    if (problem := closed_loop.preflight(plan)) is not None:
+        finish(problem, 5)
     windows = None
     if metrics_url:
         windows = tsmetrics.WindowReader(tsmetrics.http_fetcher(metrics_url), model_name)

@@ -103,7 +103,7 @@ def crd_manifest() -> dict[str, Any]:
                         _column("Precision", ".spec.server.precision"),
                         _column("RPS", ".status.summary.bestThroughputRps", "number"),
                         _column("P99", ".status.summary.bestP99LatencyMs", "number"),
-                        _column("State", ".status.state"),
+                        _column("State", ".status.summary.state"),
                         _column("Age", ".metadata.creationTimestamp", "date"),
                     ],
                     "schema": {

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -94,6 +95,7 @@ class LocalTorchServe:
         self.process: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
         self.gpus = _visible_gpus()
+        self.tmpdir: Path | None = None
 
     # -- files -----------------------------------------------------------------------------------
 
@@ -114,8 +116,7 @@ class LocalTorchServe:
             else:
                 shutil.copy2(entry, target)
         (model_dir / "model-config.yaml").write_text(tsconfig.render_model_config(self.server))
-        for sub in ("logs", "tmp"):
-            (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         metrics_path = self.workdir / "metrics.yaml"
         metrics_path.write_text(tsconfig.render_metrics_config())
         properties = tsconfig.config_properties(
@@ -134,6 +135,9 @@ class LocalTorchServe:
 
     def start(self) -> None:
         config_path = self.prepare()
+        # TorchServe puts its worker sockets and pid file in the temp dir: keep its path short
+        # (unix socket paths are limited to 108 bytes) and private to this server.
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="sl-ts-"))
         env = dict(os.environ)
         java_home = find_java_home()
         env.update(
@@ -141,8 +145,8 @@ class LocalTorchServe:
             PATH=os.pathsep.join([str(Path(sys.executable).parent), str(java_home / "bin"), env["PATH"]]),
             LOG_LOCATION=str(self.workdir / "logs"),
             METRICS_LOCATION=str(self.workdir / "logs"),
-            TEMP=str(self.workdir / "tmp"),
-            TMPDIR=str(self.workdir / "tmp"),
+            TEMP=str(self.tmpdir),
+            TMPDIR=str(self.tmpdir),
             PYTHONUNBUFFERED="1",
         )
         env.pop("TS_CONFIG_FILE", None)  # would silently win over --ts-config
@@ -226,6 +230,8 @@ class LocalTorchServe:
                 proc.kill()
         psutil.wait_procs(descendants, timeout=5)
         self.process = None
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def __enter__(self) -> LocalTorchServe:
         self.start()

@@ -16,6 +16,8 @@ from locust import FastHttpUser, constant, task
 from locust.env import Environment
 
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,3 +186,25 @@ def _wait(seconds: float, tick: Callable[[float], None]) -> None:
         tick(done)
         gevent.sleep(min(_TICK_SECONDS, seconds - done))
     tick(seconds)
+
+
+def preflight(plan: LoadPlan) -> str | None:
+    """Send one request before any level; None if it succeeded, else why not.
+
+    A server can pass its health check while its workers are still failing to load the model; a
+    load test against it would only measure time-outs, so the run stops here with the reason.
+    """
+    request = urllib.request.Request(
+        plan.target + plan.path,
+        data=plan.payloads[0],
+        headers={"Content-Type": plan.content_type},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=plan.request_timeout_seconds) as response:
+            response.read()
+            return None
+    except urllib.error.HTTPError as exc:
+        return f"the server answered a test request with HTTP {exc.code}: {exc.read()[:300]!r}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"the server did not answer a test request within {plan.request_timeout_seconds:g} s: {exc}"
