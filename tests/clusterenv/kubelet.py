@@ -82,12 +82,12 @@ class LocalKubelet:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
-        for pod in self.pods.values():
+        for pod in list(self.pods.values()):
             self._kill(pod)
 
     def kill_server(self) -> None:
         """Crash the server: kill its processes and report the container terminated, as a kubelet would."""
-        for pod in self.pods.values():
+        for pod in list(self.pods.values()):
             if pod.ports and not pod.done:
                 self._kill(pod)
                 pod.done = True

@@ -214,23 +214,30 @@ def unschedulable_reason(pods: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def _container_problem(pod: dict[str, Any]) -> str | None:
+    for container in pod.get("status", {}).get("containerStatuses", []):
+        state = container.get("state", {})
+        terminated = state.get("terminated") or container.get("lastState", {}).get("terminated")
+        restarts = container.get("restartCount", 0)
+        if restarts > 0 or state.get("terminated"):
+            detail = terminated or state.get("waiting") or {}
+            return (
+                f"container {container['name']} {'terminated' if not restarts else f'restarted {restarts} times'}: "
+                f"{detail.get('reason', 'unknown')} (exit code {detail.get('exitCode', '?')}) "
+                f"{detail.get('message', '')}"
+            ).strip()
+    return None
+
+
 def crash_reason(pods: list[dict[str, Any]]) -> str | None:
-    """Why the server container died, if it did (a restart, a termination or a crash loop)."""
+    """Why the server died, if it did: its pod ended, or a container restarted or terminated."""
     for pod in pods:
-        status = pod.get("status", {})
+        status, name = pod.get("status", {}), pod["metadata"]["name"]
+        problem = _container_problem(pod)
         if status.get("phase") in ("Failed", "Succeeded"):
-            return f"server pod {pod['metadata']['name']} is {status['phase']}: {status.get('message', '')}".strip()
-        for container in status.get("containerStatuses", []):
-            state = container.get("state", {})
-            terminated = state.get("terminated") or container.get("lastState", {}).get("terminated")
-            if container.get("restartCount", 0) > 0 or state.get("terminated"):
-                detail = terminated or state.get("waiting") or {}
-                return (
-                    f"container {container['name']} of {pod['metadata']['name']} "
-                    f"restarted {container.get('restartCount', 0)} times; last: "
-                    f"{detail.get('reason', 'unknown')} (exit code {detail.get('exitCode', '?')}) "
-                    f"{detail.get('message', '')}"
-                ).strip()
+            return f"server pod {name} is {status['phase']}: {problem or status.get('message', '')}".strip()
+        if problem is not None:
+            return f"server pod {name}: {problem}"
     return None
 
 
