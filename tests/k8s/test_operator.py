@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from clusterenv.monitoring import FB_USED_MIB, POWER_WATTS, UTIL_HIGH, UTIL_LOW,
 from servinglab.crd import crd_manifest
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
+
+SERVINGLAB = str(Path(sys.executable).with_name("servinglab"))
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,7 @@ class Operator:
         }
         log = (self.workdir / "operator.log").open("ab")
         self.process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("servinglab")), "operator", "--namespace", self.namespace,
+            [SERVINGLAB, "operator", "--namespace", self.namespace,
              "--liveness", f"http://127.0.0.1:{liveness}/healthz"],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -137,7 +140,11 @@ def wait_finished(
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        body = cluster.kubectl.get("sx", name, "-n", namespace)
+        found = cluster.kubectl.run("get", "sx", name, "-n", namespace, "-o", "json", check=False)
+        if found.returncode != 0:  # not applied yet
+            time.sleep(1)
+            continue
+        body = json.loads(found.stdout)
         conditions = {c["type"]: c for c in body.get("status", {}).get("conditions", [])}
         if any(conditions.get(kind, {}).get("status") == "True" for kind in ("Succeeded", "Failed")):
             return body
@@ -150,6 +157,7 @@ def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def test_experiment_runs_to_succeeded_with_results_in_status(
+    tmp_path: Path,
     cluster: Cluster,
     namespace: str,
     operator: Operator,
@@ -158,10 +166,19 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
 ) -> None:
     _, prometheus = monitoring
     kubelet = kubelet_factory()
+    experiment_file = tmp_path / "tiny-e2e.yaml"
+    experiment_file.write_text(json.dumps(experiment("tiny-e2e", prometheus.url)))
     applied_at = time.monotonic()
-    cluster.kubectl.apply(experiment("tiny-e2e", prometheus.url), namespace=namespace)
+    # applied and followed by the CLI, as a user would: `servinglab run FILE --cluster`
+    client = subprocess.Popen(
+        [SERVINGLAB, "run", str(experiment_file), "--cluster", "-n", namespace, "--timeout", "240"],
+        env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
     body = wait_finished(cluster, namespace, "tiny-e2e", operator)
     elapsed = time.monotonic() - applied_at
+    followed, _ = client.communicate(timeout=60)
+    assert client.returncode == 0, followed
+    assert "Succeeded=True" in followed and "p99 ms" in followed
     status = body["status"]
     assert condition(body, "Succeeded")["status"] == "True", (status, operator.log(), kubelet.errors)
     assert condition(body, "ServerReady")["status"] == "True"
@@ -205,6 +222,26 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
     )
     table = cluster.kubectl.run("get", "sx", "-n", namespace).stdout
     assert "Succeeded" in table
+    shown = subprocess.run(
+        [SERVINGLAB, "results", "tiny-e2e", "-n", namespace],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"{status['results'][0]['throughputRps']:.1f}" in shown
+
+    # The operator exports the finished experiment's figures for dashboards.
+    with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
+        exported = response.read().decode()
+    best = summary["bestThroughputRps"]
+    assert any(
+        line.startswith("servinglab_experiment_best_throughput_rps{")
+        and 'experiment="tiny-e2e"' in line
+        and float(line.rsplit(" ", 1)[1]) == pytest.approx(best)
+        for line in exported.splitlines()
+    ), exported[-2000:]
+    assert 'servinglab_experiments_finished_total{state="Succeeded"} 1.0' in exported
     print(f"apply -> Succeeded: {elapsed:.1f} s for {2 * (1 + 3)} s of configured load\n{table}")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -93,16 +93,23 @@ def build_model(name: str, force: bool, build_dir: Path | None, quiet: bool) -> 
 @main.command()
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the results JSON here.")
-def run(file: Path, output: Path | None) -> None:
-    """Run an experiment on this machine: TorchServe as a child process, the same load test."""
-    from servinglab import runner
-
+@click.option("--cluster", is_flag=True, help="Apply to the current kubeconfig's cluster and follow it.")
+@click.option("--namespace", "-n", help="Namespace for --cluster (default: the file's, else 'default').")
+@click.option("--timeout", default=3600.0, show_default=True, help="Seconds to follow a --cluster run.")
+def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, timeout: float) -> None:
+    """Run an experiment: on this machine (TorchServe as a child process) or, with --cluster, by
+    the operator; either way the same load test, table and results JSON."""
     try:
         experiment = load_experiment(file)
     except SpecError as exc:
         _fail(str(exc), code=1)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
+    if cluster:
+        _run_on_cluster(experiment, namespace or experiment.metadata.namespace or "default", timeout, output)
+        return
+
+    from servinglab import runner
 
     with _LoadProgress() as progress:
         hooks = runner.RunHooks(phase=progress.phase, progress=progress.update)
@@ -206,6 +213,52 @@ def loadtest(
     finish(f"{len(stats)} levels measured, {sum(level.requests for level in stats)} requests, {errors} errors", 0)
 
 
+def _run_on_cluster(experiment: Any, namespace: str, timeout: float, output: Path | None) -> None:
+    from servinglab.k8s import follow
+    from servinglab.k8s.kube import KubeError
+
+    try:
+        body = follow.run_on_cluster(experiment, namespace, lambda line: console.print(line, highlight=False), timeout)
+    except (KubeError, TimeoutError, LookupError) as exc:
+        _fail(str(exc), code=2)
+    _show_cluster_result(body, output)
+
+
+def _show_cluster_result(body: dict[str, Any], output: Path | None) -> None:
+    from servinglab.k8s import conditions as cond
+    from servinglab.k8s import follow
+
+    document = follow.status_document(body)
+    if document["results"]:
+        print_results(document)
+    if output is not None:
+        output.write_text(json.dumps(document, indent=2) + "\n")
+    failed = cond.get(document["conditions"], cond.FAILED)
+    if failed is not None and failed.get("status") == "True":
+        _fail(f"{failed['reason']}: {failed['message']}", code=2)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--namespace", "-n", default="default", show_default=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the results JSON here.")
+def results(name: str, namespace: str, output: Path | None) -> None:
+    """Print a cluster experiment's results table from its status."""
+    from servinglab.k8s import follow
+    from servinglab.k8s.kube import KubeError
+
+    try:
+        body = follow.fetch(namespace, name)
+    except KubeError as exc:
+        _fail(str(exc), code=2)
+    if body is None:
+        _fail(f"ServingExperiment {namespace}/{name} not found", code=1)
+    if not (body.get("status") or {}).get("results"):
+        state = ((body.get("status") or {}).get("summary") or {}).get("state", "Pending")
+        console.print(f"{namespace}/{name}: {state}, no results yet")
+    _show_cluster_result(body, output)
+
+
 def print_results(document: dict[str, Any]) -> None:
     """The results table a person reads: one row per level, plus cold start and the best level."""
     server = document["server"]
@@ -238,7 +291,7 @@ def print_results(document: dict[str, Any]) -> None:
             row.append("yes" if entry.get("meetsSlo") else "no")
         table.add_row(*row)
     stdout.print(table)
-    notes = [f"cold start {document['coldStartSeconds']:.1f} s"]
+    notes = [f"cold start {document.get('coldStartSeconds') or 0:.1f} s"]
     best = document.get("best")
     if best:
         notes.append(f"best: concurrency {best['concurrency']} at {best['throughputRps']:.1f} rps")
@@ -256,7 +309,7 @@ def _num(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _fail(message: str, code: int) -> Any:
+def _fail(message: str, code: int) -> NoReturn:
     console.print(f"[red]error:[/red] {message}", highlight=False)
     sys.exit(code)
 

@@ -11,7 +11,7 @@ _LOAD_COMMANDS = {"run", "loadtest"}
 
 
 def main() -> None:
-    if _LOAD_COMMANDS.intersection(sys.argv[1:2]):
+    if _LOAD_COMMANDS.intersection(sys.argv[1:2]) and "--cluster" not in sys.argv:
         import locust  # noqa: F401  (imported for its gevent monkey-patching side effect)
 
     from servinglab.cli import main as cli_main
