@@ -1,0 +1,139 @@
+"""The operator's pure parts: child manifests, conditions, failure reasons, status summary, PromQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servinglab.k8s import conditions as cond
+from servinglab.k8s import resources, summary
+from servinglab.k8s.operator import crash_reason, unschedulable_reason
+from servinglab.k8s.promql import query_text
+from servinglab.spec import load_experiment
+
+HALFP = load_experiment(Path(__file__).resolve().parents[2] / "examples" / "experiment-halfp.yaml").spec
+OWNER = resources.Owner("resnet50-halfp", "bench", "uid-1")
+
+
+def test_children_are_owned_and_named_deterministically() -> None:
+    manifests = [
+        resources.config_map(OWNER, HALFP, {}),
+        resources.deployment(OWNER, HALFP, "servinglab/servinglab:0.1.0"),
+        resources.service(OWNER),
+        resources.load_job(OWNER, HALFP, "servinglab/servinglab:0.1.0"),
+        resources.results_config_map(OWNER),
+    ]
+    names = [m["metadata"]["name"] for m in manifests]
+    assert names == [
+        "resnet50-halfp-config",
+        "resnet50-halfp-server",
+        "resnet50-halfp-server",
+        "resnet50-halfp-load",
+        "resnet50-halfp-results",
+    ]
+    for manifest in manifests:
+        (owner,) = manifest["metadata"]["ownerReferences"]
+        assert owner["uid"] == "uid-1" and owner["controller"] is True
+        assert manifest["metadata"]["labels"]["app.kubernetes.io/instance"] == "resnet50-halfp"
+
+
+def test_server_pod_asks_for_the_gpu_on_a_t4_and_runs_restricted() -> None:
+    deployment = resources.deployment(OWNER, HALFP, "servinglab/servinglab:0.1.0")
+    pod = deployment["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    assert server["image"] == "pytorch/torchserve:0.12.0-gpu"
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "Tesla-T4"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert server["securityContext"]["allowPrivilegeEscalation"] is False
+    assert server["readinessProbe"]["httpGet"]["path"] == "/ping"
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_management_api_is_bound_to_localhost_in_the_pod() -> None:
+    properties = resources.config_map(OWNER, HALFP, {})["data"]["config.properties"]
+    assert "management_address=http://127.0.0.1:8081" in properties
+    assert "inference_address=http://0.0.0.0:8080" in properties
+    exposed = {p["port"] for p in resources.service(OWNER)["spec"]["ports"]}
+    assert exposed == {8080, 8082}
+
+
+def test_load_job_may_only_patch_its_results() -> None:
+    (rule,) = resources.load_role(OWNER)["rules"]
+    assert rule == {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": ["resnet50-halfp-results"],
+        "verbs": ["get", "patch"],
+    }
+    job = resources.load_job(OWNER, HALFP, "servinglab/servinglab:0.1.0")
+    assert job["spec"]["backoffLimit"] == 0
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--target") + 1] == "http://resnet50-halfp-server:8080"
+
+
+def test_condition_transition_time_changes_only_with_status() -> None:
+    first = cond.set_condition([], cond.SERVER_READY, None, "Deploying", "")
+    first[0]["lastTransitionTime"] = "2000-01-01T00:00:00Z"
+    same = cond.set_condition(first, cond.SERVER_READY, None, "StillDeploying", "")
+    assert same[0]["lastTransitionTime"] == "2000-01-01T00:00:00Z"
+    changed = cond.set_condition(same, cond.SERVER_READY, True, "Available", "")
+    assert changed[0]["lastTransitionTime"] != "2000-01-01T00:00:00Z"
+    assert not cond.finished(changed)
+    assert cond.finished(cond.set_condition(changed, cond.FAILED, True, "X", ""))
+
+
+def pod(status: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": "p"}, "status": status}
+
+
+def test_failure_reasons_quote_the_cluster() -> None:
+    scheduler = "0/3 nodes are available: 2 Insufficient nvidia.com/gpu."
+    pending = pod({"conditions": [{"type": "PodScheduled", "reason": "Unschedulable", "message": scheduler}]})
+    assert unschedulable_reason([pending]) == scheduler
+    restarted = pod(
+        {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": "torchserve",
+                    "restartCount": 2,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+                }
+            ],
+        }
+    )
+    reason = crash_reason([restarted])
+    assert reason is not None and "OOMKilled" in reason and "137" in reason
+    assert crash_reason([pod({"phase": "Running", "containerStatuses": []})]) is None
+
+
+def test_status_summary_is_compact_and_picks_the_best_level_within_the_slo() -> None:
+    levels = [
+        {"concurrency": c, "throughputRps": rps, "latencyMs": {"p50": p99 / 2, "p99": p99, "max": p99 + 1},
+         "requests": 100, "errors": 0, "errorsByKind": {}, "server": {"meanBatchSize": 2.0, "batches": 5}}
+        for c, rps, p99 in ((1, 10.0, 20.0), (8, 50.0, 90.0), (32, 70.0, 300.0))
+    ]  # fmt: skip
+    compact = [summary.level_status(level, None, 100.0) for level in levels]
+    assert "errorsByKind" not in compact[0] and compact[0]["server"] == {"meanBatchSize": 2.0}
+    assert [c["meetsSlo"] for c in compact] == [True, True, False]
+    result = summary.summarise(compact, 100.0, "Succeeded")
+    assert (result["bestConcurrency"], result["bestThroughputRps"]) == (8, 50.0)
+
+
+def test_gpu_query_matches_both_dcgm_label_styles() -> None:
+    query = query_text("avg_over_time", "DCGM_FI_DEV_GPU_UTIL", "bench", "srv-1", 12.3)
+    assert 'namespace="bench",pod="srv-1"' in query
+    assert 'exported_namespace="bench",exported_pod="srv-1"' in query
+    assert "[13s]" in query and " or " in query
+
+
+def test_experiment_document_in_the_config_map_round_trips() -> None:
+    document = {"apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": "x"},
+                "spec": HALFP.model_dump(by_alias=True, mode="json")}  # fmt: skip
+    stored = resources.config_map(OWNER, HALFP, document)["data"]["experiment.yaml"]
+    assert yaml.safe_load(stored)["spec"]["server"]["batchSize"] == 64
