@@ -292,6 +292,10 @@ def test_server_crash_during_the_run_fails_the_experiment(
     failed = condition(body, "Failed")
     assert failed["reason"] == "ServerCrashed", failed
     assert "exit code 137" in failed["message"]
+    # a failed run must not keep holding the GPU (spec.cleanup.deleteServer defaults to true)
+    cluster.kubectl.wait_for(
+        lambda: not cluster.kubectl.get("deployments", "-n", namespace)["items"], 30, "the server removed"
+    )
 
 
 def test_operator_restart_mid_run_resumes_without_a_second_job(

@@ -86,6 +86,7 @@ class Experiment:
         self.owner = resources.Owner(self.name, self.namespace, self.uid)
         self.names = resources.Names(self.name)
         self.status: dict[str, Any] = dict(body.get("status") or {})
+        self.delete_server_when_done = False  # set from spec.cleanup once the spec is known valid
 
     @property
     def conditions(self) -> list[cond.Condition]:
@@ -130,17 +131,24 @@ class Experiment:
             LOG.warning("could not record event %s for %s: %s", reason, self.ref, exc)
 
     async def fail(self, reason: str, message: str) -> None:
-        """End the experiment as Failed; the load Job (if any) is stopped, results kept."""
+        """End the experiment as Failed: the load Job is stopped and, per spec.cleanup, the server
+        removed (a failed run must not hold a GPU); whatever results exist are kept."""
         conditions = cond.set_condition(self.conditions, cond.FAILED, True, reason, message, self.generation)
         conditions = cond.set_condition(conditions, cond.SUCCEEDED, False, reason, message, self.generation)
-        state = {
-            "state": "Failed",
-            **{k: v for k, v in (self.status.get("summary") or {}).items() if k != "state"},
-        }
+        state = {"state": "Failed", **{k: v for k, v in (self.status.get("summary") or {}).items() if k != "state"}}
         await self.patch(conditions=conditions, summary=state, finishedAt=cond.now())
         await self.event("Warning", reason, message)
         await self.kube.delete(self.child("batch/v1", "Job", self.names.load))
+        if self.delete_server_when_done:
+            await self.delete_server()
         opmetrics.finished(self.namespace, self.name, "Failed")
+
+    async def delete_server(self) -> None:
+        try:
+            await self.kube.delete(self.child("apps/v1", "Deployment", self.names.server))
+            await self.kube.delete(self.child("v1", "Service", self.names.server))
+        except KubeError as exc:  # the outcome is already recorded; say so and move on
+            await self.event("Warning", "CleanupFailed", str(exc))
 
 
 async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings) -> bool:
@@ -159,6 +167,7 @@ async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings) -> boo
     except SpecError as exc:
         await experiment.fail("InvalidSpec", "; ".join(exc.problems))
         return True
+    experiment.delete_server_when_done = spec.cleanup.delete_server
     if spec.model.archive is not None:
         await experiment.fail(
             "InvalidSpec", "spec.model.archive: not supported on Kubernetes yet; use a built-in model"
@@ -346,12 +355,8 @@ async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
     )
     await experiment.event("Normal", "Succeeded", f"{len(levels)} levels measured")
     opmetrics.finished(experiment.namespace, experiment.name, "Succeeded", spec, compact)
-    if spec.cleanup.delete_server:
-        try:
-            await experiment.kube.delete(experiment.child("apps/v1", "Deployment", experiment.names.server))
-            await experiment.kube.delete(experiment.child("v1", "Service", experiment.names.server))
-        except KubeError as exc:  # the result is already safe; say so and move on
-            await experiment.event("Warning", "CleanupFailed", str(exc))
+    if experiment.delete_server_when_done:
+        await experiment.delete_server()
 
 
 async def _gpu_figures(
