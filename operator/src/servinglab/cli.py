@@ -134,6 +134,12 @@ def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, t
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Results JSON ('-' = stdout).")
 @click.option("--results-configmap", help="Also write the results into this ConfigMap (in-cluster).")
 @click.option(
+    "--ready-timeout",
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the server to answer a first request before measuring.",
+)
+@click.option(
     "--termination-log",
     type=click.Path(path_type=Path),
     default=Path("/dev/termination-log"),
@@ -148,6 +154,7 @@ def loadtest(
     image_size: int | None,
     output: Path | None,
     results_configmap: str | None,
+    ready_timeout: float,
     termination_log: Path,
 ) -> None:
     """Run only the load levels of an experiment against a running server (the Job's command)."""
@@ -176,7 +183,8 @@ def loadtest(
         content_type=CONTENT_TYPES[load.payload.format],
         request_timeout_seconds=load.request_timeout_seconds,
     )
-    if (problem := closed_loop.preflight(plan)) is not None:
+    answered_at, problem = closed_loop.wait_until_serving(plan, ready_timeout)
+    if problem is not None:
         finish(problem, 5)
     windows = None
     if metrics_url:
@@ -198,7 +206,7 @@ def loadtest(
         if windows is not None:
             entry["server"] = windows.breakdowns.get(level.concurrency, {})
         entries.append(entry)
-    document = {"results": entries}
+    document = {"serverAnsweredAt": answered_at, "results": entries}
     text = json.dumps(document, indent=2) + "\n"
     if output is None or str(output) == "-":
         sys.stdout.write(text)

@@ -325,7 +325,8 @@ async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
     results_ref = experiment.child("v1", "ConfigMap", experiment.names.results)
     stored = await experiment.kube.get(results_ref) or {}
     try:
-        levels: list[dict[str, Any]] = json.loads((stored.get("data") or {})[RESULTS_KEY])["results"]
+        document = json.loads((stored.get("data") or {})[RESULTS_KEY])
+        levels: list[dict[str, Any]] = document["results"]
     except (KeyError, ValueError, TypeError):
         await experiment.fail("ResultsMissing", f"the load Job finished without results in {results_ref}")
         return
@@ -345,8 +346,14 @@ async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
         conditions, cond.SUCCEEDED, True, "Measured", "results are in status.results", experiment.generation
     )
     conditions = cond.set_condition(conditions, cond.FAILED, False, "Measured", "", experiment.generation)
+    # Cold start ends when the server first answers a prediction (its health check can pass while
+    # workers are still loading the model), as seen by the load Job.
+    cold_start = experiment.status.get("coldStartSeconds")
+    if document.get("serverAnsweredAt"):
+        cold_start = round(float(document["serverAnsweredAt"]) - _epoch(experiment.status["startedAt"]), 3)
     # One write: the finished result lands whole, or not at all.
     await experiment.patch(
+        coldStartSeconds=cold_start,
         conditions=conditions,
         results=compact,
         summary=summary.summarise(compact, slo, "Succeeded"),

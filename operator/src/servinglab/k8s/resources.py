@@ -343,6 +343,8 @@ def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[
                                 spec.model.name,
                                 "--spec-file",
                                 f"{EXPERIMENT_DIR}/experiment.yaml",
+                                "--ready-timeout",
+                                str(spec.server.startup_timeout_seconds),
                                 "--results-configmap",
                                 names.results,
                             ],  # fmt: skip
