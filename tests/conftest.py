@@ -16,11 +16,11 @@ EXAMPLES = ROOT / "examples"
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--cluster",
-        choices=("local", "existing"),
+        choices=("local", "kind", "existing"),
         default="local",
         help="Kubernetes for tests/k8s: 'local' builds (or reuses) and starts a real control plane with "
-        "KWOK on loopback; 'existing' uses the current KUBECONFIG cluster (kind, k3d, a real one) and "
-        "adds KWOK-simulated GPU nodes to it.",
+        "KWOK on loopback; 'kind' creates a throw-away kind cluster (needs kind and Docker); 'existing' "
+        "uses the current KUBECONFIG cluster. KWOK-simulated GPU nodes are added to all of them.",
     )
 
 

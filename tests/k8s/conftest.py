@@ -2,14 +2,17 @@
 
 `--cluster=local` (default, what CI runs) builds or reuses the pinned binaries and starts etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler and KWOK on free loopback ports with their
-own PKI. `--cluster=existing` uses the current KUBECONFIG and runs the same KWOK out of cluster to
-add the simulated nodes. Either way everything started is stopped at the end of the session, also
+own PKI. `--cluster=kind` creates a throw-away kind cluster (Docker machines only; not available on
+CI's machines), `--cluster=existing` uses the current KUBECONFIG; both run the same KWOK out of
+cluster to add the simulated nodes. Either way everything started is stopped at the end of the session, also
 when tests fail.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -36,11 +39,31 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     workdir = Path(tempfile.mkdtemp(prefix="servinglab-k8s-"))
     control_plane: LocalControlPlane | None = None
     kwok: Kwok | None = None
+    kind_cluster: str | None = None
+    choice = request.config.getoption("--cluster")
     try:
-        if request.config.getoption("--cluster") == "local":
+        if choice == "local":
             control_plane = LocalControlPlane(binaries, workdir)
             control_plane.start()
             kubeconfig = control_plane.kubeconfig
+        elif choice == "kind":
+            if shutil.which("kind") is None or shutil.which("docker") is None:
+                pytest.fail("--cluster=kind needs the kind and docker commands")  # a request, never a skip
+            kind_cluster, kubeconfig = f"servinglab-{uuid.uuid4().hex[:6]}", workdir / "kind.kubeconfig"
+            subprocess.run(
+                [
+                    "kind",
+                    "create",
+                    "cluster",
+                    "--name",
+                    kind_cluster,
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--wait",
+                    "120s",
+                ],
+                check=True,
+            )
         else:
             kubeconfig = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
         kubectl = Kubectl(binaries.kubectl, kubeconfig)
@@ -54,6 +77,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
             kwok.stop()
         if control_plane is not None:
             control_plane.stop()
+        if kind_cluster is not None:
+            subprocess.run(["kind", "delete", "cluster", "--name", kind_cluster], check=False)
         remove_tree(workdir)
 
 
