@@ -222,6 +222,13 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
     )
     table = cluster.kubectl.run("get", "sx", "-n", namespace).stdout
     assert "Succeeded" in table
+    assert_reported_everywhere(cluster, namespace, status, operator)
+    print(f"apply -> Succeeded: {elapsed:.1f} s for {2 * (1 + 3)} s of configured load\n{table}")
+
+
+def assert_reported_everywhere(cluster: Cluster, namespace: str, status: dict[str, Any], operator: Operator) -> None:
+    """The finished result shows in `servinglab results`, as events, and in the operator's metrics."""
+    summary = status["summary"]
     shown = subprocess.run(
         [SERVINGLAB, "results", "tiny-e2e", "-n", namespace],
         env=cluster.env,
@@ -230,6 +237,11 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
         check=True,
     ).stdout
     assert f"{status['results'][0]['throughputRps']:.1f}" in shown
+
+    # Each transition was recorded as an event on the experiment.
+    events = cluster.kubectl.get("events", "-n", namespace, "--field-selector", "involvedObject.name=tiny-e2e")
+    reasons = [event["reason"] for event in sorted(events["items"], key=lambda e: e["metadata"]["creationTimestamp"])]
+    assert {"Deploying", "ServerReady", "LoadTestStarted", "Succeeded"} <= set(reasons), reasons
 
     # The operator exports the finished experiment's figures for dashboards.
     with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
@@ -242,7 +254,6 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
         for line in exported.splitlines()
     ), exported[-2000:]
     assert 'servinglab_experiments_finished_total{state="Succeeded"} 1.0' in exported
-    print(f"apply -> Succeeded: {elapsed:.1f} s for {2 * (1 + 3)} s of configured load\n{table}")
 
 
 def test_invalid_spec_fails_without_children(cluster: Cluster, namespace: str, operator: Operator) -> None:
