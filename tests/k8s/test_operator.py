@@ -353,3 +353,26 @@ def test_spec_is_immutable_once_applied(cluster: Cluster, namespace: str, crd: N
     )  # fmt: skip
     assert edit.returncode != 0
     assert "spec is immutable" in edit.stderr
+
+
+def test_server_that_never_gets_ready_fails_after_its_startup_timeout(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    # no local kubelet: the pod runs (KWOK) but its readiness probe never passes
+    cluster.kubectl.apply(experiment("never-ready", startupTimeoutSeconds=5), namespace=namespace)
+    body = wait_finished(cluster, namespace, "never-ready", operator, timeout=90)
+    failed = condition(body, "Failed")
+    assert failed["reason"] == "ServerNotReady"
+    assert "not ready within 5 s" in failed["message"]
+
+
+def test_results_are_written_without_prometheus_and_the_condition_says_why(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    kubelet_factory()
+    cluster.kubectl.apply(experiment("no-prometheus"), namespace=namespace)
+    body = wait_finished(cluster, namespace, "no-prometheus", operator)
+    assert condition(body, "Succeeded")["status"] == "True", body["status"]
+    gpu = condition(body, "GPUMetricsAvailable")
+    assert (gpu["status"], gpu["reason"]) == ("False", "NotConfigured")
+    assert all("gpu" not in level and level["throughputRps"] > 0 for level in body["status"]["results"])
