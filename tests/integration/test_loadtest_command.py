@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -63,3 +66,54 @@ def test_loadtest_command_measures_a_running_server(
     assert served > sum(level["requests"] for level in levels)
     outcome = (tmp_path / "termination-log").read_text()
     assert outcome.startswith("2 levels measured") and outcome.endswith("0 errors")
+
+
+class _SlowAfterFirst(BaseHTTPRequestHandler):
+    """Answers the first prediction at once (the pre-flight) and every later one after 1 s."""
+
+    answered = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).answered += 1
+        if type(self).answered > 1:
+            time.sleep(1.0)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"predictions": []}')
+        except OSError:  # the client gave up
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_request_timeout_from_the_spec_is_enforced_and_counted(servinglab_cmd: list[str], tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowAfterFirst)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    experiment = {
+        "apiVersion": "servinglab.dev/v1alpha1",
+        "kind": "ServingExperiment",
+        "metadata": {"name": "slow"},
+        "spec": {
+            "model": {"name": "tiny"},
+            "load": {"concurrency": [2], "warmupSeconds": 0, "durationSeconds": 2, "requestTimeoutSeconds": 0.3},
+        },
+    }
+    spec_file = tmp_path / "experiment.yaml"
+    spec_file.write_text(yaml.safe_dump(experiment))
+    try:
+        run = subprocess.run(
+            [*servinglab_cmd, "loadtest", "--target", f"http://127.0.0.1:{server.server_address[1]}",
+             "--model", "tiny", "--spec-file", str(spec_file), "--termination-log", str(tmp_path / "t")],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+    assert run.returncode == 0, run.stderr[-2000:]
+    (level,) = json.loads(run.stdout)["results"]
+    assert level["errors"] > 0
+    assert level["errorsByKind"].get("timeout") == level["errors"], level["errorsByKind"]
+    assert level["throughputRps"] == 0.0

@@ -56,8 +56,16 @@ class LoadPlan:
 
 def _error_kind(status: int, exception: BaseException | None) -> str | None:
     if exception is not None and status == 0:
-        name = type(exception).__name__
-        return "timeout" if "timeout" in name.lower() else f"connection:{name}"
+        # the HTTP client wraps the real cause (e.g. a time-out) in RetriesExceeded; report the cause
+        chain: list[BaseException] = []
+        current: BaseException | None = exception
+        while current is not None and len(chain) < 5:
+            chain.append(current)
+            original = getattr(current, "original", None)
+            current = original if isinstance(original, BaseException) else (current.__cause__ or current.__context__)
+        if any("timeout" in type(e).__name__.lower() or "timed out" in str(e).lower() for e in chain):
+            return "timeout"
+        return f"connection:{type(chain[-1]).__name__}"
     if 200 <= status < 300:
         return None
     return f"http_{status}"
@@ -71,9 +79,6 @@ class InferenceUser(FastHttpUser):
     _offset = 0
 
     def on_start(self) -> None:
-        plan = self._plan
-        self.network_timeout = plan.request_timeout_seconds
-        self.connection_timeout = plan.request_timeout_seconds
         # Users start at different payloads so a batch mixes images.
         InferenceUser._offset += 1
         self.next_payload = InferenceUser._offset
@@ -127,7 +132,14 @@ def run_levels(
     on_window_end: WindowHook | None = None,
 ) -> list[LevelStats]:
     """Run each concurrency level in turn and return its exact statistics."""
-    environment = Environment(user_classes=[InferenceUser], host=plan.target)
+    # The HTTP client reads its time-outs when a user is created, so they are class attributes of a
+    # per-run subclass rather than settings changed after start.
+    user_class = type(
+        "InferenceUser",
+        (InferenceUser,),
+        {"network_timeout": plan.request_timeout_seconds, "connection_timeout": plan.request_timeout_seconds},
+    )
+    environment = Environment(user_classes=[user_class], host=plan.target)
     environment.servinglab_plan = plan  # type: ignore[attr-defined]
     runner = environment.create_local_runner()
     hooks = (on_progress, on_window_start, on_window_end)
