@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -29,6 +28,7 @@ from typing import Any
 
 from clusterenv import manifests
 from clusterenv.pki import Pki, make_pki
+from servinglab.local_server import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_CIDR = "10.96.0.0/16"
@@ -67,17 +67,6 @@ def build_binaries() -> Binaries:
     if result.returncode != 0:
         raise ClusterError(f"building the control plane failed:\n{result.stderr[-4000:]}")
     return Binaries(Path(result.stdout.strip().splitlines()[-1]))
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _die_with_parent() -> None:

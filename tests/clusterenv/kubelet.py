@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from clusterenv import manifests
-from clusterenv.controlplane import Kubectl, free_ports
+from clusterenv.controlplane import Kubectl
+from servinglab.local_server import free_ports
 
 VENV_BIN = Path(sys.executable).parent
 

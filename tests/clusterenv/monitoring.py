@@ -18,7 +18,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from clusterenv.controlplane import ProcessGroup, free_ports
+from clusterenv.controlplane import ProcessGroup
+from servinglab.local_server import free_ports
 
 UTIL_LOW, UTIL_HIGH = 40.0, 90.0
 FB_USED_MIB = 2048.0

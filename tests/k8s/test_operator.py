@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from clusterenv.controlplane import Cluster, free_ports
+from clusterenv.controlplane import Cluster
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import FB_USED_MIB, POWER_WATTS, UTIL_HIGH, UTIL_LOW, DcgmExporter, Prometheus
 from servinglab.crd import crd_manifest
+from servinglab.local_server import free_ports
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
 

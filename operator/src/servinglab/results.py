@@ -23,14 +23,18 @@ def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def meets_slo(p99_ms: float | None, errors: int, slo_p99_ms: float) -> bool:
+    """A level meets the latency objective when its p99 is within it and nothing failed."""
+    return p99_ms is not None and p99_ms <= slo_p99_ms and errors == 0
+
+
 def level_entry(
     stats: LevelStats, server_breakdown: dict[str, float | None], slo_p99_ms: float | None
 ) -> dict[str, Any]:
     entry = stats.to_json()
     entry["server"] = server_breakdown
     if slo_p99_ms is not None:
-        p99 = stats.latency_ms.get("p99")
-        entry["meetsSlo"] = p99 is not None and p99 <= slo_p99_ms and stats.errors == 0
+        entry["meetsSlo"] = meets_slo(stats.latency_ms.get("p99"), stats.errors, slo_p99_ms)
     return entry
 
 

@@ -7,8 +7,9 @@ Each condition is keyed by `type` (`ServerReady`, `LoadTestComplete`, `GPUMetric
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
+
+from servinglab.results import now_iso
 
 SERVER_READY = "ServerReady"
 LOAD_TEST_COMPLETE = "LoadTestComplete"
@@ -19,8 +20,7 @@ FAILED = "Failed"
 Condition = dict[str, Any]
 
 
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+now = now_iso  # RFC 3339 seconds, as Kubernetes writes timestamps
 
 
 def set_condition(

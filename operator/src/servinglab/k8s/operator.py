@@ -105,7 +105,7 @@ class Experiment:
 
     async def event(self, kind: str, reason: str, message: str) -> None:
         """A Kubernetes event on the experiment; failing to record one never fails the experiment."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = cond.now()
         event = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -32,8 +32,7 @@ def level_status(entry: dict[str, Any], gpu: dict[str, float | None] | None, slo
     if gpu:
         compact["gpu"] = {k: v for k, v in gpu.items() if v is not None}
     if slo is not None:
-        p99 = latency.get("p99")
-        compact["meetsSlo"] = p99 is not None and p99 <= slo and entry["errors"] == 0
+        compact["meetsSlo"] = local_results.meets_slo(latency.get("p99"), entry["errors"], slo)
     return compact
 
 
