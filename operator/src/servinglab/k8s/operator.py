@@ -3,7 +3,7 @@
 One kopf daemon per experiment runs :func:`reconcile` every few seconds until the experiment has
 Succeeded or Failed. Each pass reads the current state from the API and moves it one step:
 
-  deploy children (server-side apply, idempotent) -> server Available (cold start recorded) ->
+  deploy children (server-side apply, idempotent; once per daemon run) -> server Available (cold start recorded) ->
   load Job created -> Job Complete: results read from the results ConfigMap, GPU figures from
   Prometheus, status written once, server cleaned up -> finished (never touched again).
 
@@ -151,8 +151,12 @@ class Experiment:
             await self.event("Warning", "CleanupFailed", str(exc))
 
 
-async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings) -> bool:
-    """Move the experiment one step; True once it has finished (Succeeded or Failed)."""
+async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings, deploy: bool = True) -> bool:
+    """Move the experiment one step; True once it has finished (Succeeded or Failed).
+
+    `deploy` applies the children (idempotent); the daemon asks for it on its first pass only — at
+    creation, and again after an operator restart — not on every poll of a running experiment.
+    """
     experiment = Experiment(kube, body, settings)
     if cond.finished(experiment.conditions):
         return True
@@ -182,7 +186,7 @@ async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings) -> boo
         )  # fmt: skip
         await experiment.event("Normal", "Deploying", f"Deploying TorchServe for {spec.model.name}")
 
-    if not cond.is_true(experiment.conditions, cond.LOAD_TEST_COMPLETE):
+    if deploy and not cond.is_true(experiment.conditions, cond.LOAD_TEST_COMPLETE):
         await _deploy(experiment, spec)
     if not cond.is_true(experiment.conditions, cond.SERVER_READY):
         return await _await_server(experiment, spec)
@@ -415,13 +419,15 @@ async def drive(
     kube: Kube = memo.kube
     settings: Settings = memo.settings
     ref = Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace or "", name)
+    deployed = False
     while not stopped:
         body = await kube.get(ref)
         if body is None:
             return
         try:
-            if await reconcile(kube, body, settings):
+            if await reconcile(kube, body, settings, deploy=not deployed):
                 return
+            deployed = True
         except KubeError as exc:
             opmetrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
             logger.warning("Reconcile of %s failed, retrying: %s", ref, exc)
