@@ -4,6 +4,7 @@
 #   etcd                                                               <- go.etcd.io/etcd/server/v3
 #   kwok (+ its stage YAMLs)                                           <- sigs.k8s.io/kwok
 #   helm                                                               <- helm.sh/helm/v3
+#   ServiceMonitor/PodMonitor CRDs                       <- github.com/prometheus-operator/prometheus-operator
 # into a cache directory outside the repo keyed by the versions in hack/control-plane.env, and
 # print that directory. A complete cache returns at once; a partial one builds what is missing.
 #
@@ -17,7 +18,7 @@ source "$here/control-plane.env"
 cache_root=${SERVINGLAB_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/servinglab/control-plane}
 bin="$cache_root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
 
-if [[ -f "$bin/.complete" ]]; then
+if [[ -f "$bin/.complete" && -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]]; then
   echo "$bin"
   exit 0
 fi
@@ -110,12 +111,26 @@ build_helm() {
   GOFLAGS= GOBIN="$bin" go install -trimpath -ldflags "${flags[*]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
+fetch_monitoring_crds() {
+  # The Prometheus operator's CRDs ship in its Go module; only the two the chart can create are kept.
+  local source target="$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
+  log "fetching prometheus-operator $PROMETHEUS_OPERATOR_VERSION CRDs"
+  source=$(GOFLAGS= go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  mkdir -p "$target.partial"
+  cp "$source/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" \
+     "$source/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" "$target.partial/"
+  chmod -R u+w "$target.partial"
+  mv "$target.partial" "$target"
+}
+
 started=$(date +%s)
 [[ -x "$bin/kube-apiserver" && -x "$bin/kubectl" && -x "$bin/kube-scheduler" && -x "$bin/kube-controller-manager" ]] ||
   (build_kubernetes)
 [[ -x "$bin/etcd" ]] || (build_etcd)
 [[ -x "$bin/kwok" && -d "$bin/kwok-stages" ]] || (build_kwok)
 [[ -x "$bin/helm" ]] || (build_helm)
+[[ -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]] || (fetch_monitoring_crds)
 "$bin/kube-apiserver" --version >&2
 "$bin/etcd" --version | head -1 >&2
 touch "$bin/.complete"

@@ -1,15 +1,18 @@
 """A stand-in kubelet for servinglab's pods: runs their containers as local processes.
 
 KWOK moves pods through their phases but runs nothing. For end-to-end tests this harness watches
-one namespace and, for the pods the operator created, does what a kubelet would with the very specs
-stored in the API: mounts the ConfigMaps (as files), runs the init container's script, starts the
-container's command with its args and env, probes the readiness endpoint, and reports back through
-the API — readiness via the `kwok.servinglab.dev/ready` annotation, a finished container's exit code
-and termination message via the completion annotations KWOK turns into pod status.
+one namespace and, for servinglab's pods (by `app.kubernetes.io/component`: the Helm chart's
+`operator` and its `test` hook, the operator's `server` and `load`), does what a kubelet would with
+the very specs stored in the API: mounts the ConfigMaps (as files), runs the init container's
+script, starts the container's command with its args and env, probes the readiness endpoint, and
+reports back through the API — readiness via the `kwok.servinglab.dev/ready` annotation, a finished
+container's exit code and termination message via the completion annotations KWOK turns into pod
+status.
 
-Container paths are mapped into a per-pod folder, container ports onto free loopback ports, and
-Service DNS names (`http://<service>:<port>`) onto those ports; that is all that is translated.
-The load Job runs with a real token of its ServiceAccount, so its RBAC is exercised too.
+Container paths are mapped into a per-pod folder, container ports onto free loopback ports (listen
+addresses and port numbers in args and env follow), and Service DNS names (`http://<service>:<port>`)
+onto the ports of the pods the Service selects; that is all that is translated. The operator and
+the load Job run with a real token of their ServiceAccount, so their RBAC is exercised too.
 """
 
 from __future__ import annotations
@@ -40,8 +43,11 @@ VENV_BIN = Path(sys.executable).parent
 class RunningPod:
     name: str
     root: Path
+    labels: dict[str, str] = field(default_factory=dict)
+    named_ports: dict[str, int] = field(default_factory=dict)  # port name -> container port
     ports: dict[int, int] = field(default_factory=dict)  # container port -> local port
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    log: Path | None = None  # output of the last process started
     ready: bool = False
     done: bool = False
 
@@ -58,10 +64,13 @@ class LocalKubelet:
         ca_cert: Path,
         on_server_started: Callable[[str, int], None] | None = None,
         job_outcome: tuple[int, str] | None = None,
+        on_operator_started: Callable[[str, int], None] | None = None,
     ) -> None:
-        """`on_server_started(pod, metrics_port)` lets monitoring scrape the server; `job_outcome`
-        (exit code, message) replaces the real load run, to play a Job that dies (e.g. OOMKilled)."""
+        """`on_server_started(pod, metrics_port)` and `on_operator_started(pod, metrics_port)` let
+        monitoring scrape them; `job_outcome` (exit code, message) replaces the real load run, to play
+        a Job that dies (e.g. OOMKilled)."""
         self.on_server_started = on_server_started
+        self.on_operator_started = on_operator_started
         self.job_outcome = job_outcome
         self.kubectl = kubectl
         self.namespace = namespace
@@ -69,7 +78,6 @@ class LocalKubelet:
         self.api_server = api_server
         self.ca_cert = ca_cert
         self.pods: dict[str, RunningPod] = {}
-        self.services: dict[str, dict[int, int]] = {}  # service name -> port -> local port
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="local-kubelet", daemon=True)
@@ -134,22 +142,38 @@ class LocalKubelet:
 
     def _sync(self) -> None:
         pods = self.kubectl.get("pods", "-n", self.namespace)["items"]
+        # a deleted pod's containers stop (a rollout replaces the chart's operator, cleanup the server)
+        present = {pod["metadata"]["name"] for pod in pods if not pod["metadata"].get("deletionTimestamp")}
+        for name, running in self.pods.items():
+            if name not in present and not running.done:
+                self._kill(running)
+                running.done = True
         for pod in pods:
             name = pod["metadata"]["name"]
             component = pod["metadata"].get("labels", {}).get("app.kubernetes.io/component")
             if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
                 continue
-            if name not in self.pods and component in ("server", "load"):
+            starters = {
+                "server": self._start_server,
+                "load": self._start_job,
+                "operator": self._start_operator,
+                "test": self._start_check,
+            }
+            if name not in self.pods and component in starters:
                 # a short root: TorchServe puts unix sockets under the pod's /tmp (108-byte limit)
-                self.pods[name] = RunningPod(name, Path(tempfile.mkdtemp(prefix="kl-", dir=self.workdir)))
-                (self._start_server if component == "server" else self._start_job)(pod, self.pods[name])
+                running = RunningPod(name, Path(tempfile.mkdtemp(prefix="kl-", dir=self.workdir)))
+                running.labels = pod["metadata"].get("labels", {})
+                container = pod["spec"]["containers"][0]
+                running.named_ports = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
+                self.pods[name] = running
+                starters[component](pod, running)
             running = self.pods.get(name)
             if running is None or running.done:
                 continue
-            if component == "server" and not running.ready and self._probe(pod, running):
+            if component in ("server", "operator") and not running.ready and self._probe(pod, running):
                 running.ready = True
                 self.kubectl.run("annotate", "pod", name, "-n", self.namespace, f"{manifests.READY_ANNOTATION}=true")
-            if component == "load":
+            if component in ("load", "test"):
                 self._finish_job_if_exited(running)
 
     # -- translation -----------------------------------------------------------------------------
@@ -201,7 +225,40 @@ class LocalKubelet:
                 env=env, cwd=running.root, start_new_session=True,
             )  # fmt: skip
         running.processes.append(process)
+        running.log = log
         return process
+
+    def _command(self, container: dict[str, Any], mounts: dict[str, Path], urls: dict[str, str]) -> list[str]:
+        """The container's command and args, translated; its program is the one in this venv."""
+        command = [self._translate(part, mounts, urls) for part in [*container["command"], *container.get("args", [])]]
+        command[0] = str(VENV_BIN / command[0])
+        return command
+
+    def _service_urls(self) -> dict[str, str]:
+        """`http://<service>:<port>` -> the local address of the port it targets on a selected pod."""
+        urls = {}
+        for service in self.kubectl.get("services", "-n", self.namespace)["items"]:
+            selector = service["spec"].get("selector") or {}
+            targets = [
+                pod
+                for pod in self.pods.values()
+                if pod.ports and not pod.done and selector.items() <= pod.labels.items()
+            ]
+            if not selector or not targets:
+                continue
+            for port in service["spec"]["ports"]:
+                target = port.get("targetPort", port["port"])
+                remote = targets[0].named_ports.get(target, target) if isinstance(target, str) else target
+                if remote in targets[0].ports:
+                    urls[f"http://{service['metadata']['name']}:{port['port']}"] = (
+                        f"http://127.0.0.1:{targets[0].ports[remote]}"
+                    )
+        return urls
+
+    def _token(self, pod: dict[str, Any]) -> str:
+        """A real token of the pod's ServiceAccount, as the kubelet would project it."""
+        account = pod["spec"].get("serviceAccountName", "default")
+        return self.kubectl.run("create", "token", account, "-n", self.namespace).stdout.strip()
 
     # -- the server pod --------------------------------------------------------------------------
 
@@ -230,21 +287,16 @@ class LocalKubelet:
         text = re.sub(r"^number_of_gpu=.*$", "number_of_gpu=0", text, flags=re.MULTILINE)
         properties.write_text(text)
         env = self._env(container, mounts, {"TMPDIR": str(mounts["/tmp"])})
-        command = [self._translate(part, mounts, {}) for part in [*container["command"], *container.get("args", [])]]
-        command[0] = str(VENV_BIN / command[0])
+        command = self._command(container, mounts, {})
         self._spawn(running, container["name"], command, env)
         if self.on_server_started is not None:
             self.on_server_started(running.name, running.ports[8082])
-        service_ports = {p["containerPort"]: running.ports[p["containerPort"]] for p in container.get("ports", [])}
-        for service in self.kubectl.get("services", "-n", self.namespace)["items"]:
-            self.services[service["metadata"]["name"]] = service_ports
 
     def _probe(self, pod: dict[str, Any], running: RunningPod) -> bool:
         probe = pod["spec"]["containers"][0].get("readinessProbe", {}).get("httpGet")
         if not probe:
             return True
-        named = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0].get("ports", [])}
-        port = running.ports[named.get(probe["port"], probe["port"])]
+        port = running.ports[running.named_ports.get(probe["port"], probe["port"])]
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{probe['path']}", timeout=2) as response:
                 return bool(response.status == 200)
@@ -257,16 +309,10 @@ class LocalKubelet:
         running.root.mkdir(parents=True, exist_ok=True)
         container = pod["spec"]["containers"][0]
         mounts = self._mounts(pod, container, running.root)
-        urls = {
-            f"http://{service}:{remote}": f"http://127.0.0.1:{local}"
-            for service, ports in self.services.items()
-            for remote, local in ports.items()
-        }
+        urls = self._service_urls()
         credentials = running.root / "serviceaccount"
         credentials.mkdir()
-        account = pod["spec"].get("serviceAccountName", "default")
-        token = self.kubectl.run("create", "token", account, "-n", self.namespace).stdout.strip()
-        (credentials / "token").write_text(token)
+        (credentials / "token").write_text(self._token(pod))
         (credentials / "namespace").write_text(self.namespace)
         shutil.copy(self.ca_cert, credentials / "ca.crt")
         host, port = self.api_server.removeprefix("https://").rsplit(":", 1)
@@ -279,8 +325,7 @@ class LocalKubelet:
                 "KUBERNETES_SERVICE_PORT": port,
             },
         )
-        command = [self._translate(part, mounts, urls) for part in [*container["command"], *container.get("args", [])]]
-        command[0] = str(VENV_BIN / command[0])
+        command = self._command(container, mounts, urls)
         command += ["--termination-log", str(running.root / "termination-log")]
         if self.job_outcome is not None:
             code, message = self.job_outcome
@@ -296,7 +341,47 @@ class LocalKubelet:
         running.done = True
         log = running.root / "termination-log"
         message = log.read_text() if log.exists() else ""
+        if not message and code != 0 and running.log is not None:  # FallbackToLogsOnError
+            message = running.log.read_text(errors="replace")[-400:]
         self.kubectl.run(
             "annotate", "pod", running.name, "-n", self.namespace,
             f"{manifests.EXIT_CODE_ANNOTATION}={code}", f"{manifests.MESSAGE_ANNOTATION}={message}",
         )  # fmt: skip
+
+    # -- the Helm chart's operator pod and its test hook -------------------------------------------
+
+    def _start_operator(self, pod: dict[str, Any], running: RunningPod) -> None:
+        """`servinglab operator` from the chart's pod spec, as the chart's ServiceAccount."""
+        running.root.mkdir(parents=True, exist_ok=True)
+        container = pod["spec"]["containers"][0]
+        mounts = self._mounts(pod, container, running.root)
+        remote_ports = list(running.named_ports.values())
+        running.ports = dict(zip(remote_ports, free_ports(len(remote_ports)), strict=True))
+        ca_cert = running.root / "ca.crt"
+        shutil.copy(self.ca_cert, ca_cert)
+        kubeconfig = running.root / "kubeconfig"
+        server = {"server": self.api_server, "certificate-authority": str(ca_cert)}
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+            "clusters": [{"name": "cluster", "cluster": server}],
+            "users": [{"name": "serviceaccount", "user": {"token": self._token(pod)}}],
+            "contexts": [{"name": "pod", "context": {"cluster": "cluster", "user": "serviceaccount"}}],
+        }))  # fmt: skip
+        env = self._env(container, mounts, {"KUBECONFIG": str(kubeconfig)})
+        for variable in container.get("env", []):  # ports given as numbers (e.g. the metrics port)
+            if variable.get("value", "").isdigit() and int(variable["value"]) in running.ports:
+                env[variable["name"]] = str(running.ports[int(variable["value"])])
+        listen = {f"0.0.0.0:{remote}": f"127.0.0.1:{local}" for remote, local in running.ports.items()}
+        command = self._command(container, mounts, listen)
+        self._spawn(running, container["name"], command, env)
+        if self.on_operator_started is not None and "metrics" in running.named_ports:
+            self.on_operator_started(running.name, running.ports[running.named_ports["metrics"]])
+
+    def _start_check(self, pod: dict[str, Any], running: RunningPod) -> None:
+        """A test hook pod: its command, with Service URLs pointing at the pods they select."""
+        running.root.mkdir(parents=True, exist_ok=True)
+        container = pod["spec"]["containers"][0]
+        mounts = self._mounts(pod, container, running.root)
+        urls = self._service_urls()
+        command = self._command(container, mounts, urls)
+        self._spawn(running, container["name"], command, self._env(container, mounts, {}))

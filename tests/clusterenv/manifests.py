@@ -77,9 +77,10 @@ def default_nodes() -> list[dict[str, Any]]:
     return [node("gpu-t4-0", gpus=1), node("gpu-t4-1", gpus=1), node("cpu-0")]
 
 
-# Replaces KWOK's default pod-complete stage: a Job's pod finishes only when it carries the
-# exit-code annotation (on its template, or patched on later by a test that ran the real work),
-# with that exit code, reason and termination message; phase Failed for a non-zero code.
+# Replaces KWOK's default pod-complete stage: a pod (a Job's, or a bare one such as a `helm test`
+# hook) finishes only when it carries the exit-code annotation (on its template, or patched on later
+# by a test that ran the real work), with that exit code, reason and termination message; phase
+# Failed for a non-zero code.
 JOB_POD_COMPLETE_STAGE = f"""\
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
@@ -96,9 +97,6 @@ spec:
     - key: '.status.phase'
       operator: 'In'
       values: ['Running']
-    - key: '.metadata.ownerReferences.[].kind'
-      operator: 'In'
-      values: ['Job']
     - key: '.metadata.annotations["{EXIT_CODE_ANNOTATION}"]'
       operator: 'Exists'
   next:

@@ -3,7 +3,8 @@
 `DcgmExporter` serves what NVIDIA's dcgm-exporter serves for a T4 that a pod uses — the same metric
 names, types and labels (gpu, UUID, device, modelName, Hostname, container, namespace, pod) — with
 values from a known pattern, so tests can check the figures computed from them: utilisation steps
-between 40 and 90 %, 2048 MiB used, 60 W, and an energy counter rising 60 000 mJ per second.
+between 40 and 90 % (SM activity 0.8 and tensor activity 0.3 of it), 2048 MiB used, 60 W, and an
+energy counter rising 60 000 mJ per second.
 `Prometheus` scrapes the exporter and any file-discovered targets (the local TorchServe) every second.
 """
 
@@ -13,10 +14,12 @@ import json
 import shutil
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from clusterenv.controlplane import ProcessGroup
 from servinglab.local_server import free_ports
@@ -24,6 +27,7 @@ from servinglab.local_server import free_ports
 UTIL_LOW, UTIL_HIGH = 40.0, 90.0
 FB_USED_MIB = 2048.0
 POWER_WATTS = 60.0
+SM_PER_UTIL, TENSOR_PER_UTIL = 0.8, 0.3  # SM / tensor activity as a share of the utilisation
 
 
 class DcgmExporter:
@@ -64,6 +68,9 @@ class DcgmExporter:
             ("DCGM_FI_DEV_FB_USED", "gauge", FB_USED_MIB),
             ("DCGM_FI_DEV_POWER_USAGE", "gauge", POWER_WATTS),
             ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", energy),
+            # profiling counters (SM_ACTIVE is opt-in in dcgm-exporter's CSV): ratios 0..1
+            ("DCGM_FI_PROF_SM_ACTIVE", "gauge", util / 100.0 * SM_PER_UTIL),
+            ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", util / 100.0 * TENSOR_PER_UTIL),
         ):
             lines += [f"# HELP {name} test", f"# TYPE {name} {kind}"]
             for namespace, pod in self.pods or [("", "")]:
@@ -74,6 +81,10 @@ class DcgmExporter:
                 )
                 lines.append(f"{name}{{{labels}}} {value}")
         return "\n".join(lines) + "\n"
+
+
+class PromQLError(RuntimeError):
+    """Prometheus refused a query (the message is Prometheus' own)."""
 
 
 class Prometheus:
@@ -117,11 +128,25 @@ class Prometheus:
         current.append({"targets": [target], "labels": labels})
         self.targets.write_text(json.dumps(current))
 
-    def query(self, expression: str) -> list[dict[str, object]]:
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
-        with urllib.request.urlopen(url, timeout=5) as response:
-            result: list[dict[str, object]] = json.loads(response.read())["data"]["result"]
-            return result
+    def query(self, expression: str, at: float | None = None) -> list[dict[str, object]]:
+        """Evaluate an instant query (now, or at the Unix time `at`); a bad expression raises
+        PromQLError with Prometheus' message."""
+        params = {"query": expression, **({"time": f"{at:.3f}"} if at is not None else {})}
+        result: list[dict[str, object]] = self._api("query", params)["result"]
+        return result
+
+    def series(self, match: str) -> list[dict[str, str]]:
+        """Label sets of the series a selector matches (what Grafana's label_values() reads)."""
+        result: list[dict[str, str]] = self._api("series", {"match[]": match})
+        return result
+
+    def _api(self, path: str, params: dict[str, str]) -> Any:
+        url = f"{self.url}/api/v1/{path}?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return json.loads(response.read())["data"]
+        except urllib.error.HTTPError as exc:
+            raise PromQLError(f"{params}: {json.loads(exc.read()).get('error')}") from None
 
     def stop(self) -> None:
         self.group.stop()

@@ -31,6 +31,7 @@ from clusterenv.controlplane import (
     remove_tree,
     wait_default_service_account,
 )
+from clusterenv.monitoring import DcgmExporter, Prometheus
 
 
 @pytest.fixture(scope="session")
@@ -89,3 +90,12 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     cluster.kubectl.run("create", "namespace", name)
     yield name
     cluster.kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def monitoring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DcgmExporter, Prometheus]]:
+    exporter = DcgmExporter().start()
+    prometheus = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.port).start()
+    yield exporter, prometheus
+    prometheus.stop()
+    exporter.stop()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from clusterenv.controlplane import Cluster
+from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import FB_USED_MIB, POWER_WATTS, UTIL_HIGH, UTIL_LOW, DcgmExporter, Prometheus
 from servinglab.crd import crd_manifest
@@ -35,15 +36,6 @@ SERVINGLAB = str(Path(sys.executable).with_name("servinglab"))
 def crd(cluster: Cluster) -> None:
     cluster.kubectl.apply(crd_manifest())
     cluster.kubectl.run("wait", "--for=condition=Established", "crd/servingexperiments.servinglab.dev")
-
-
-@pytest.fixture(scope="module")
-def monitoring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DcgmExporter, Prometheus]]:
-    exporter = DcgmExporter().start()
-    prometheus = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.port).start()
-    yield exporter, prometheus
-    prometheus.stop()
-    exporter.stop()
 
 
 class Operator:
@@ -112,51 +104,6 @@ def kubelet_factory(
         kubelet.stop()
 
 
-def experiment(name: str, prometheus_url: str | None = None, **server: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "servinglab.dev/v1alpha1",
-        "kind": "ServingExperiment",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "tiny"},
-            "server": {
-                "batchSize": 4,
-                "maxBatchDelayMs": 5,
-                "workers": 1,
-                "precision": "fp32",
-                "gpus": 1,
-                "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"},
-                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                **server,
-            },
-            "load": {"concurrency": [1, 4], "warmupSeconds": 1, "durationSeconds": 3},
-            "slo": {"p99LatencyMs": 5000},
-            "metrics": {"prometheusUrl": prometheus_url} if prometheus_url else {},
-        },
-    }
-
-
-def wait_finished(
-    cluster: Cluster, namespace: str, name: str, operator: Operator, timeout: float = 240
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = cluster.kubectl.run("get", "sx", name, "-n", namespace, "-o", "json", check=False)
-        if found.returncode != 0:  # not applied yet
-            time.sleep(1)
-            continue
-        body = json.loads(found.stdout)
-        conditions = {c["type"]: c for c in body.get("status", {}).get("conditions", [])}
-        if any(conditions.get(kind, {}).get("status") == "True" for kind in ("Succeeded", "Failed")):
-            return body
-        time.sleep(1)
-    pytest.fail(f"{name} did not finish in {timeout} s; operator log:\n{operator.log()}")
-
-
-def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next(c for c in body["status"]["conditions"] if c["type"] == kind)
-
-
 def test_experiment_runs_to_succeeded_with_results_in_status(
     tmp_path: Path,
     cluster: Cluster,
@@ -175,7 +122,7 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
         [SERVINGLAB, "run", str(experiment_file), "--cluster", "-n", namespace, "--timeout", "240"],
         env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    body = wait_finished(cluster, namespace, "tiny-e2e", operator)
+    body = wait_finished(cluster, namespace, "tiny-e2e", operator.log)
     elapsed = time.monotonic() - applied_at
     followed, _ = client.communicate(timeout=60)
     assert client.returncode == 0, followed
@@ -261,7 +208,7 @@ def test_invalid_spec_fails_without_children(cluster: Cluster, namespace: str, o
     bad = experiment("no-such-model")
     bad["spec"]["model"]["name"] = "bert"  # passes the CRD schema, fails the operator's model check
     cluster.kubectl.apply(bad, namespace=namespace)
-    body = wait_finished(cluster, namespace, "no-such-model", operator, timeout=60)
+    body = wait_finished(cluster, namespace, "no-such-model", operator.log, timeout=60)
     failed = condition(body, "Failed")
     assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
     assert "spec.model: 'bert' is not a built-in model" in failed["message"]
@@ -272,7 +219,7 @@ def test_invalid_spec_fails_without_children(cluster: Cluster, namespace: str, o
 
 def test_unschedulable_server_fails_quoting_the_scheduler(cluster: Cluster, namespace: str, operator: Operator) -> None:
     cluster.kubectl.apply(experiment("greedy", gpus=4), namespace=namespace)
-    body = wait_finished(cluster, namespace, "greedy", operator, timeout=90)
+    body = wait_finished(cluster, namespace, "greedy", operator.log, timeout=90)
     failed = condition(body, "Failed")
     assert failed["reason"] == "Unschedulable"
     assert "Insufficient nvidia.com/gpu" in failed["message"]
@@ -283,7 +230,7 @@ def test_failed_load_job_fails_the_experiment_with_its_message(
 ) -> None:
     kubelet_factory(job_outcome=(137, "OOMKilled: load generator ran out of memory"))
     cluster.kubectl.apply(experiment("job-dies"), namespace=namespace)
-    body = wait_finished(cluster, namespace, "job-dies", operator)
+    body = wait_finished(cluster, namespace, "job-dies", operator.log)
     failed = condition(body, "Failed")
     assert failed["reason"] == "LoadJobFailed"
     assert "exit code 137" in failed["message"] and "OOMKilled" in failed["message"]
@@ -300,7 +247,7 @@ def test_server_crash_during_the_run_fails_the_experiment(
         lambda: bool(cluster.kubectl.get("jobs", "-n", namespace)["items"]), 120, "the load Job to start"
     )
     kubelet.kill_server()
-    body = wait_finished(cluster, namespace, "crashes", operator, timeout=60)
+    body = wait_finished(cluster, namespace, "crashes", operator.log, timeout=60)
     failed = condition(body, "Failed")
     assert failed["reason"] == "ServerCrashed", failed
     assert "exit code 137" in failed["message"]
@@ -321,7 +268,7 @@ def test_operator_restart_mid_run_resumes_without_a_second_job(
     job_uid = cluster.kubectl.get("job", "restarts-load", "-n", namespace)["metadata"]["uid"]
     operator.stop()
     operator.start()
-    body = wait_finished(cluster, namespace, "restarts", operator)
+    body = wait_finished(cluster, namespace, "restarts", operator.log)
     assert condition(body, "Succeeded")["status"] == "True", body["status"]
     jobs = cluster.kubectl.get("jobs", "-n", namespace)["items"]
     assert [job["metadata"]["uid"] for job in jobs] == [job_uid]
@@ -361,7 +308,7 @@ def test_server_that_never_gets_ready_fails_after_its_startup_timeout(
 ) -> None:
     # no local kubelet: the pod runs (KWOK) but its readiness probe never passes
     cluster.kubectl.apply(experiment("never-ready", startupTimeoutSeconds=5), namespace=namespace)
-    body = wait_finished(cluster, namespace, "never-ready", operator, timeout=90)
+    body = wait_finished(cluster, namespace, "never-ready", operator.log, timeout=90)
     failed = condition(body, "Failed")
     assert failed["reason"] == "ServerNotReady"
     assert "not ready within 5 s" in failed["message"]
@@ -372,7 +319,7 @@ def test_results_are_written_without_prometheus_and_the_condition_says_why(
 ) -> None:
     kubelet_factory()
     cluster.kubectl.apply(experiment("no-prometheus"), namespace=namespace)
-    body = wait_finished(cluster, namespace, "no-prometheus", operator)
+    body = wait_finished(cluster, namespace, "no-prometheus", operator.log)
     assert condition(body, "Succeeded")["status"] == "True", body["status"]
     gpu = condition(body, "GPUMetricsAvailable")
     assert (gpu["status"], gpu["reason"]) == ("False", "NotConfigured")

@@ -1,4 +1,4 @@
-"""The `servinglab` command: validate, build-model, run, loadtest.
+"""The `servinglab` command: validate, build-model, run, loadtest, operator, check-operator, crd, results.
 
 Only orchestration and presentation live here; every command delegates to a module that does the
 work (spec, models, runner, loadgen). Commands that generate load are entered through
@@ -55,12 +55,32 @@ def operator(namespaces: tuple[str, ...], all_namespaces: bool, liveness: str) -
     if not namespaces and not all_namespaces:
         _fail("choose --namespace NAME (repeatable) or --all-namespaces", code=2)
     handlers.LOG.info("servinglab operator starting")
+    settings = kopf.OperatorSettings()
+    # Watching named namespaces needs no cluster-wide list of namespaces or CRDs, so a namespaced
+    # Role suffices (the Helm chart's default); cluster-wide, kopf keeps noticing CRD changes.
+    settings.scanning.disabled = not all_namespaces
     kopf.run(
+        settings=settings,
         standalone=True,  # one replica; no peering objects needed
         clusterwide=all_namespaces,
         namespaces=list(namespaces),
         liveness_endpoint=liveness,
     )
+
+
+@main.command("check-operator")
+@click.option("--health", "health_url", required=True, help="The operator's /healthz URL.")
+@click.option("--metrics", "metrics_url", required=True, help="The operator's /metrics URL.")
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds per request.")
+def check_operator(health_url: str, metrics_url: str, timeout: float) -> None:
+    """Exit 0 when the operator is healthy and serves its metrics (the chart's `helm test`)."""
+    from servinglab.k8s.health import OperatorUnhealthy, check_operator
+
+    try:
+        families = check_operator(health_url, metrics_url, timeout)
+    except OperatorUnhealthy as exc:
+        _fail(str(exc), code=1)
+    click.echo(f"operator healthy; {families} servinglab metric families served")
 
 
 @main.command()

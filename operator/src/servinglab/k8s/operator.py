@@ -420,15 +420,16 @@ async def drive(
     settings: Settings = memo.settings
     ref = Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace or "", name)
     deployed = False
-    while not stopped:
-        body = await kube.get(ref)
-        if body is None:
-            return
-        try:
-            if await reconcile(kube, body, settings, deploy=not deployed):
+    with opmetrics.RUNNING.track_inprogress():
+        while not stopped:
+            body = await kube.get(ref)
+            if body is None:
                 return
-            deployed = True
-        except KubeError as exc:
-            opmetrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
-            logger.warning("Reconcile of %s failed, retrying: %s", ref, exc)
-        await stopped.wait(settings.poll_seconds)
+            try:
+                if await reconcile(kube, body, settings, deploy=not deployed):
+                    return
+                deployed = True
+            except KubeError as exc:
+                opmetrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
+                logger.warning("Reconcile of %s failed, retrying: %s", ref, exc)
+            await stopped.wait(settings.poll_seconds)

@@ -1,6 +1,7 @@
 """The operator's own Prometheus metrics (port from SERVINGLAB_METRICS_PORT, default 9090).
 
 * `servinglab_experiments_finished_total{state}` — experiments that reached Succeeded / Failed;
+* `servinglab_experiments_running` — experiments this operator is driving now;
 * `servinglab_reconcile_errors_total{reason}` — API errors a reconcile pass retried;
 * `servinglab_experiment_throughput_rps`, `servinglab_experiment_latency_p99_ms` — each finished
   experiment's result per level, labelled with its configuration so dashboards can compare
@@ -27,6 +28,7 @@ _CONFIG_LABELS = (
 )
 
 FINISHED = Counter("servinglab_experiments_finished", "Experiments that finished, by state", ["state"])
+RUNNING = Gauge("servinglab_experiments_running", "Experiments this operator is driving now")
 RECONCILE_ERRORS = Counter("servinglab_reconcile_errors", "Reconcile passes that hit an API error", ["reason"])
 THROUGHPUT = Gauge(
     "servinglab_experiment_throughput_rps", "Measured throughput per level", [*_CONFIG_LABELS, "concurrency"]

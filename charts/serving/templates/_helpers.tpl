@@ -1,0 +1,122 @@
+{{/*
+serving.name is the chart name, or nameOverride.
+*/}}
+{{- define "serving.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+serving.fullname is the prefix of every resource name: the release name, plus the chart name unless
+the release name already contains it. Truncated to 54 so that "-operator" still fits in 63 (DNS label).
+*/}}
+{{- define "serving.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 54 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 54 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 54 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+serving.operatorName names the operator's Deployment, Service and (by default) ServiceAccount and RBAC.
+*/}}
+{{- define "serving.operatorName" -}}
+{{- printf "%s-operator" (include "serving.fullname" .) }}
+{{- end }}
+
+{{/*
+serving.chart is the chart name and version, for the helm.sh/chart label.
+*/}}
+{{- define "serving.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+serving.selectorLabels select the operator's pods; they never change between releases.
+*/}}
+{{- define "serving.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "serving.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+serving.labels are the common labels of every resource.
+*/}}
+{{- define "serving.labels" -}}
+helm.sh/chart: {{ include "serving.chart" . }}
+{{ include "serving.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: servinglab
+{{- end }}
+
+{{/*
+serving.serviceAccountName is the operator's ServiceAccount.
+*/}}
+{{- define "serving.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "serving.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+serving.watchNamespaces is the JSON list of namespaces the operator runs experiments in
+(watchNamespaces, or the release namespace); unused with watchAllNamespaces.
+*/}}
+{{- define "serving.watchNamespaces" -}}
+{{- if .Values.watchNamespaces }}
+{{- toJson .Values.watchNamespaces }}
+{{- else }}
+{{- toJson (list .Release.Namespace) }}
+{{- end }}
+{{- end }}
+
+{{/*
+serving.operatorRules are the RBAC rules the operator needs, the same namespaced or cluster-wide.
+Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl auth can-i`.
+*/}}
+{{- define "serving.operatorRules" -}}
+# Watch experiments; patch them for kopf's finalizer and bookkeeping annotations.
+- apiGroups: ["servinglab.dev"]
+  resources: ["servingexperiments"]
+  verbs: ["get", "list", "watch", "patch"]
+# Write conditions and results.
+- apiGroups: ["servinglab.dev"]
+  resources: ["servingexperiments/status"]
+  verbs: ["patch"]
+# Server config, results ConfigMap, the load Job's ServiceAccount: server-side applied (create+patch),
+# results read back (get). Never deleted by the operator: garbage collection follows the owner.
+- apiGroups: [""]
+  resources: ["configmaps", "serviceaccounts"]
+  verbs: ["get", "create", "patch"]
+# The server's Service: applied, and deleted when the experiment ends (spec.cleanup).
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create", "patch", "delete"]
+# The server Deployment and the load Job: applied, watched for progress, deleted on cleanup.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "create", "patch", "delete"]
+# Pod status explains failures: unschedulable (scheduler message), crashed (exit code), not ready.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+# The load Job may write only its own results ConfigMap: the operator creates that Role and binding.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch"]
+# Events on each experiment's transitions.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}

@@ -1,0 +1,59 @@
+"""ServingExperiments for the cluster tests, and waiting for their outcome."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from clusterenv.controlplane import Cluster
+
+
+def experiment(name: str, prometheus_url: str | None = None, **server: Any) -> dict[str, Any]:
+    """The tiny model on one simulated T4, two short levels; `server` overrides spec.server fields."""
+    return {
+        "apiVersion": "servinglab.dev/v1alpha1",
+        "kind": "ServingExperiment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "tiny"},
+            "server": {
+                "batchSize": 4,
+                "maxBatchDelayMs": 5,
+                "workers": 1,
+                "precision": "fp32",
+                "gpus": 1,
+                "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                **server,
+            },
+            "load": {"concurrency": [1, 4], "warmupSeconds": 1, "durationSeconds": 3},
+            "slo": {"p99LatencyMs": 5000},
+            "metrics": {"prometheusUrl": prometheus_url} if prometheus_url else {},
+        },
+    }
+
+
+def wait_finished(
+    cluster: Cluster, namespace: str, name: str, operator_log: Callable[[], str], timeout: float = 240
+) -> dict[str, Any]:
+    """Wait until the experiment is Succeeded or Failed; return it. On timeout fail with the operator's log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = cluster.kubectl.run("get", "sx", name, "-n", namespace, "-o", "json", check=False)
+        if found.returncode != 0:  # not applied yet
+            time.sleep(1)
+            continue
+        body = json.loads(found.stdout)
+        conditions = {c["type"]: c for c in body.get("status", {}).get("conditions", [])}
+        if any(conditions.get(kind, {}).get("status") == "True" for kind in ("Succeeded", "Failed")):
+            return body
+        time.sleep(1)
+    pytest.fail(f"{name} did not finish in {timeout} s; operator log:\n{operator_log()}")
+
+
+def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in body["status"]["conditions"] if c["type"] == kind)

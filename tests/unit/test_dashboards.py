@@ -1,0 +1,53 @@
+"""The Grafana dashboards shipped in charts/serving: what a Grafana user relies on besides the queries
+(those are evaluated against a real Prometheus in tests/k8s/test_chart.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DASHBOARDS = sorted((Path(__file__).resolve().parents[2] / "charts" / "serving" / "dashboards").glob("*.json"))
+
+
+def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [panel for panel in dashboard["panels"] if panel["type"] != "row"]
+
+
+def test_the_three_dashboards_ship() -> None:
+    assert [path.stem for path in DASHBOARDS] == ["experiments", "gpu", "torchserve"]
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[path.stem for path in DASHBOARDS])
+def test_dashboard_has_a_stable_uid_a_datasource_variable_and_units(path: Path) -> None:
+    dashboard = json.loads(path.read_text())
+    assert dashboard["uid"] == f"servinglab-{path.stem}"  # links and provisioning keep working across edits
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for variable in variables.values():
+        if variable["type"] == "query":
+            assert variable["datasource"]["uid"] == "${datasource}"
+            assert variable["includeAll"] and variable["allValue"] == ".*"
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in panels(dashboard):
+        assert panel["fieldConfig"]["defaults"]["unit"], panel["title"]
+        assert panel["description"], panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert panel["targets"] and all(target["expr"].strip() for target in panel["targets"]), panel["title"]
+        assert all(target["datasource"]["uid"] == "${datasource}" for target in panel["targets"])
+
+
+def test_dashboards_cover_what_the_issue_names() -> None:
+    titles = {path.stem: {panel["title"] for panel in panels(json.loads(path.read_text()))} for path in DASHBOARDS}
+    assert {"Request rate", "Mean latency (server)", "Mean queue time", "Responses by class", "Workers"} <= titles[
+        "torchserve"
+    ]
+    assert {"GPU utilisation", "SM activity", "Framebuffer memory used", "Power", "Energy in the time range"} <= titles[
+        "gpu"
+    ]
+    assert {"GPU utilisation by pod", "Memory by pod", "Power by pod"} <= titles["gpu"]
+    assert {"Best configuration", "Throughput and p99 by configuration and concurrency"} <= titles["experiments"]
+    assert "Experiments finished by state" in titles["experiments"]
