@@ -160,8 +160,9 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
     assert summary["state"] == "Succeeded"
     assert summary["bestThroughputRps"] == max(level["throughputRps"] for level in status["results"])
 
-    # Prometheus scraped the same TorchServe: it counted at least the measured requests.
-    served = prometheus.query(f'sum(ts_inference_requests_total{{namespace="{namespace}"}})')
+    # Prometheus scraped the same TorchServe: it counted at least the measured requests (its last
+    # scraped value; the server itself is gone by now).
+    served = prometheus.query(f'sum(max_over_time(ts_inference_requests_total{{namespace="{namespace}"}}[10m]))')
     assert float(served[0]["value"][1]) >= sum(level["requests"] for level in full)
 
     # The server is cleaned up after the run; the results stay.

@@ -202,6 +202,8 @@ def loadtest(
         payloads=make_payloads(load.payload.format, size, load.payload.variants, load.payload.seed),
         content_type=CONTENT_TYPES[load.payload.format],
         request_timeout_seconds=load.request_timeout_seconds,
+        stability=load.stability,
+        generator_limits=load.generator,
     )
     answered_at, problem = closed_loop.wait_until_serving(plan, ready_timeout)
     if problem is not None:
@@ -302,6 +304,8 @@ def print_results(document: dict[str, Any]) -> None:
     slo = document.get("slo")
     if slo:
         table.add_column(f"p99≤{slo['p99LatencyMs']:g}", justify="center")
+    table.add_column("checks", justify="left")
+    warnings = []
     for entry in document["results"]:
         latency = entry["latencyMs"]
         breakdown = entry.get("server") or {}
@@ -317,8 +321,13 @@ def print_results(document: dict[str, Any]) -> None:
         ]
         if slo:
             row.append("yes" if entry.get("meetsSlo") else "no")
+        checks, why = _checks(entry)
+        row.append(checks)
+        warnings += [f"level {entry['concurrency']}: {reason}" for reason in why]
         table.add_row(*row)
     stdout.print(table)
+    for warning in warnings:
+        stdout.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     notes = [f"cold start {document.get('coldStartSeconds') or 0:.1f} s"]
     best = document.get("best")
     if best:
@@ -327,6 +336,22 @@ def print_results(document: dict[str, Any]) -> None:
     if precision_note:
         notes.append(precision_note)
     stdout.print("; ".join(notes))
+
+
+def _checks(entry: dict[str, Any]) -> tuple[str, list[str]]:
+    """The trust column (stable / unstable / short; generator-limited) and the reasons behind it."""
+    marks, reasons = [], []
+    stability = entry.get("stability")
+    if stability is not None:
+        stable = stability.get("stable")
+        marks.append({True: "stable", False: "UNSTABLE", None: "short"}[stable])
+        if stable is False:
+            reasons.append(f"unstable after {stability.get('measuredSeconds')} s: {stability.get('reason')}")
+    generator = entry.get("generator")
+    if generator is not None and generator.get("saturated"):
+        marks.append("GENERATOR-LIMITED")
+        reasons.append(f"the load generator limited this level ({generator.get('reason')})")
+    return " ".join(marks) or "-", reasons
 
 
 def _ms(value: float | None) -> str:

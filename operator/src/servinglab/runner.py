@@ -176,6 +176,8 @@ def _measure(
         payloads=payloads,
         content_type=content_type,
         request_timeout_seconds=spec.load.request_timeout_seconds,
+        stability=spec.load.stability,
+        generator_limits=spec.load.generator,
     )
     hooks.phase(f"Load: levels {spec.load.concurrency}")
     stats = closed_loop.run_levels(

@@ -147,6 +147,33 @@ class PayloadSpec(_Spec):
     seed: int = Field(default=0, ge=0)
 
 
+class StabilitySpec(_Spec):
+    """When a level's numbers have settled: its last `windows` windows agree within `tolerance`."""
+
+    window_seconds: float = Field(default=5.0, gt=0, le=600, description="Length of one measurement window.")
+    windows: int = Field(default=3, ge=2, le=20, description="How many trailing windows must agree.")
+    tolerance: float = Field(
+        default=0.10, gt=0, le=1, description="Largest (max - min) / mean of throughput and of p99 across them."
+    )
+    max_duration_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=7200,
+        description="Extend an unstable level's measurement up to this long; unset: never extend.",
+    )
+
+
+class GeneratorLimits(_Spec):
+    """When the load generator, not the server, is the limit: its results are flagged."""
+
+    max_cpu_percent: float = Field(
+        default=85.0, gt=0, le=100, description="Generator CPU (of its one core) above which it limited the load."
+    )
+    max_send_gap_ms: float = Field(
+        default=10.0, gt=0, le=10_000, description="p99 delay between a user being free and sending, above which."
+    )
+
+
 class LoadSpec(_Spec):
     """The load test: closed-loop concurrency levels, each warmed up then measured."""
 
@@ -157,6 +184,17 @@ class LoadSpec(_Spec):
     duration_seconds: float = Field(default=60.0, gt=0, le=3600, description="Measured time per level.")
     request_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
     payload: PayloadSpec = Field(default_factory=PayloadSpec)
+    stability: StabilitySpec = Field(default_factory=StabilitySpec)
+    generator: GeneratorLimits = Field(default_factory=GeneratorLimits)
+
+    @model_validator(mode="after")
+    def _extension_is_longer(self) -> LoadSpec:
+        limit = self.stability.max_duration_seconds
+        if limit is not None and limit < self.duration_seconds:
+            raise ValueError(
+                f"stability.maxDurationSeconds: {limit:g} is shorter than durationSeconds {self.duration_seconds:g}"
+            )
+        return self
 
     @field_validator("concurrency")
     @classmethod

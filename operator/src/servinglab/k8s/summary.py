@@ -1,8 +1,10 @@
 """From the load Job's results to the experiment's status (pure functions).
 
 `status.results` is compact: one entry per level with throughput, the latency percentiles, errors,
-the server-side breakdown and GPU figures. The full document (every field the load generator
-wrote, errors by kind, window timestamps) stays in the results ConfigMap the status references.
+the server-side breakdown, GPU figures, and the two trust flags: `stable` (its last windows agreed)
+and `generatorSaturated` (the load generator, not the server, limited it). The full document (every
+field the load generator wrote, errors by kind, windows, window timestamps) stays in the results
+ConfigMap the status references.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ def level_status(entry: dict[str, Any], gpu: dict[str, float | None] | None, slo
             if server.get(k) is not None
         },
     }
+    if "stability" in entry:
+        compact["stable"] = entry["stability"].get("stable")
+    if "generator" in entry:
+        compact["generatorSaturated"] = entry["generator"]["saturated"]
     if gpu:
         compact["gpu"] = {k: v for k, v in gpu.items() if v is not None}
     if slo is not None:

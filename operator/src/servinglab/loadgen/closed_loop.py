@@ -4,9 +4,13 @@ Locust supplies the users, the gevent HTTP client (FastHttpUser) and the runner;
 every request itself (send time and latency from `time.perf_counter`, full float precision), because
 Locust's own statistics round latencies into buckets.
 
-One level = spawn N users -> warm-up (excluded) -> measurement period -> stop sending, wait for every
-measured request to finish -> stop users. Hooks let the caller read server metrics exactly at the
-start and end of each measured window. Used in-process by the local runner and by `servinglab
+One level = spawn N users -> warm-up (excluded) -> measurement period (extended window by window
+while the level is unstable, up to the stability limit) -> stop sending, wait for every measured
+request to finish -> stop users. Each level reports whether its last windows agreed (stability) and
+whether the generator itself limited the load: its CPU over the period, and the send gap — how long
+a user that had its response waited before sending again (zero think time, so any gap is the
+generator's own delay). Hooks let the caller read server metrics exactly at the start and end of
+each measured window. Used in-process by the local runner and by `servinglab
 loadtest` (the Kubernetes Job's command).
 """
 
@@ -15,6 +19,8 @@ from __future__ import annotations
 from locust import FastHttpUser, constant, task
 from locust.env import Environment
 
+import dataclasses
+import functools
 import time
 import urllib.error
 import urllib.request
@@ -23,8 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
+import psutil
 
-from servinglab.loadgen.stats import LevelStats, Sample, summarise
+from servinglab.loadgen.stats import LevelStats, Sample, generator_verdict, stability_verdict, summarise, windows
+from servinglab.spec import GeneratorLimits, StabilitySpec
 
 #: Progress callback: (level concurrency, phase "warmup"|"measure"|"drain", seconds done, seconds
 #: planned, measured requests so far).
@@ -44,14 +52,21 @@ class LoadPlan:
     payloads: Sequence[bytes]
     content_type: str
     request_timeout_seconds: float
+    stability: StabilitySpec = field(default_factory=StabilitySpec)
+    generator_limits: GeneratorLimits = field(default_factory=GeneratorLimits)
     sending: bool = False
     measuring_since: float | None = None
     in_flight: int = 0
     samples: list[Sample] = field(default_factory=list)
+    send_gaps_ms: list[float] = field(default_factory=list)
 
     def record(self, sent_at: float, latency_ms: float, error: str | None) -> None:
         if self.measuring_since is not None and sent_at >= self.measuring_since:
             self.samples.append(Sample(sent_at, latency_ms, error))
+
+    def record_gap(self, gap_ms: float) -> None:
+        if self.measuring_since is not None:
+            self.send_gaps_ms.append(gap_ms)
 
 
 def _error_kind(status: int, exception: BaseException | None) -> str | None:
@@ -82,6 +97,7 @@ class InferenceUser(FastHttpUser):
         # Users start at different payloads so a batch mixes images.
         InferenceUser._offset += 1
         self.next_payload = InferenceUser._offset
+        self.free_since: float | None = None  # when this user's last response arrived
 
     @property
     def _plan(self) -> LoadPlan:
@@ -93,12 +109,15 @@ class InferenceUser(FastHttpUser):
         plan = self._plan
         if not plan.sending:
             gevent.sleep(0.01)
+            self.free_since = None
             return
         body = plan.payloads[self.next_payload % len(plan.payloads)]
         self.next_payload += 1
         plan.in_flight += 1
         sent_at = time.time()
         started = time.perf_counter()
+        if self.free_since is not None:
+            plan.record_gap((started - self.free_since) * 1000.0)
         status, failure = 0, None
         try:
             with self.client.post(
@@ -117,7 +136,8 @@ class InferenceUser(FastHttpUser):
         except Exception as exc:
             failure = exc
         finally:
-            latency_ms = (time.perf_counter() - started) * 1000.0
+            self.free_since = time.perf_counter()
+            latency_ms = (self.free_since - started) * 1000.0
             plan.in_flight -= 1
             plan.record(sent_at, latency_ms, _error_kind(status, failure))
 
@@ -175,9 +195,20 @@ def _run_level(
 
     if on_window_start is not None:
         on_window_start(level)
+    plan.send_gaps_ms = []
     plan.measuring_since = time.time()
+    cpu = _CpuMeter()
     _wait(duration_seconds, lambda done: report("measure", done, duration_seconds))
+    verdict = _stability(plan)
+    rule = plan.stability
+    measured = duration_seconds
+    while verdict["stable"] is False and rule.max_duration_seconds and measured < rule.max_duration_seconds:
+        extra = min(rule.window_seconds, rule.max_duration_seconds - measured)
+        _wait(extra, functools.partial(_report_extension, report, measured, rule.max_duration_seconds))
+        measured += extra
+        verdict = _stability(plan)
     plan.sending = False
+    cpu_percent = cpu.percent()
 
     # Every request sent inside the period counts, so wait for the stragglers (bounded by the
     # request timeout, after which the client itself gives up and records a timeout).
@@ -189,7 +220,37 @@ def _run_level(
         on_window_end(level)
     runner.stop()
     samples, plan.samples, plan.measuring_since = plan.samples, [], None
-    return summarise(level, samples)
+    verdict["measuredSeconds"] = round(measured, 3)
+    generator = generator_verdict(cpu_percent, plan.send_gaps_ms, plan.generator_limits)
+    return dataclasses.replace(summarise(level, samples), stability=verdict, generator=generator)
+
+
+def _report_extension(report: Callable[[str, float, float], None], base: float, limit: float, done: float) -> None:
+    report("extend", base + done, limit)
+
+
+def _stability(plan: LoadPlan) -> dict[str, object]:
+    start = plan.measuring_since or time.time()
+    rule = plan.stability
+    series = windows(list(plan.samples), start, time.time(), rule.window_seconds)
+    return stability_verdict(series, rule.windows, rule.tolerance)
+
+
+class _CpuMeter:
+    """CPU time this process used since creation, as a percentage of one core over the wall time."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._cpu = self._used()
+        self._wall = time.monotonic()
+
+    def _used(self) -> float:
+        times = self._process.cpu_times()
+        return float(times.user + times.system)
+
+    def percent(self) -> float:
+        wall = time.monotonic() - self._wall
+        return 100.0 * (self._used() - self._cpu) / wall if wall > 0 else 0.0
 
 
 def _wait(seconds: float, tick: Callable[[float], None]) -> None:

@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from servinglab.spec import GeneratorLimits
+
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -56,6 +58,8 @@ class LevelStats:
     latency_ms: dict[str, float] = field(default_factory=dict)
     window_start: float = 0.0
     window_end: float = 0.0
+    stability: dict[str, object] | None = None
+    generator: dict[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -68,6 +72,8 @@ class LevelStats:
             "windowSeconds": round(self.window_seconds, 3),
             "windowStart": round(self.window_start, 3),
             "windowEnd": round(self.window_end, 3),
+            **({"stability": self.stability} if self.stability is not None else {}),
+            **({"generator": self.generator} if self.generator is not None else {}),
         }
 
 
@@ -97,3 +103,80 @@ def summarise(concurrency: int, samples: Iterable[Sample]) -> LevelStats:
         window_start=start,
         window_end=end,
     )
+
+
+@dataclass(frozen=True)
+class Window:
+    """Requests sent in [start, start + seconds): successful throughput and exact p99 latency."""
+
+    start: float
+    seconds: float
+    throughput_rps: float
+    p99_ms: float | None
+
+    def to_json(self) -> dict[str, object]:
+        p99 = round(self.p99_ms, 3) if self.p99_ms is not None else None
+        return {"start": round(self.start, 3), "throughputRps": round(self.throughput_rps, 3), "p99Ms": p99}
+
+
+def windows(samples: Iterable[Sample], start: float, end: float, seconds: float) -> list[Window]:
+    """Consecutive whole windows of `seconds` from `start` up to `end` (a partial last one is left out)."""
+    count = int((end - start) // seconds)
+    buckets: list[list[float]] = [[] for _ in range(count)]
+    for sample in samples:
+        index = int((sample.sent_at - start) // seconds)
+        if 0 <= index < count and sample.error is None:
+            buckets[index].append(sample.latency_ms)
+    result = []
+    for index, latencies in enumerate(buckets):
+        latencies.sort()
+        p99 = percentile(latencies, 99) if latencies else None
+        result.append(Window(start + index * seconds, seconds, len(latencies) / seconds, p99))
+    return result
+
+
+def spread(values: Sequence[float]) -> float:
+    """(max - min) / mean: 0 when the values agree exactly."""
+    mean = math.fsum(values) / len(values)
+    return (max(values) - min(values)) / mean if mean > 0 else math.inf
+
+
+def stability_verdict(series: Sequence[Window], count: int, tolerance: float) -> dict[str, object]:
+    """Whether the last `count` windows agree within `tolerance` on throughput and on p99.
+
+    `stable` is None when there are fewer than `count` windows to judge (a short level).
+    """
+    verdict: dict[str, object] = {"windows": [w.to_json() for w in series], "tolerance": tolerance}
+    last = list(series[-count:])
+    if len(last) < count:
+        return {**verdict, "stable": None, "reason": f"{len(series)} window(s), {count} needed"}
+    if any(w.p99_ms is None for w in last):
+        return {**verdict, "stable": False, "reason": "a window without successful requests"}
+    throughput = spread([w.throughput_rps for w in last])
+    p99 = spread([w.p99_ms for w in last if w.p99_ms is not None])
+    verdict.update(throughputSpread=round(throughput, 4), p99Spread=round(p99, 4))
+    if throughput <= tolerance and p99 <= tolerance:
+        return {**verdict, "stable": True}
+    worst = "throughput" if throughput > p99 else "p99"
+    return {**verdict, "stable": False, "reason": f"{worst} varies {max(throughput, p99):.0%} across the last {count}"}
+
+
+def generator_verdict(cpu_percent: float, send_gaps_ms: list[float], limits: GeneratorLimits) -> dict[str, object]:
+    """Did the load generator limit this level? Its CPU (gevent uses one core) or its send gaps say so."""
+    gaps = sorted(send_gaps_ms)
+    gap_p99 = percentile(gaps, 99) if gaps else 0.0
+    reasons = []
+    if cpu_percent >= limits.max_cpu_percent:
+        reasons.append(f"generator CPU {cpu_percent:.0f}% >= {limits.max_cpu_percent:g}%")
+    if gap_p99 > limits.max_send_gap_ms:
+        reasons.append(f"p99 send gap {gap_p99:.1f} ms > {limits.max_send_gap_ms:g} ms")
+    return {
+        "cpuPercent": round(cpu_percent, 1),
+        "sendGapMs": {
+            "p50": round(percentile(gaps, 50), 3) if gaps else None,
+            "p99": round(gap_p99, 3),
+            "max": round(gaps[-1], 3) if gaps else None,
+        },
+        "saturated": bool(reasons),
+        **({"reason": "; ".join(reasons)} if reasons else {}),
+    }

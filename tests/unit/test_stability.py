@@ -1,0 +1,82 @@
+"""Measurement windows, the stability rule and the generator-saturation verdict (pure functions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from servinglab.loadgen.stats import Sample, Window, generator_verdict, spread, stability_verdict, windows
+from servinglab.spec import GeneratorLimits, SpecError, parse_experiment
+
+
+def steady(start: float, seconds: float, rate: float, latency_ms: float) -> list[Sample]:
+    count = int(seconds * rate)
+    return [Sample(start + i / rate, latency_ms) for i in range(count)]
+
+
+def test_windows_split_by_send_time_and_drop_the_partial_last_one() -> None:
+    samples = [*steady(100.0, 10.5, 10, 20.0), Sample(101.0, 5.0, error="http_500")]
+    series = windows(samples, 100.0, 110.5, 2.0)
+    assert len(series) == 5  # 10.5 s -> five whole 2 s windows
+    assert [w.throughput_rps for w in series] == [10.0] * 5  # the error does not count
+    assert all(w.p99_ms == 20.0 for w in series)
+    assert series[2].start == 104.0
+
+
+def test_window_p99_is_exact_nearest_rank() -> None:
+    # 100 requests in one window, latencies 1..100 ms: p99 is the 99th smallest, 99 ms
+    samples = [Sample(0.0 + i * 0.01, float(i + 1)) for i in range(100)]
+    (window,) = windows(samples, 0.0, 1.0, 1.0)
+    assert window.p99_ms == 99.0 and window.throughput_rps == 100.0
+
+
+def test_spread() -> None:
+    assert spread([10.0, 10.0, 10.0]) == 0.0
+    assert spread([9.0, 10.0, 11.0]) == pytest.approx(0.2)
+
+
+def w(throughput: float, p99: float | None) -> Window:
+    return Window(0.0, 5.0, throughput, p99)
+
+
+def test_level_is_stable_when_its_last_windows_agree_within_tolerance() -> None:
+    # warm-up-like first window differs; only the last three are judged
+    verdict = stability_verdict([w(50, 400), w(100, 200), w(104, 205), w(98, 196)], count=3, tolerance=0.1)
+    assert verdict["stable"] is True
+    assert verdict["throughputSpread"] == pytest.approx(6 / (302 / 3), abs=1e-4)
+
+
+def test_drifting_p99_makes_a_level_unstable_and_says_which_figure() -> None:
+    verdict = stability_verdict([w(100, 200), w(100, 260), w(100, 330)], count=3, tolerance=0.1)
+    assert verdict["stable"] is False
+    assert "p99 varies" in str(verdict["reason"])
+
+
+def test_too_few_windows_cannot_be_judged() -> None:
+    verdict = stability_verdict([w(100, 200), w(100, 200)], count=3, tolerance=0.1)
+    assert verdict["stable"] is None and "3 needed" in str(verdict["reason"])
+
+
+def test_a_window_without_successes_is_unstable() -> None:
+    assert stability_verdict([w(100, 200), w(0, None), w(100, 200)], count=3, tolerance=0.5)["stable"] is False
+
+
+def test_generator_verdict_flags_cpu_and_send_gaps() -> None:
+    limits = GeneratorLimits()
+    calm = generator_verdict(20.0, [0.1] * 99 + [2.0], limits)
+    assert calm["saturated"] is False and "reason" not in calm
+    busy = generator_verdict(97.0, [0.1] * 100, limits)
+    assert busy["saturated"] is True and "generator CPU 97%" in str(busy["reason"])
+    starved = generator_verdict(30.0, [0.1] * 90 + [50.0] * 10, limits)
+    assert starved["saturated"] is True and "p99 send gap 50.0 ms" in str(starved["reason"])
+    assert starved["sendGapMs"] == {"p50": 0.1, "p99": 50.0, "max": 50.0}
+
+
+def test_extension_limit_must_exceed_the_duration() -> None:
+    document = {
+        "apiVersion": "servinglab.dev/v1alpha1",
+        "kind": "ServingExperiment",
+        "metadata": {"name": "x"},
+        "spec": {"model": {"name": "tiny"}, "load": {"durationSeconds": 60, "stability": {"maxDurationSeconds": 30}}},
+    }
+    with pytest.raises(SpecError, match=r"stability.maxDurationSeconds: 30 is shorter than durationSeconds 60"):
+        parse_experiment(document)
