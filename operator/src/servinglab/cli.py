@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from servinglab import __version__
+from servinglab.results import level_label
 from servinglab.spec import SpecError, load_experiment
 
 console = Console(stderr=True)
@@ -179,8 +180,9 @@ def loadtest(
 ) -> None:
     """Run only the load levels of an experiment against a running server (the Job's command)."""
     from servinglab import models, tsmetrics
-    from servinglab.loadgen import closed_loop, results_sink
+    from servinglab.loadgen import closed_loop, levels, results_sink
     from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
+    from servinglab.results import level_entries
 
     def finish(message: str, code: int) -> None:
         if termination_log.parent.is_dir():
@@ -196,14 +198,14 @@ def loadtest(
     size = image_size or load.payload.image_size
     if size is None:
         size = models.model_info(experiment.spec.model.name).input_size
+    payloads = make_payloads(load.payload.format, size, load.payload.variants, load.payload.seed)
+    content_type = CONTENT_TYPES[load.payload.format]
     plan = closed_loop.LoadPlan(
         target=target.rstrip("/"),
         path=f"/predictions/{model_name}",
-        payloads=make_payloads(load.payload.format, size, load.payload.variants, load.payload.seed),
-        content_type=CONTENT_TYPES[load.payload.format],
+        payloads=payloads,
+        content_type=content_type,
         request_timeout_seconds=load.request_timeout_seconds,
-        stability=load.stability,
-        generator_limits=load.generator,
     )
     answered_at, problem = closed_loop.wait_until_serving(plan, ready_timeout)
     if problem is not None:
@@ -212,35 +214,42 @@ def loadtest(
     if metrics_url:
         windows = tsmetrics.WindowReader(tsmetrics.http_fetcher(metrics_url), model_name)
     try:
-        stats = closed_loop.run_levels(
-            plan,
-            load.concurrency,
-            load.warmup_seconds,
-            load.duration_seconds,
+        outcome = levels.run_load(
+            load,
+            experiment.spec.slo.p99_latency_ms,
+            levels.Target(plan.target, plan.path, payloads, content_type),
             on_window_start=windows.window_start if windows else None,
             on_window_end=windows.window_end if windows else None,
         )
     except OSError as exc:
         finish(f"reading TorchServe metrics failed: {exc}", 3)
-    entries = []
-    for level in stats:
-        entry = level.to_json()
-        if windows is not None:
-            entry["server"] = windows.breakdowns.get(level.concurrency, {})
-        entries.append(entry)
-    document = {"serverAnsweredAt": answered_at, "results": entries}
-    text = json.dumps(document, indent=2) + "\n"
-    if output is None or str(output) == "-":
-        sys.stdout.write(text)
-    else:
-        output.write_text(text)
+    breakdowns = windows.breakdowns if windows is not None else {}
+    entries = level_entries(outcome.levels, outcome.sweep_levels, breakdowns, None)
+    if windows is None:
+        for entry in entries:
+            entry.pop("server", None)
+    document: dict[str, Any] = {"serverAnsweredAt": answered_at, "results": entries}
+    if outcome.peak is not None:
+        document["peakRate"] = outcome.peak
+    _write_json(document, output)
     if results_configmap:
         try:
             results_sink.write_results(results_configmap, document)
         except results_sink.SinkError as exc:
             finish(str(exc), 4)
-    errors = sum(level.errors for level in stats)
-    finish(f"{len(stats)} levels measured, {sum(level.requests for level in stats)} requests, {errors} errors", 0)
+    measured = outcome.levels
+    errors = sum(level.errors for level in measured)
+    requests = sum(level.requests for level in measured)
+    finish(f"{len(measured)} levels measured, {requests} requests, {errors} errors", 0)
+
+
+def _write_json(document: dict[str, Any], output: Path | None) -> None:
+    """To the file, or to stdout when there is none or it is '-'."""
+    text = json.dumps(document, indent=2) + "\n"
+    if output is None or str(output) == "-":
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
 
 
 def _run_on_cluster(experiment: Any, namespace: str, timeout: float, output: Path | None) -> None:
@@ -297,7 +306,7 @@ def print_results(document: dict[str, Any]) -> None:
         f"delay={server['maxBatchDelayMs']}ms workers={server['workers']} precision={server['precision']}"
     )
     table = Table(title=title, title_justify="left")
-    for column in ("concurrency", "rps", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"):
+    for column in ("level", "rps", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"):
         table.add_column(column, justify="right")
     for column in ("requests", "errors", "batch", "queue ms", "infer ms/batch"):
         table.add_column(column, justify="right")
@@ -310,7 +319,7 @@ def print_results(document: dict[str, Any]) -> None:
         latency = entry["latencyMs"]
         breakdown = entry.get("server") or {}
         row = [
-            str(entry["concurrency"]),
+            level_label(entry) + (" (search)" if entry.get("peakSearchProbe") else ""),
             f"{entry['throughputRps']:.1f}",
             *(_ms(latency.get(k)) for k in ("p50", "p90", "p95", "p99", "max")),
             str(entry["requests"]),
@@ -323,7 +332,7 @@ def print_results(document: dict[str, Any]) -> None:
             row.append("yes" if entry.get("meetsSlo") else "no")
         checks, why = _checks(entry)
         row.append(checks)
-        warnings += [f"level {entry['concurrency']}: {reason}" for reason in why]
+        warnings += [f"level {level_label(entry)}: {reason}" for reason in why]
         table.add_row(*row)
     stdout.print(table)
     for warning in warnings:
@@ -331,7 +340,16 @@ def print_results(document: dict[str, Any]) -> None:
     notes = [f"cold start {document.get('coldStartSeconds') or 0:.1f} s"]
     best = document.get("best")
     if best:
-        notes.append(f"best: concurrency {best['concurrency']} at {best['throughputRps']:.1f} rps")
+        notes.append(f"best: level {level_label(best)} at {best['throughputRps']:.1f} rps")
+    peak = document.get("peakRate")
+    if peak:
+        if peak.get("rateRps") is not None:
+            notes.append(
+                f"peak rate within the SLO: {peak['rateRps']:g} rps (p99 {_ms(peak.get('p99LatencyMs'))} ms, "
+                f"{peak['probes']} probes{'; ' + peak['note'] if peak.get('note') else ''})"
+            )
+        else:
+            notes.append(f"peak rate: none found ({peak.get('note')})")
     precision_note = (document.get("runtime") or {}).get("precisionNote")
     if precision_note:
         notes.append(precision_note)
@@ -381,7 +399,7 @@ class _LoadProgress:
             auto_refresh=False,  # refreshed from the load loop: no extra thread beside gevent
             disable=not self._live,
         )
-        self._tasks: dict[tuple[int, str], Any] = {}
+        self._tasks: dict[tuple[str, str], Any] = {}
 
     def __enter__(self) -> _LoadProgress:
         self._progress.start()
@@ -394,14 +412,14 @@ class _LoadProgress:
         console.print(message, highlight=False)
         self._progress.refresh()
 
-    def update(self, level: int, phase: str, done: float, planned: float, measured: int) -> None:
+    def update(self, level: str, phase: str, done: float, planned: float, measured: int) -> None:
         key = (level, phase)
         if phase == "drain":
             return
         if key not in self._tasks:
-            label = f"c={level:<4} {'warm-up' if phase == 'warmup' else 'measure'}"
-            self._tasks[key] = self._progress.add_task(label, total=planned or 1, detail="")
-            self._line(f"c={level}: {'warm-up' if phase == 'warmup' else 'measuring'} for {planned:g} s")
+            verb = {"warmup": "warm-up", "measure": "measure", "extend": "extend (unstable)"}.get(phase, phase)
+            self._tasks[key] = self._progress.add_task(f"{level:<8} {verb}", total=planned or 1, detail="")
+            self._line(f"{level}: {verb} for {planned:g} s")
         detail = f"{measured} req" if phase == "measure" else ""
         self._progress.update(self._tasks[key], completed=done, detail=detail)
         self._progress.refresh()

@@ -38,6 +38,33 @@ def level_entry(
     return entry
 
 
+def level_entries(
+    stats: list[LevelStats],
+    sweep_levels: int,
+    breakdowns: dict[int, dict[str, float | None]],
+    slo_p99_ms: float | None,
+) -> list[dict[str, Any]]:
+    """Results entries in run order; server breakdowns are keyed by level index; probes of the
+    peak-rate search (after the first `sweep_levels`) are marked `peakSearchProbe`."""
+    entries = []
+    for index, level in enumerate(stats):
+        entry = level_entry(level, breakdowns.get(index, {}), slo_p99_ms)
+        if index >= sweep_levels:
+            entry["peakSearchProbe"] = True
+        entries.append(entry)
+    return entries
+
+
+def level_of(entry: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a level: {"concurrency": N} (closed loop) or {"rateRps": R} (open loop)."""
+    return {"concurrency": entry["concurrency"]} if "concurrency" in entry else {"rateRps": entry.get("rateRps")}
+
+
+def level_label(entry: dict[str, Any]) -> str:
+    """A level for people: "4" users or "50 rps"."""
+    return str(entry["concurrency"]) if "concurrency" in entry else f"{entry.get('rateRps', 0):g} rps"
+
+
 def best_level(entries: list[dict[str, Any]], slo_p99_ms: float | None) -> dict[str, Any] | None:
     """The level with the highest throughput; with an SLO, only levels that meet it qualify."""
     candidates = [e for e in entries if e["throughputRps"] > 0]
@@ -47,7 +74,7 @@ def best_level(entries: list[dict[str, Any]], slo_p99_ms: float | None) -> dict[
         return None
     best = max(candidates, key=lambda e: e["throughputRps"])
     return {
-        "concurrency": best["concurrency"],
+        **level_of(best),
         "throughputRps": best["throughputRps"],
         "p99LatencyMs": best["latencyMs"].get("p99"),
     }
@@ -61,6 +88,8 @@ def document(
     runtime: dict[str, Any],
     started_at: str,
     finished_at: str,
+    peak_rate: dict[str, Any] | None = None,
+    ceiling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     spec = experiment.spec
     slo = spec.slo.p99_latency_ms
@@ -77,7 +106,8 @@ def document(
             "effective": effective,
         },
         "load": {
-            "mode": "closed-loop",
+            "mode": f"{spec.load.mode}-loop",
+            **({"arrival": spec.load.arrival} if spec.load.mode == "open" else {}),
             "warmupSeconds": spec.load.warmup_seconds,
             "durationSeconds": spec.load.duration_seconds,
             "payload": str(spec.load.payload.format),
@@ -86,6 +116,8 @@ def document(
         "coldStartSeconds": round(cold_start_seconds, 3),
         "results": entries,
         "best": best_level(entries, slo),
+        **({"peakRate": peak_rate} if peak_rate is not None else {}),
+        **({"ceiling": ceiling} if ceiling is not None else {}),
         "runtime": runtime,
         "startedAt": started_at,
         "finishedAt": finished_at,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from servinglab import models, results, tsmetrics
-from servinglab.loadgen import closed_loop
+from servinglab.loadgen import closed_loop, levels
 from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
 from servinglab.local_server import LocalTorchServe, ServerError
 from servinglab.spec import ServingExperiment
@@ -170,28 +170,19 @@ def _measure(
 
     windows = tsmetrics.WindowReader(fetch_metrics, server.model_name)
 
-    plan = closed_loop.LoadPlan(
-        target=server.addresses.inference,
-        path=server.predictions_path,
-        payloads=payloads,
-        content_type=content_type,
-        request_timeout_seconds=spec.load.request_timeout_seconds,
-        stability=spec.load.stability,
-        generator_limits=spec.load.generator,
-    )
-    hooks.phase(f"Load: levels {spec.load.concurrency}")
-    stats = closed_loop.run_levels(
-        plan,
-        spec.load.concurrency,
-        spec.load.warmup_seconds,
-        spec.load.duration_seconds,
+    target = levels.Target(server.addresses.inference, server.predictions_path, payloads, content_type)
+    hooks.phase(f"Load: {levels.describe(spec.load)}")
+    outcome = levels.run_load(
+        spec.load,
+        spec.slo.p99_latency_ms,
+        target,
         on_progress=hooks.progress,
         on_window_start=windows.window_start,
         on_window_end=windows.window_end,
     )
     server.check_alive()
     slo = spec.slo.p99_latency_ms
-    entries = [results.level_entry(s, windows.breakdowns.get(s.concurrency, {}), slo) for s in stats]
+    entries = results.level_entries(outcome.levels, outcome.sweep_levels, windows.breakdowns, slo)
     runtime = {
         "mode": "local",
         "device": "cuda" if server.gpus > 0 else "cpu",
@@ -207,4 +198,5 @@ def _measure(
         runtime,
         started_at="",
         finished_at=results.now_iso(),
+        peak_rate=outcome.peak,
     )

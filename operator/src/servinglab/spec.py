@@ -174,18 +174,55 @@ class GeneratorLimits(_Spec):
     )
 
 
-class LoadSpec(_Spec):
-    """The load test: closed-loop concurrency levels, each warmed up then measured."""
+class RateSearchSpec(_Spec):
+    """Find the highest open-loop rate whose p99 meets `slo.p99LatencyMs` (bisection between two rates)."""
 
+    min_rps: float = Field(gt=0, le=1_000_000, description="Lowest rate tried; expected to meet the SLO.")
+    max_rps: float = Field(gt=0, le=1_000_000, description="Highest rate tried.")
+    precision: float = Field(default=0.05, gt=0, le=1, description="Stop when the bracket is this narrow (relative).")
+    max_probes: int = Field(default=8, ge=2, le=32, description="At most this many probe levels.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RateSearchSpec:
+        if self.min_rps >= self.max_rps:
+            raise ValueError(f"rateSearch.minRps {self.min_rps:g} must be below maxRps {self.max_rps:g}")
+        return self
+
+
+class LoadSpec(_Spec):
+    """The load test: closed-loop concurrency levels or open-loop rates, each warmed up then measured."""
+
+    mode: Literal["closed", "open"] = Field(
+        default="closed",
+        description="closed: N users send back to back (concurrency); open: requests at scheduled rates (rates).",
+    )
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         default_factory=lambda: [1, 4, 16], min_length=1, max_length=64
     )
+    rates: list[Annotated[float, Field(gt=0, le=1_000_000)]] = Field(
+        default_factory=list, max_length=64, description="Open loop: requests per second, one level each."
+    )
+    arrival: Literal["poisson", "constant"] = Field(
+        default="poisson", description="Open loop: Poisson arrivals (exponential gaps) or evenly spaced sends."
+    )
+    max_in_flight: int = Field(
+        default=1024, ge=1, le=65536, description="Open loop: sends beyond this many outstanding are dropped."
+    )
+    rate_search: RateSearchSpec | None = None
     warmup_seconds: float = Field(default=10.0, ge=0, le=3600, description="Per level, excluded.")
     duration_seconds: float = Field(default=60.0, gt=0, le=3600, description="Measured time per level.")
     request_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
     payload: PayloadSpec = Field(default_factory=PayloadSpec)
     stability: StabilitySpec = Field(default_factory=StabilitySpec)
     generator: GeneratorLimits = Field(default_factory=GeneratorLimits)
+
+    @model_validator(mode="after")
+    def _open_loop_has_rates(self) -> LoadSpec:
+        if self.mode == "open" and not self.rates and self.rate_search is None:
+            raise ValueError("mode open needs rates or rateSearch")
+        if self.mode == "closed" and (self.rates or self.rate_search is not None):
+            raise ValueError("rates and rateSearch need mode: open")
+        return self
 
     @model_validator(mode="after")
     def _extension_is_longer(self) -> LoadSpec:
@@ -236,6 +273,12 @@ class ExperimentSpec(_Spec):
     slo: SloSpec = Field(default_factory=SloSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     cleanup: CleanupSpec = Field(default_factory=CleanupSpec)
+
+    @model_validator(mode="after")
+    def _search_has_an_objective(self) -> ExperimentSpec:
+        if self.load.rate_search is not None and self.slo.p99_latency_ms is None:
+            raise ValueError("load.rateSearch needs slo.p99LatencyMs (the latency the peak rate must meet)")
+        return self
 
 
 class ObjectMeta(_Spec):

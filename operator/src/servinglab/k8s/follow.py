@@ -26,12 +26,13 @@ def status_document(body: dict[str, Any]) -> dict[str, Any]:
     server = spec.get("server", {})
     summary = status.get("summary") or {}
     best = None
-    if "bestConcurrency" in summary:
-        best = {
-            "concurrency": summary["bestConcurrency"],
-            "throughputRps": summary["bestThroughputRps"],
-            "p99LatencyMs": summary.get("bestP99LatencyMs"),
-        }
+    if "bestThroughputRps" in summary:
+        level = (
+            {"concurrency": summary["bestConcurrency"]}
+            if "bestConcurrency" in summary
+            else {"rateRps": summary.get("bestRateRps")}
+        )
+        best = {**level, "throughputRps": summary["bestThroughputRps"], "p99LatencyMs": summary.get("bestP99LatencyMs")}
     slo = (spec.get("slo") or {}).get("p99LatencyMs")
     return {
         "experiment": body["metadata"]["name"],

@@ -336,7 +336,7 @@ async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
         return
     gpu, gpu_condition = await _gpu_figures(experiment, spec, levels)
     slo = spec.slo.p99_latency_ms
-    compact = [summary.level_status(level, gpu.get(level["concurrency"]), slo) for level in levels]
+    compact = [summary.level_status(level, gpu.get(index), slo) for index, level in enumerate(levels)]
     conditions = cond.set_condition(experiment.conditions, cond.GPU_METRICS, *gpu_condition, experiment.generation)
     conditions = cond.set_condition(
         conditions,
@@ -360,7 +360,7 @@ async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
         coldStartSeconds=cold_start,
         conditions=conditions,
         results=compact,
-        summary=summary.summarise(compact, slo, "Succeeded"),
+        summary=summary.summarise(compact, slo, "Succeeded", document.get("peakRate")),
         finishedAt=cond.now(),
         observedGeneration=experiment.generation,
     )
@@ -379,9 +379,9 @@ async def _gpu_figures(
     reader, pod = GpuMetrics(url), experiment.status.get("serverPod", "")
     figures: dict[int, dict[str, float | None]] = {}
     try:
-        for level in levels:
+        for index, level in enumerate(levels):
             successful = int(level["requests"]) - int(level["errors"])
-            figures[level["concurrency"]] = await reader.window(
+            figures[index] = await reader.window(
                 experiment.namespace, pod, float(level["windowStart"]), float(level["windowEnd"]), successful
             )
     except PrometheusError as exc:

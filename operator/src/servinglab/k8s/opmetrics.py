@@ -30,10 +30,12 @@ _CONFIG_LABELS = (
 FINISHED = Counter("servinglab_experiments_finished", "Experiments that finished, by state", ["state"])
 RUNNING = Gauge("servinglab_experiments_running", "Experiments this operator is driving now")
 RECONCILE_ERRORS = Counter("servinglab_reconcile_errors", "Reconcile passes that hit an API error", ["reason"])
+# a level is a concurrency (closed loop) or an offered rate (open loop); the other label is empty
+_LEVEL_LABELS = ("concurrency", "rate_rps")
 THROUGHPUT = Gauge(
-    "servinglab_experiment_throughput_rps", "Measured throughput per level", [*_CONFIG_LABELS, "concurrency"]
+    "servinglab_experiment_throughput_rps", "Measured throughput per level", [*_CONFIG_LABELS, *_LEVEL_LABELS]
 )
-P99 = Gauge("servinglab_experiment_latency_p99_ms", "Measured p99 latency per level", [*_CONFIG_LABELS, "concurrency"])
+P99 = Gauge("servinglab_experiment_latency_p99_ms", "Measured p99 latency per level", [*_CONFIG_LABELS, *_LEVEL_LABELS])
 BEST = Gauge("servinglab_experiment_best_throughput_rps", "Best throughput of an experiment", list(_CONFIG_LABELS))
 
 _started = False
@@ -66,7 +68,8 @@ def finished(
         "precision": str(spec.server.precision),
     }
     for level in levels:
-        THROUGHPUT.labels(**config, concurrency=str(level["concurrency"])).set(level["throughputRps"])
+        which = {"concurrency": str(level.get("concurrency", "")), "rate_rps": f"{level.get('rateRps', '')}"}
+        THROUGHPUT.labels(**config, **which).set(level["throughputRps"])
         if (p99 := level["latencyMs"].get("p99")) is not None:
-            P99.labels(**config, concurrency=str(level["concurrency"])).set(p99)
+            P99.labels(**config, **which).set(p99)
     BEST.labels(**config).set(max(level["throughputRps"] for level in levels))

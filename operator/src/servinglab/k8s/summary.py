@@ -20,7 +20,7 @@ def level_status(entry: dict[str, Any], gpu: dict[str, float | None] | None, slo
     latency = entry.get("latencyMs", {})
     server = entry.get("server") or {}
     compact: dict[str, Any] = {
-        "concurrency": entry["concurrency"],
+        **local_results.level_of(entry),
         "throughputRps": entry["throughputRps"],
         "latencyMs": {k: latency[k] for k in _LATENCY_KEYS if k in latency},
         "requests": entry["requests"],
@@ -31,6 +31,10 @@ def level_status(entry: dict[str, Any], gpu: dict[str, float | None] | None, slo
             if server.get(k) is not None
         },
     }
+    if entry.get("peakSearchProbe"):
+        compact["peakSearchProbe"] = True
+    if "openLoop" in entry:
+        compact["openLoop"] = {k: entry["openLoop"][k] for k in ("sentRps", "lateSends", "droppedSends")}
     if "stability" in entry:
         compact["stable"] = entry["stability"].get("stable")
     if "generator" in entry:
@@ -42,13 +46,17 @@ def level_status(entry: dict[str, Any], gpu: dict[str, float | None] | None, slo
     return compact
 
 
-def summarise(levels: list[dict[str, Any]], slo: float | None, state: str) -> dict[str, Any]:
+def summarise(
+    levels: list[dict[str, Any]], slo: float | None, state: str, peak_rate: dict[str, Any] | None = None
+) -> dict[str, Any]:
     best = local_results.best_level(levels, slo)
     summary: dict[str, Any] = {"state": state, "levels": len(levels)}
     if best is not None:
-        summary |= {
-            "bestConcurrency": best["concurrency"],
-            "bestThroughputRps": best["throughputRps"],
-            "bestP99LatencyMs": best["p99LatencyMs"],
-        }
+        if "concurrency" in best:
+            summary["bestConcurrency"] = best["concurrency"]
+        else:
+            summary["bestRateRps"] = best["rateRps"]
+        summary |= {"bestThroughputRps": best["throughputRps"], "bestP99LatencyMs": best["p99LatencyMs"]}
+    if peak_rate is not None:
+        summary["peakRateRps"] = peak_rate.get("rateRps")
     return summary

@@ -29,14 +29,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
-import psutil
 
-from servinglab.loadgen.stats import LevelStats, Sample, generator_verdict, stability_verdict, summarise, windows
+from servinglab.loadgen.stats import (
+    CpuMeter,
+    LevelStats,
+    Sample,
+    generator_verdict,
+    stability_verdict,
+    summarise,
+    windows,
+)
 from servinglab.spec import GeneratorLimits, StabilitySpec
 
-#: Progress callback: (level concurrency, phase "warmup"|"measure"|"drain", seconds done, seconds
-#: planned, measured requests so far).
-ProgressFn = Callable[[int, str, float, float, int], None]
+#: Progress callback: (level label e.g. "c=4", phase "warmup"|"measure"|"extend"|"drain", seconds
+#: done, seconds planned, measured requests so far).
+ProgressFn = Callable[[str, str, float, float, int], None]
 WindowHook = Callable[[int], None]
 
 _TICK_SECONDS = 0.25
@@ -151,7 +158,7 @@ def run_levels(
     on_window_start: WindowHook | None = None,
     on_window_end: WindowHook | None = None,
 ) -> list[LevelStats]:
-    """Run each concurrency level in turn and return its exact statistics."""
+    """Run each concurrency level in turn and return its exact statistics; hooks get the level's index."""
     # The HTTP client reads its time-outs when a user is created, so they are class attributes of a
     # per-run subclass rather than settings changed after start.
     user_class = type(
@@ -164,7 +171,10 @@ def run_levels(
     runner = environment.create_local_runner()
     hooks = (on_progress, on_window_start, on_window_end)
     try:
-        return [_run_level(runner, plan, level, warmup_seconds, duration_seconds, *hooks) for level in levels]
+        return [
+            _run_level(runner, plan, index, level, warmup_seconds, duration_seconds, *hooks)
+            for index, level in enumerate(levels)
+        ]
     finally:
         runner.quit()
 
@@ -172,6 +182,7 @@ def run_levels(
 def _run_level(
     runner: Any,
     plan: LoadPlan,
+    index: int,
     level: int,
     warmup_seconds: float,
     duration_seconds: float,
@@ -181,7 +192,7 @@ def _run_level(
 ) -> LevelStats:
     def report(phase: str, done: float, planned: float) -> None:
         if on_progress is not None:
-            on_progress(level, phase, done, planned, len(plan.samples))
+            on_progress(f"c={level}", phase, done, planned, len(plan.samples))
 
     plan.samples = []
     plan.measuring_since = None
@@ -194,10 +205,10 @@ def _run_level(
     _wait(warmup_seconds, lambda done: report("warmup", done, warmup_seconds))
 
     if on_window_start is not None:
-        on_window_start(level)
+        on_window_start(index)
     plan.send_gaps_ms = []
     plan.measuring_since = time.time()
-    cpu = _CpuMeter()
+    cpu = CpuMeter()
     _wait(duration_seconds, lambda done: report("measure", done, duration_seconds))
     verdict = _stability(plan)
     rule = plan.stability
@@ -217,7 +228,7 @@ def _run_level(
         report("drain", 0.0, 0.0)
         gevent.sleep(0.02)
     if on_window_end is not None:
-        on_window_end(level)
+        on_window_end(index)
     runner.stop()
     samples, plan.samples, plan.measuring_since = plan.samples, [], None
     verdict["measuredSeconds"] = round(measured, 3)
@@ -234,23 +245,6 @@ def _stability(plan: LoadPlan) -> dict[str, object]:
     rule = plan.stability
     series = windows(list(plan.samples), start, time.time(), rule.window_seconds)
     return stability_verdict(series, rule.windows, rule.tolerance)
-
-
-class _CpuMeter:
-    """CPU time this process used since creation, as a percentage of one core over the wall time."""
-
-    def __init__(self) -> None:
-        self._process = psutil.Process()
-        self._cpu = self._used()
-        self._wall = time.monotonic()
-
-    def _used(self) -> float:
-        times = self._process.cpu_times()
-        return float(times.user + times.system)
-
-    def percent(self) -> float:
-        wall = time.monotonic() - self._wall
-        return 100.0 * (self._used() - self._cpu) / wall if wall > 0 else 0.0
 
 
 def _wait(seconds: float, tick: Callable[[float], None]) -> None:

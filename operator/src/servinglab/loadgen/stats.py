@@ -13,9 +13,12 @@ not cut off at the end of the period.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+import psutil
 
 from servinglab.spec import GeneratorLimits
 
@@ -49,7 +52,7 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
 class LevelStats:
     """What one level measured; field names follow the results JSON / CR status."""
 
-    concurrency: int
+    concurrency: int | None  # closed loop: users; None for an open-loop level
     requests: int
     errors: int
     errors_by_kind: dict[str, int]
@@ -60,10 +63,15 @@ class LevelStats:
     window_end: float = 0.0
     stability: dict[str, object] | None = None
     generator: dict[str, object] | None = None
+    rate_rps: float | None = None  # open loop: the offered rate
+    open_loop: dict[str, object] | None = None  # open loop: late and dropped sends, sent rate
 
     def to_json(self) -> dict[str, object]:
+        level: dict[str, object] = (
+            {"concurrency": self.concurrency} if self.concurrency is not None else {"rateRps": self.rate_rps}
+        )
         return {
-            "concurrency": self.concurrency,
+            **level,
             "throughputRps": round(self.throughput_rps, 3),
             "latencyMs": {k: round(v, 3) for k, v in self.latency_ms.items()},
             "requests": self.requests,
@@ -74,10 +82,11 @@ class LevelStats:
             "windowEnd": round(self.window_end, 3),
             **({"stability": self.stability} if self.stability is not None else {}),
             **({"generator": self.generator} if self.generator is not None else {}),
+            **({"openLoop": self.open_loop} if self.open_loop is not None else {}),
         }
 
 
-def summarise(concurrency: int, samples: Iterable[Sample]) -> LevelStats:
+def summarise(concurrency: int | None, samples: Iterable[Sample]) -> LevelStats:
     """Exact latency percentiles (successful requests) and throughput over the measured window."""
     samples = list(samples)
     ok = sorted(s.latency_ms for s in samples if s.error is None)
@@ -159,6 +168,23 @@ def stability_verdict(series: Sequence[Window], count: int, tolerance: float) ->
         return {**verdict, "stable": True}
     worst = "throughput" if throughput > p99 else "p99"
     return {**verdict, "stable": False, "reason": f"{worst} varies {max(throughput, p99):.0%} across the last {count}"}
+
+
+class CpuMeter:
+    """CPU time this process used since creation, as a percentage of one core over the wall time."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._cpu = self._used()
+        self._wall = time.monotonic()
+
+    def _used(self) -> float:
+        times = self._process.cpu_times()
+        return float(times.user + times.system)
+
+    def percent(self) -> float:
+        wall = time.monotonic() - self._wall
+        return 100.0 * (self._used() - self._cpu) / wall if wall > 0 else 0.0
 
 
 def generator_verdict(cpu_percent: float, send_gaps_ms: list[float], limits: GeneratorLimits) -> dict[str, object]:

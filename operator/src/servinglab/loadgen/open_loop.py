@@ -1,0 +1,236 @@
+"""Open-loop load: requests leave at scheduled times, whether or not earlier ones have returned.
+
+A closed loop (N users, each waiting for its answer) slows down with the server it measures, so an
+overloaded server is sent less work and its latency looks better than a real client population
+would see ("coordinated omission"). Here each level has a request rate; send times are fixed in
+advance — evenly spaced (`constant`) or a Poisson process (`poisson`, exponential gaps from a
+seeded generator) — and each request's latency is measured **from its scheduled send time**, so any
+delay in sending counts against the result instead of vanishing.
+
+What the generator could not do is counted, never hidden: a send that left later than the limit
+after its scheduled time is `late` (its lag still counts in its latency); a send skipped because
+`maxInFlight` requests were already outstanding is `dropped` (an error of kind `dropped`). The
+generator's CPU and its send lag decide whether it, not the server, limited the level.
+
+Runs under gevent (imported after Locust's monkey-patching, see :mod:`servinglab.entry`) with
+geventhttpclient's connection pool. Used by the local runner and `servinglab loadtest`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import gevent
+import gevent.pool
+from geventhttpclient import HTTPClient
+
+from servinglab.loadgen.arrivals import arrival_offsets
+from servinglab.loadgen.closed_loop import ProgressFn
+from servinglab.loadgen.stats import (
+    CpuMeter,
+    LevelStats,
+    Sample,
+    generator_verdict,
+    stability_verdict,
+    summarise,
+    windows,
+)
+from servinglab.spec import GeneratorLimits, StabilitySpec
+
+WindowHook = Callable[[int], None]
+
+_START_DELAY_SECONDS = 0.2  # lets the schedule start on time after setting up the level
+
+
+@dataclass
+class OpenLoopPlan:
+    """What every open-loop level shares."""
+
+    target: str
+    path: str
+    payloads: Sequence[bytes]
+    content_type: str
+    request_timeout_seconds: float
+    arrival: str = "poisson"
+    max_in_flight: int = 1024
+    seed: int = 0
+    stability: StabilitySpec = field(default_factory=StabilitySpec)
+    generator_limits: GeneratorLimits = field(default_factory=GeneratorLimits)
+
+
+@dataclass
+class _Level:
+    """Book-keeping of one running level (one greenlet per outstanding request)."""
+
+    measure_from: float  # perf_counter time from which sends are measured
+    epoch_offset: float  # time.time() - time.perf_counter() at the start
+    measure_until: float = 0.0  # end of the measured period (moves when an unstable level is extended)
+    verdict: dict[str, object] | None = None
+    samples: list[Sample] = field(default_factory=list)
+    lags_ms: list[float] = field(default_factory=list)
+    late: int = 0
+    dropped: int = 0
+    in_flight: int = 0
+
+
+def run_rates(
+    plan: OpenLoopPlan,
+    rates: Sequence[float],
+    warmup_seconds: float,
+    duration_seconds: float,
+    on_progress: ProgressFn | None = None,
+    on_window_start: WindowHook | None = None,
+    on_window_end: WindowHook | None = None,
+    first_index: int = 0,
+) -> list[LevelStats]:
+    """Run each rate in turn; level i's hooks get `first_index + i`."""
+    client = HTTPClient.from_url(
+        plan.target,
+        concurrency=plan.max_in_flight,
+        connection_timeout=plan.request_timeout_seconds,
+        network_timeout=plan.request_timeout_seconds,
+    )
+    try:
+        return [
+            _run_rate(
+                client,
+                plan,
+                first_index + i,
+                rate,
+                warmup_seconds,
+                duration_seconds,
+                on_progress,
+                on_window_start,
+                on_window_end,
+            )  # fmt: skip
+            for i, rate in enumerate(rates)
+        ]
+    finally:
+        client.close()
+
+
+def _run_rate(
+    client: HTTPClient,
+    plan: OpenLoopPlan,
+    index: int,
+    rate: float,
+    warmup_seconds: float,
+    duration_seconds: float,
+    on_progress: ProgressFn | None,
+    on_window_start: WindowHook | None,
+    on_window_end: WindowHook | None,
+) -> LevelStats:
+    rule = plan.stability
+    longest = max(duration_seconds, rule.max_duration_seconds or 0.0)
+    offsets = arrival_offsets(rate, warmup_seconds + longest, plan.arrival, plan.seed + index)
+    start = time.perf_counter() + _START_DELAY_SECONDS
+    level = _Level(measure_from=start + warmup_seconds, epoch_offset=time.time() - time.perf_counter())
+    level.measure_until = level.measure_from + duration_seconds
+    pool = gevent.pool.Group()
+
+    def report(phase: str, done: float, planned: float) -> None:
+        if on_progress is not None:
+            on_progress(f"{rate:g} rps", phase, done, planned, len(level.samples))
+
+    cpu: CpuMeter | None = None
+    for number, offset in enumerate(offsets):
+        scheduled = start + offset
+        if scheduled >= level.measure_until and not _extend_if_unstable(level, rule):
+            break
+        if cpu is None and scheduled >= level.measure_from:
+            gevent.sleep(max(0.0, level.measure_from - time.perf_counter()))
+            if on_window_start is not None:
+                on_window_start(index)
+            cpu = CpuMeter()
+        gevent.sleep(max(0.0, scheduled - time.perf_counter()))
+        if number % 64 == 0:
+            elapsed = time.perf_counter() - start
+            if elapsed < warmup_seconds:
+                report("warmup", elapsed, warmup_seconds)
+            else:
+                report("measure", elapsed - warmup_seconds, duration_seconds)
+        _dispatch(client, plan, level, pool, scheduled, plan.payloads[number % len(plan.payloads)])
+    cpu_percent = cpu.percent() if cpu is not None else 0.0
+    report("drain", 0.0, 0.0)
+    pool.join(timeout=plan.request_timeout_seconds + 5.0)
+    pool.kill(block=False)
+    if on_window_end is not None:
+        on_window_end(index)
+    measured_seconds = level.measure_until - level.measure_from
+    verdict = level.verdict or _stability(level, rule)
+    verdict["measuredSeconds"] = round(measured_seconds, 3)
+    sent = len(level.samples) - level.dropped
+    open_loop = {
+        "offeredRps": rate,
+        "arrival": plan.arrival,
+        "sentRps": round(sent / measured_seconds, 3) if measured_seconds > 0 else 0.0,
+        "lateSends": level.late,
+        "droppedSends": level.dropped,
+    }
+    return dataclasses.replace(
+        summarise(None, level.samples),
+        rate_rps=rate,
+        stability=verdict,
+        generator=generator_verdict(cpu_percent, level.lags_ms, plan.generator_limits),
+        open_loop=open_loop,
+    )
+
+
+def _extend_if_unstable(level: _Level, rule: StabilitySpec) -> bool:
+    """At the end of the measured period: judge stability; extend one window if unstable and allowed."""
+    level.verdict = _stability(level, rule)
+    if level.verdict["stable"] is False and rule.max_duration_seconds:
+        limit = level.measure_from + rule.max_duration_seconds
+        if level.measure_until < limit:
+            level.measure_until = min(level.measure_until + rule.window_seconds, limit)
+            return True
+    return False
+
+
+def _dispatch(
+    client: HTTPClient, plan: OpenLoopPlan, level: _Level, pool: gevent.pool.Group, scheduled: float, body: bytes
+) -> None:
+    """Send now (one greenlet per request), or count the send as dropped or late."""
+    measured = scheduled >= level.measure_from
+    if level.in_flight >= plan.max_in_flight:
+        if measured:
+            level.dropped += 1
+            level.samples.append(Sample(level.epoch_offset + scheduled, 0.0, "dropped"))
+        return
+    if measured and (time.perf_counter() - scheduled) * 1000.0 > plan.generator_limits.max_send_gap_ms:
+        level.late += 1
+    level.in_flight += 1  # counted before the greenlet runs, so the limit holds within one tick
+    pool.spawn(_send, client, plan, level, scheduled, measured, body)
+
+
+def _send(client: HTTPClient, plan: OpenLoopPlan, level: _Level, scheduled: float, measured: bool, body: bytes) -> None:
+    sent = time.perf_counter()
+    error: str | None = None
+    try:
+        response = client.post(plan.path, body=body, headers={"Content-Type": plan.content_type})
+        try:
+            response.read()
+        finally:
+            response.release()
+        if not 200 <= response.status_code < 300:
+            error = f"http_{response.status_code}"
+    except (TimeoutError, gevent.Timeout):
+        error = "timeout"
+    except OSError as exc:
+        error = "timeout" if "timed out" in str(exc).lower() else f"connection:{type(exc).__name__}"
+    finally:
+        level.in_flight -= 1
+    finished = time.perf_counter()
+    if measured:
+        level.lags_ms.append((sent - scheduled) * 1000.0)
+        latency_ms = (finished - scheduled) * 1000.0  # from the scheduled time: no coordinated omission
+        level.samples.append(Sample(level.epoch_offset + scheduled, latency_ms, error))
+
+
+def _stability(level: _Level, rule: StabilitySpec) -> dict[str, object]:
+    start = level.epoch_offset + level.measure_from
+    series = windows(list(level.samples), start, time.time(), rule.window_seconds)
+    return stability_verdict(series, rule.windows, rule.tolerance)
