@@ -80,13 +80,14 @@ def test_peak_search_brackets_the_capacity_within_the_precision() -> None:
     assert peak["rateRps"] <= 74.6 < peak["firstFailingRps"]
     assert peak["firstFailingRps"] / peak["rateRps"] - 1 <= 0.05
     assert peak["p99LatencyMs"] <= 100.0
-    assert probed[:2] == [400, 10] and len(probes) == peak["probes"] <= 16
+    assert probed[:5] == [10, 20, 40, 80, 56.568542494923804]  # doublings to the first miss, then bisection
+    assert len(probes) == peak["probes"] <= 16
 
 
 def test_peak_search_reports_an_unreached_ceiling_and_an_impossible_floor() -> None:
     probe, _ = fake_server(capacity_rps=1000.0)
-    peak, probes = search_peak_rate(probe, RateSearchSpec(min_rps=10, max_rps=400), 100.0)
-    assert peak["rateRps"] == 400 and "may be higher" in peak["note"] and len(probes) == 1
+    peak, probes = search_peak_rate(probe, RateSearchSpec(min_rps=10, max_rps=400, max_probes=10), 100.0)
+    assert peak["rateRps"] == 400 and "may be higher" in peak["note"] and len(probes) == 7  # 10, 20, ... 320, 400
     probe, _ = fake_server(capacity_rps=1.0)
     peak, _ = search_peak_rate(probe, RateSearchSpec(min_rps=10, max_rps=400), 100.0)
     assert peak["rateRps"] is None and "minRps misses the SLO" in peak["note"]

@@ -69,6 +69,23 @@ def operator(namespaces: tuple[str, ...], all_namespaces: bool, liveness: str) -
     )
 
 
+@main.command()
+@click.argument("results_file", type=click.Path(path_type=Path, exists=True))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Folder for the page (default: FILE's name).")
+def report(results_file: Path, out_dir: Path | None) -> None:
+    """Render a results JSON as PNG plots and an HTML page (latency CDF, throughput/p99, breakdown)."""
+    from servinglab.report import render
+
+    try:
+        document = json.loads(results_file.read_text())
+    except ValueError as exc:
+        _fail(f"{results_file}: not a results JSON ({exc})", code=1)
+    if not isinstance(document, dict) or not document.get("results"):
+        _fail(f"{results_file}: no results to report", code=1)
+    page = render(document, out_dir or results_file.with_suffix(""))
+    click.echo(f"report: {page}")
+
+
 @main.command("check-operator")
 @click.option("--health", "health_url", required=True, help="The operator's /healthz URL.")
 @click.option("--metrics", "metrics_url", required=True, help="The operator's /metrics URL.")
@@ -350,10 +367,30 @@ def print_results(document: dict[str, Any]) -> None:
             )
         else:
             notes.append(f"peak rate: none found ({peak.get('note')})")
+    ceiling = document.get("ceiling")
+    if ceiling:
+        notes.append(_ceiling_note(ceiling))
     precision_note = (document.get("runtime") or {}).get("precisionNote")
     if precision_note:
         notes.append(precision_note)
     stdout.print("; ".join(notes))
+
+
+def _ceiling_note(ceiling: dict[str, Any]) -> str:
+    parts = [f"ceiling: {ceiling['flopsPerInference'] / 1e9:.3g} GFLOPs/inference"]
+    if ceiling.get("servedOverRaw") is not None:
+        parts.append(
+            f"served {ceiling['servedRps']:.1f} rps = {ceiling['servedOverRaw']:.0%} of the model alone "
+            f"({ceiling['rawThroughputRps']:.1f} rps in-process at batch {ceiling['rawBatchSize']})"
+        )
+    if ceiling.get("servedOverTheoretical") is not None:
+        parts.append(
+            f"{ceiling['servedOverTheoretical']:.1%} of the {ceiling['accelerator']} peak "
+            f"({ceiling['theoreticalRps']:.0f} rps at {ceiling['peakTflops']:g} TFLOPS)"
+        )
+    elif ceiling.get("note"):
+        parts.append(ceiling["note"])
+    return ", ".join(parts)
 
 
 def _checks(entry: dict[str, Any]) -> tuple[str, list[str]]:
@@ -417,7 +454,7 @@ class _LoadProgress:
         if phase == "drain":
             return
         if key not in self._tasks:
-            verb = {"warmup": "warm-up", "measure": "measure", "extend": "extend (unstable)"}.get(phase, phase)
+            verb = {"warmup": "warm-up", "measure": "measuring", "extend": "extending (unstable)"}.get(phase, phase)
             self._tasks[key] = self._progress.add_task(f"{level:<8} {verb}", total=planned or 1, detail="")
             self._line(f"{level}: {verb} for {planned:g} s")
         detail = f"{measured} req" if phase == "measure" else ""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servinglab import models, results, tsmetrics
+from servinglab import ceiling, models, results, tsmetrics
 from servinglab.loadgen import closed_loop, levels
 from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
 from servinglab.local_server import LocalTorchServe, ServerError
@@ -125,6 +125,8 @@ def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> d
                 document = _measure(experiment, server, image_size, cold_start, hooks)
             finally:
                 server.stop()
+            if spec.ceiling.enabled:  # after the server stopped: the model alone, on the same machine
+                document["ceiling"] = _ceiling(experiment, document, server.gpus > 0, hooks)
             document["startedAt"] = started_at
             return document
         except ServerError as exc:
@@ -138,6 +140,20 @@ def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> d
                 hooks.phase(f"Server work directory kept for inspection: {workdir}")
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _ceiling(experiment: ServingExperiment, document: dict[str, Any], gpu: bool, hooks: RunHooks) -> dict[str, Any]:
+    spec = experiment.spec
+    batch, precision = spec.server.batch_size, str(spec.server.precision)
+    seconds = spec.ceiling.raw_seconds
+    hooks.phase(f"Ceiling: {spec.model.name} alone in-process, batch {batch}, {precision}, {seconds:g} s")
+    flops = ceiling.count_flops(spec.model.name)
+    raw, device_name = ceiling.measure_raw(spec.model.name, precision, batch, "cuda" if gpu else "cpu", seconds)
+    measured = [entry["throughputRps"] for entry in document["results"]]
+    best = document.get("best") or {}
+    served = best.get("throughputRps", max(measured, default=0.0))
+    accelerator = ceiling.accelerator_of(device_name) if gpu else None
+    return ceiling.ceiling_report(served, flops, raw, accelerator, precision, batch)
 
 
 def _measure(

@@ -264,6 +264,13 @@ class CleanupSpec(_Spec):
     )
 
 
+class CeilingSpec(_Spec):
+    """The references a served result is compared with (FLOPs, raw in-process throughput, peak)."""
+
+    enabled: bool = Field(default=True, description="Measure the model alone after the run (local runs).")
+    raw_seconds: float = Field(default=5.0, gt=0, le=600, description="How long the in-process loop runs.")
+
+
 class ExperimentSpec(_Spec):
     """`spec` of a ServingExperiment."""
 
@@ -273,6 +280,7 @@ class ExperimentSpec(_Spec):
     slo: SloSpec = Field(default_factory=SloSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     cleanup: CleanupSpec = Field(default_factory=CleanupSpec)
+    ceiling: CeilingSpec = Field(default_factory=CeilingSpec)
 
     @model_validator(mode="after")
     def _search_has_an_objective(self) -> ExperimentSpec:

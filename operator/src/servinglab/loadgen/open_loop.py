@@ -138,8 +138,10 @@ def _run_rate(
     cpu: CpuMeter | None = None
     for number, offset in enumerate(offsets):
         scheduled = start + offset
-        if scheduled >= level.measure_until and not _extend_if_unstable(level, rule):
-            break
+        if scheduled >= level.measure_until:
+            gevent.sleep(max(0.0, level.measure_until - time.perf_counter()))  # judge the whole period
+            if not _extend_if_unstable(level, rule):
+                break
         if cpu is None and scheduled >= level.measure_from:
             gevent.sleep(max(0.0, level.measure_from - time.perf_counter()))
             if on_window_start is not None:
@@ -160,7 +162,7 @@ def _run_rate(
     if on_window_end is not None:
         on_window_end(index)
     measured_seconds = level.measure_until - level.measure_from
-    verdict = level.verdict or _stability(level, rule)
+    verdict = _stability(level, rule)  # over the whole measured period, every request answered
     verdict["measuredSeconds"] = round(measured_seconds, 3)
     sent = len(level.samples) - level.dropped
     open_loop = {
@@ -232,5 +234,6 @@ def _send(client: HTTPClient, plan: OpenLoopPlan, level: _Level, scheduled: floa
 
 def _stability(level: _Level, rule: StabilitySpec) -> dict[str, object]:
     start = level.epoch_offset + level.measure_from
-    series = windows(list(level.samples), start, time.time(), rule.window_seconds)
+    end = min(time.time(), level.epoch_offset + level.measure_until)
+    series = windows(list(level.samples), start, end, rule.window_seconds)
     return stability_verdict(series, rule.windows, rule.tolerance)

@@ -1,10 +1,11 @@
 """The highest open-loop rate whose p99 latency meets the SLO (pure search over a probe function).
 
-In the spirit of MLPerf's server-scenario peak finding and perf_analyzer's latency threshold: the
-rate is bracketed between a rate that passes and one that fails, and the bracket is halved
-(geometrically: rates span orders of magnitude) until it is within `precision` or the probe budget
-is spent. A probe passes when its p99 is within the SLO, nothing failed or was dropped, and the load
-generator did not limit it (a saturated generator cannot vouch for the server).
+In the spirit of MLPerf's server-scenario peak finding and perf_analyzer's latency threshold: from
+`minRps`, the rate doubles until one misses the SLO (or `maxRps` passes), which brackets the peak;
+the bracket is then halved (geometrically: rates span orders of magnitude) until it is within
+`precision` or the probe budget is spent. A probe passes when its p99 is within the SLO, nothing
+failed or was dropped, and the load generator did not limit it (a saturated generator cannot vouch
+for the server).
 """
 
 from __future__ import annotations
@@ -34,18 +35,28 @@ def search_peak_rate(
         probes.append(stats)
         return passes(stats, slo_p99_ms)
 
-    low, high = search.min_rps, search.max_rps
-    if not run(high):
-        if not run(low):
-            return _summary(None, low, probes, search, "even minRps misses the SLO"), probes
-        while len(probes) < search.max_probes and high / low - 1 > search.precision:
-            middle = math.sqrt(low * high)
-            if run(middle):
-                low = middle
-            else:
-                high = middle
-        return _summary(low, high, probes, search, None), probes
-    return _summary(high, None, probes, search, "maxRps meets the SLO: the peak may be higher"), probes
+    low = search.min_rps
+    if not run(low):
+        return _summary(None, low, probes, search, "even minRps misses the SLO"), probes
+    # Up in doublings from the floor (gentle on the server: overload only once), then bisect.
+    high: float | None = None
+    while high is None and len(probes) < search.max_probes:
+        rate = min(low * 2, search.max_rps)
+        if run(rate):
+            low = rate
+            if rate >= search.max_rps:
+                return _summary(low, None, probes, search, "maxRps meets the SLO: the peak may be higher"), probes
+        else:
+            high = rate
+    if high is None:
+        return _summary(low, None, probes, search, "probe budget spent before a rate missed the SLO"), probes
+    while len(probes) < search.max_probes and high / low - 1 > search.precision:
+        middle = math.sqrt(low * high)
+        if run(middle):
+            low = middle
+        else:
+            high = middle
+    return _summary(low, high, probes, search, None), probes
 
 
 def _summary(

@@ -23,6 +23,7 @@ import psutil
 from servinglab.spec import GeneratorLimits
 
 PERCENTILES = (50, 90, 95, 99)
+CDF_STEP_PERCENT = 0.5  # the stored latency CDF: exact nearest-rank values every half percent
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class LevelStats:
     latency_ms: dict[str, float] = field(default_factory=dict)
     window_start: float = 0.0
     window_end: float = 0.0
+    latency_cdf_ms: list[list[float]] = field(default_factory=list)  # [percent, ms] pairs, for plots
     stability: dict[str, object] | None = None
     generator: dict[str, object] | None = None
     rate_rps: float | None = None  # open loop: the offered rate
@@ -80,10 +82,23 @@ class LevelStats:
             "windowSeconds": round(self.window_seconds, 3),
             "windowStart": round(self.window_start, 3),
             "windowEnd": round(self.window_end, 3),
+            "latencyCdfMs": self.latency_cdf_ms,
             **({"stability": self.stability} if self.stability is not None else {}),
             **({"generator": self.generator} if self.generator is not None else {}),
             **({"openLoop": self.open_loop} if self.open_loop is not None else {}),
         }
+
+
+def latency_cdf(sorted_ms: Sequence[float]) -> list[list[float]]:
+    """[percent, latency] from the minimum (0) to the maximum (100) in CDF_STEP_PERCENT steps."""
+    if not sorted_ms:
+        return []
+    steps = int(100 / CDF_STEP_PERCENT)
+    points = [[0.0, round(sorted_ms[0], 3)]]
+    points += [
+        [i * CDF_STEP_PERCENT, round(percentile(sorted_ms, i * CDF_STEP_PERCENT), 3)] for i in range(1, steps + 1)
+    ]
+    return points
 
 
 def summarise(concurrency: int | None, samples: Iterable[Sample]) -> LevelStats:
@@ -102,6 +117,7 @@ def summarise(concurrency: int | None, samples: Iterable[Sample]) -> LevelStats:
         latency["min"] = ok[0]
         latency["mean"] = math.fsum(ok) / len(ok)
     return LevelStats(
+        latency_cdf_ms=latency_cdf(ok),
         concurrency=concurrency,
         requests=len(samples),
         errors=sum(errors.values()),
@@ -130,7 +146,8 @@ class Window:
 
 def windows(samples: Iterable[Sample], start: float, end: float, seconds: float) -> list[Window]:
     """Consecutive whole windows of `seconds` from `start` up to `end` (a partial last one is left out)."""
-    count = int((end - start) // seconds)
+    count = int(round((end - start) / seconds, 6))  # 5.9999999 s of 2 s windows is three windows
+    count = count if start + count * seconds <= end + 1e-6 else count - 1
     buckets: list[list[float]] = [[] for _ in range(count)]
     for sample in samples:
         index = int((sample.sent_at - start) // seconds)

@@ -1,0 +1,103 @@
+"""servinglab's load generators against a trivial local endpoint: open-loop rates are kept, an
+overloaded server's queue shows in the latencies (no coordinated omission), sends beyond the
+in-flight limit are counted as dropped, and a starved generator flags its own results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servinglab.local_server import free_ports
+
+TOOLS = Path(__file__).parent / "tools"
+
+
+def start_endpoint(delay_ms: float, serial: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+    (port,) = free_ports(1)
+    command = [sys.executable, str(TOOLS / "trivial_server.py"), str(port), str(delay_ms)]
+    process = subprocess.Popen([*command, *(["--serial"] if serial else [])])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/predict", data=b"x"), timeout=2).read()
+            return process, url
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("trivial endpoint did not start")
+
+
+@pytest.fixture(scope="module")
+def parallel_endpoint() -> Iterator[str]:
+    """20 ms per request, many at once."""
+    process, url = start_endpoint(20)
+    yield url
+    process.kill()
+
+
+@pytest.fixture(scope="module")
+def serial_endpoint() -> Iterator[str]:
+    """50 ms per request, one at a time: at most 20 requests per second."""
+    process, url = start_endpoint(50, serial=True)
+    yield url
+    process.kill()
+
+
+def measure(url: str, mode: str, level: float, seconds: float, *options: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, str(TOOLS / "generator_probe.py"), url, mode, str(level), str(seconds), *options],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    entry: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return entry
+
+
+def test_open_loop_sends_at_the_requested_rate(parallel_endpoint: str) -> None:
+    entry = measure(parallel_endpoint, "open", 40, 5)
+    sent = entry["openLoop"]
+    assert sent["sentRps"] == pytest.approx(40, rel=0.05)
+    assert entry["throughputRps"] == pytest.approx(40, rel=0.10)
+    assert sent["droppedSends"] == 0 and entry["errors"] == 0
+    assert sent["lateSends"] <= 0.02 * entry["requests"]
+    assert entry["latencyMs"]["p50"] >= 20.0  # never less than the server's own time
+    assert entry["generator"]["saturated"] is False, entry["generator"]
+
+
+def test_overload_shows_as_queueing_latency_not_as_a_slower_client(serial_endpoint: str) -> None:
+    closed = measure(serial_endpoint, "closed", 1, 4)
+    opened = measure(serial_endpoint, "open", 30, 4)
+    # one closed-loop user waits for each answer, so it never sees the queue
+    assert closed["latencyMs"]["p99"] < 150
+    # 30 rps offered to a 20 rps server: the queue grows ~10 requests per second; measured from the
+    # scheduled send, latencies grow into seconds
+    assert opened["throughputRps"] == pytest.approx(20, rel=0.2)
+    assert opened["latencyMs"]["p99"] > 1000
+    assert opened["latencyMs"]["p99"] > 10 * closed["latencyMs"]["p99"]
+
+
+def test_sends_beyond_the_in_flight_limit_are_counted_as_dropped(serial_endpoint: str) -> None:
+    entry = measure(serial_endpoint, "open", 40, 3, "--max-in-flight", "3")
+    dropped = entry["openLoop"]["droppedSends"]
+    assert dropped > 0
+    assert entry["errorsByKind"]["dropped"] == dropped
+    assert entry["requests"] == pytest.approx(40 * 3, rel=0.1)  # every scheduled send is accounted for
+
+
+@pytest.mark.parametrize("mode", ["closed", "open"])
+def test_a_starved_generator_flags_its_results(parallel_endpoint: str, mode: str) -> None:
+    level = 2 if mode == "closed" else 40
+    calm = measure(parallel_endpoint, mode, level, 3)
+    starved = measure(parallel_endpoint, mode, level, 3, "--starve")
+    assert calm["generator"]["saturated"] is False, calm["generator"]
+    assert starved["generator"]["saturated"] is True, starved["generator"]
+    assert "generator CPU" in starved["generator"]["reason"] or "send gap" in starved["generator"]["reason"]

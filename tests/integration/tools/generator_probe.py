@@ -1,0 +1,52 @@
+"""Run one load level with servinglab's generators and print its results entry as JSON.
+
+    python generator_probe.py URL closed|open LEVEL SECONDS [--max-in-flight N] [--starve]
+
+--starve runs a greenlet that keeps the generator's event loop busy (50 ms of CPU at a time), the
+way an overloaded load-generator process behaves; its results must be flagged.
+"""
+
+from __future__ import annotations
+
+from locust import events  # noqa: F401  - gevent monkey-patching first, as servinglab.entry does
+
+import argparse
+import json
+import time
+
+import gevent
+
+from servinglab.loadgen import closed_loop, open_loop
+
+
+def hog() -> None:
+    while True:
+        until = time.perf_counter() + 0.05
+        while time.perf_counter() < until:
+            pass
+        gevent.sleep(0.001)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("mode", choices=["closed", "open"])
+    parser.add_argument("level", type=float)
+    parser.add_argument("seconds", type=float)
+    parser.add_argument("--max-in-flight", type=int, default=1024)
+    parser.add_argument("--starve", action="store_true")
+    args = parser.parse_args()
+    if args.starve:
+        gevent.spawn(hog)
+    common = {"target": args.url, "path": "/predict", "payloads": [b"x" * 64],
+              "content_type": "application/octet-stream", "request_timeout_seconds": 30.0}  # fmt: skip
+    if args.mode == "closed":
+        (stats,) = closed_loop.run_levels(closed_loop.LoadPlan(**common), [int(args.level)], 0.5, args.seconds)
+    else:
+        plan = open_loop.OpenLoopPlan(**common, arrival="constant", max_in_flight=args.max_in_flight)
+        (stats,) = open_loop.run_rates(plan, [args.level], 0.5, args.seconds)
+    print(json.dumps(stats.to_json()))
+
+
+if __name__ == "__main__":
+    main()
