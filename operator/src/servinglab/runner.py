@@ -187,7 +187,7 @@ def _measure(
     windows = tsmetrics.WindowReader(fetch_metrics, server.model_name)
 
     target = levels.Target(server.addresses.inference, server.predictions_path, payloads, content_type)
-    hooks.phase(f"Load: {levels.describe(spec.load)}")
+    hooks.phase(f"Load: {spec.load.describe()}")
     outcome = levels.run_load(
         spec.load,
         spec.slo.p99_latency_ms,

@@ -216,6 +216,15 @@ class LoadSpec(_Spec):
     stability: StabilitySpec = Field(default_factory=StabilitySpec)
     generator: GeneratorLimits = Field(default_factory=GeneratorLimits)
 
+    def describe(self) -> str:
+        """One line for people: what load is about to run."""
+        if self.mode == "closed":
+            return f"closed loop, concurrency {self.concurrency}"
+        parts = [f"open loop ({self.arrival}), rates {self.rates} rps" if self.rates else f"open loop ({self.arrival})"]
+        if self.rate_search is not None:
+            parts.append(f"peak-rate search {self.rate_search.min_rps:g}..{self.rate_search.max_rps:g} rps")
+        return ", ".join(parts)
+
     @model_validator(mode="after")
     def _open_loop_has_rates(self) -> LoadSpec:
         if self.mode == "open" and not self.rates and self.rate_search is None:

@@ -292,7 +292,7 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec) -> bool:
         await kube.apply(resources.load_job(experiment.owner, spec, experiment.settings.servinglab_image))
         await experiment.set(
             cond.LOAD_TEST_COMPLETE, False, "Running",
-            f"load levels {spec.load.concurrency} running in Job {experiment.names.load}",
+            f"load ({spec.load.describe()}) running in Job {experiment.names.load}",
             summary={"state": "Running"},
         )  # fmt: skip
         await experiment.event("Normal", "LoadTestStarted", f"Job {experiment.names.load} started")

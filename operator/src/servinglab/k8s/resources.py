@@ -313,9 +313,13 @@ def load_role_binding(owner: Owner) -> dict[str, Any]:
 def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
     names = Names(owner.name)
     load = spec.load
-    # Generous bound: every level's warm-up and measurement, plus stragglers and start-up.
-    levels = len(load.concurrency)
-    deadline = int(levels * (load.warmup_seconds + load.duration_seconds + load.request_timeout_seconds) + 300)
+    # Generous bound: every level's warm-up and longest measurement, plus stragglers and start-up.
+    if load.mode == "closed":
+        levels = len(load.concurrency)
+    else:
+        levels = len(load.rates) + (load.rate_search.max_probes if load.rate_search is not None else 0)
+    measured = max(load.duration_seconds, load.stability.max_duration_seconds or 0.0)
+    deadline = int(levels * (load.warmup_seconds + measured + load.request_timeout_seconds) + 300)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -36,16 +36,6 @@ class LoadOutcome:
     peak: dict[str, Any] | None = None
 
 
-def describe(load: LoadSpec) -> str:
-    """One line for the console: what load is about to run."""
-    if load.mode == "closed":
-        return f"closed loop, concurrency {load.concurrency}"
-    parts = [f"open loop ({load.arrival}), rates {load.rates} rps" if load.rates else "open loop"]
-    if load.rate_search is not None:
-        parts.append(f"peak-rate search {load.rate_search.min_rps:g}..{load.rate_search.max_rps:g} rps")
-    return ", ".join(parts)
-
-
 def run_load(
     load: LoadSpec,
     slo_p99_ms: float | None,
