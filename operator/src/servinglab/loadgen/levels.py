@@ -7,16 +7,15 @@ index in the run (sweep levels first, then the peak-search probes).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from servinglab.loadgen import closed_loop, open_loop
+from servinglab.loadgen.closed_loop import WindowHook
 from servinglab.loadgen.peak import search_peak_rate
 from servinglab.loadgen.stats import LevelStats
 from servinglab.spec import LoadSpec
-
-WindowHook = Callable[[int], None]
 
 
 @dataclass(frozen=True)

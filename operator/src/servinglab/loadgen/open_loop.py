@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import gevent
@@ -28,7 +28,7 @@ import gevent.pool
 from geventhttpclient import HTTPClient
 
 from servinglab.loadgen.arrivals import arrival_offsets
-from servinglab.loadgen.closed_loop import ProgressFn
+from servinglab.loadgen.closed_loop import ProgressFn, WindowHook
 from servinglab.loadgen.stats import (
     CpuMeter,
     LevelStats,
@@ -39,8 +39,6 @@ from servinglab.loadgen.stats import (
     windows,
 )
 from servinglab.spec import GeneratorLimits, StabilitySpec
-
-WindowHook = Callable[[int], None]
 
 _START_DELAY_SECONDS = 0.2  # lets the schedule start on time after setting up the level
 
