@@ -114,3 +114,40 @@ def test_emulated_precision_is_reported(servinglab_cmd: list[str], tmp_path: Pat
     note = document["runtime"]["precisionNote"]
     assert ("emulated" in note) == (not cpu_has_fp16), note
     assert document["results"][0]["errors"] == 0
+
+
+def test_open_loop_run_with_peak_search_ceiling_and_report(
+    servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float
+) -> None:
+    """The open-loop path end to end: Poisson rates, the peak search, the ceiling, then the report."""
+    document = yaml.safe_load(SMOKE.read_text())
+    document["metadata"]["name"] = "tiny-open"
+    document["spec"]["load"] = {
+        "mode": "open", "arrival": "poisson", "rates": [40], "warmupSeconds": 1, "durationSeconds": 3,
+        "rateSearch": {"minRps": 40, "maxRps": 320, "maxProbes": 3}, "payload": {"format": "jpeg"},
+    }  # fmt: skip
+    document["spec"]["slo"] = {"p99LatencyMs": 2000}
+    document["spec"]["ceiling"] = {"rawSeconds": 1}
+    experiment, output = tmp_path / "open.yaml", tmp_path / "open.json"
+    experiment.write_text(yaml.safe_dump(document))
+    run = run_experiment(servinglab_cmd, experiment, output)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert results["load"] == {**results["load"], "mode": "open-loop", "arrival": "poisson"}
+    sweep = [level for level in results["results"] if not level.get("peakSearchProbe")]
+    probes = [level for level in results["results"] if level.get("peakSearchProbe")]
+    assert [level["rateRps"] for level in sweep] == [40]
+    assert sweep[0]["openLoop"]["sentRps"] == pytest.approx(40, rel=0.35)  # 3 s of Poisson arrivals
+    assert sweep[0]["throughputRps"] > 0 and "concurrency" not in sweep[0]
+    # the search starts at minRps and doubles: 40, 80, 160 (three probes allowed)
+    assert [probe["rateRps"] for probe in probes][:2] == [40, 80] and len(probes) == 3
+    assert results["peakRate"]["probes"] == 3 and results["peakRate"]["rateRps"] in (40, 80, 160)
+    ceiling = results["ceiling"]
+    assert ceiling["flopsPerInference"] == 3_244_672 and ceiling["rawThroughputRps"] > 0
+    assert ceiling["servedOverRaw"] == pytest.approx(ceiling["servedRps"] / ceiling["rawThroughputRps"], rel=1e-3)
+    assert "peak rate within the SLO" in run.stdout and "ceiling:" in run.stdout
+
+    report = subprocess.run([*servinglab_cmd, "report", str(output)], capture_output=True, text=True, check=False)
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "open" / "index.html").read_text()
+    assert "Peak rate within the SLO" in page and "40 rps" in page

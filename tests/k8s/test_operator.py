@@ -325,3 +325,34 @@ def test_results_are_written_without_prometheus_and_the_condition_says_why(
     gpu = condition(body, "GPUMetricsAvailable")
     assert (gpu["status"], gpu["reason"]) == ("False", "NotConfigured")
     assert all("gpu" not in level and level["throughputRps"] > 0 for level in body["status"]["results"])
+
+
+def test_open_loop_experiment_reports_rates_and_trust_flags_in_status(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    kubelet_factory()
+    open_loop = experiment("open-e2e")
+    open_loop["spec"]["load"] = {
+        "mode": "open", "arrival": "poisson", "rates": [20, 40], "warmupSeconds": 1, "durationSeconds": 4,
+        "stability": {"windowSeconds": 1, "windows": 2, "tolerance": 1.0},
+    }  # fmt: skip
+    cluster.kubectl.apply(open_loop, namespace=namespace)
+    body = wait_finished(cluster, namespace, "open-e2e", operator.log)
+    status = body["status"]
+    assert condition(body, "Succeeded")["status"] == "True", (status, operator.log())
+    assert [level["rateRps"] for level in status["results"]] == [20, 40]
+    for level in status["results"]:
+        assert "concurrency" not in level and level["throughputRps"] > 0
+        assert level["openLoop"]["sentRps"] == pytest.approx(level["rateRps"], rel=0.4)  # 4 s of Poisson arrivals
+        assert level["openLoop"]["droppedSends"] == 0
+        assert level["stable"] is not None and isinstance(level["generatorSaturated"], bool)
+    assert status["summary"]["bestRateRps"] in (20, 40) and "bestConcurrency" not in status["summary"]
+    # the same table a local run prints, keyed by rate
+    shown = subprocess.run(
+        [SERVINGLAB, "results", "open-e2e", "-n", namespace],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "20 rps" in shown and "40 rps" in shown

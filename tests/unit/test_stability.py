@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from servinglab.loadgen.stats import Sample, Window, generator_verdict, spread, stability_verdict, windows
+from servinglab.loadgen.stats import (
+    Sample,
+    Window,
+    combine_repeats,
+    generator_verdict,
+    mean_ci95,
+    spread,
+    stability_verdict,
+    summarise,
+    windows,
+)
 from servinglab.spec import GeneratorLimits, SpecError, parse_experiment
 
 
@@ -80,3 +90,26 @@ def test_extension_limit_must_exceed_the_duration() -> None:
     }
     with pytest.raises(SpecError, match=r"stability.maxDurationSeconds: 30 is shorter than durationSeconds 60"):
         parse_experiment(document)
+
+
+def test_confidence_interval_uses_student_t() -> None:
+    # mean 10, sample standard deviation 1 (values 9, 10, 11), n = 3: half-width 4.303 / sqrt(3)
+    assert mean_ci95([9.0, 10.0, 11.0]) == {"mean": 10.0, "ci95": pytest.approx(4.303 / 3**0.5, abs=1e-3)}
+    assert mean_ci95([5.0]) == {"mean": 5.0, "ci95": 0.0}
+
+
+def test_repeats_pool_every_request_and_report_each_run() -> None:
+    fast = summarise(4, [Sample(0.0 + i * 0.01, 10.0) for i in range(100)])  # 100 requests in ~1 s
+    slow = summarise(4, [Sample(100.0 + i * 0.02, 30.0) for i in range(100)])  # 100 requests in ~2 s
+    combined = combine_repeats([fast, slow])
+    assert combined.requests == 200 and combined.concurrency == 4
+    # percentiles over all 200 requests: p50 is a 10 ms request, p99 a 30 ms one
+    assert combined.latency_ms["p50"] == 10.0 and combined.latency_ms["p99"] == 30.0
+    # throughput over the summed measured windows, not over the gap between the runs
+    assert combined.throughput_rps == pytest.approx(200 / (fast.window_seconds + slow.window_seconds))
+    repeats = combined.to_json()["repeats"]
+    assert repeats["runs"] == 2 and repeats["p99Ms"] == [10.0, 30.0]
+    assert repeats["throughputRpsMean"]["mean"] == pytest.approx(
+        (fast.throughput_rps + slow.throughput_rps) / 2, abs=1e-3
+    )
+    assert combine_repeats([fast]) is fast

@@ -209,6 +209,9 @@ class LoadSpec(_Spec):
         default=1024, ge=1, le=65536, description="Open loop: sends beyond this many outstanding are dropped."
     )
     rate_search: RateSearchSpec | None = None
+    repeats: int = Field(
+        default=1, ge=1, le=20, description="Run each level this many times; > 1 adds a 95% confidence interval."
+    )
     warmup_seconds: float = Field(default=10.0, ge=0, le=3600, description="Per level, excluded.")
     duration_seconds: float = Field(default=60.0, gt=0, le=3600, description="Measured time per level.")
     request_timeout_seconds: float = Field(default=60.0, gt=0, le=600)

@@ -2,7 +2,9 @@
 
 The one place that turns `spec.load` into level runs, shared by the local runner and `servinglab
 loadtest` (the Kubernetes Job), so both produce the same levels. Level hooks receive the level's
-index in the run (sweep levels first, then the peak-search probes).
+index in the run (sweep levels first, then the peak-search probes). With `repeats`, each level runs
+that many times and the runs are combined (:func:`stats.combine_repeats`); the server-side
+breakdown is then that of the last run.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from servinglab.loadgen import closed_loop, open_loop
 from servinglab.loadgen.closed_loop import WindowHook
 from servinglab.loadgen.peak import search_peak_rate
-from servinglab.loadgen.stats import LevelStats
+from servinglab.loadgen.stats import LevelStats, combine_repeats
 from servinglab.spec import LoadSpec
 
 
@@ -35,6 +37,13 @@ class LoadOutcome:
     peak: dict[str, Any] | None = None
 
 
+def _shifted(hook: WindowHook | None, index: int) -> WindowHook | None:
+    """A window hook that reports `index` (a one-level run calls it with 0)."""
+    if hook is None:
+        return None
+    return lambda _: hook(index)
+
+
 def run_load(
     load: LoadSpec,
     slo_p99_ms: float | None,
@@ -49,10 +58,16 @@ def run_load(
             request_timeout_seconds=load.request_timeout_seconds, stability=load.stability,
             generator_limits=load.generator,
         )  # fmt: skip
-        stats = closed_loop.run_levels(
-            plan, load.concurrency, load.warmup_seconds, load.duration_seconds,
-            on_progress=on_progress, on_window_start=on_window_start, on_window_end=on_window_end,
-        )  # fmt: skip
+        stats = [
+            combine_repeats([
+                closed_loop.run_levels(
+                    plan, [level], load.warmup_seconds, load.duration_seconds, on_progress=on_progress,
+                    on_window_start=_shifted(on_window_start, index), on_window_end=_shifted(on_window_end, index),
+                )[0]
+                for _ in range(load.repeats)
+            ])
+            for index, level in enumerate(load.concurrency)
+        ]  # fmt: skip
         return LoadOutcome(stats, len(stats))
 
     open_plan = open_loop.OpenLoopPlan(
@@ -62,10 +77,16 @@ def run_load(
     )  # fmt: skip
 
     def run(rates: Sequence[float], first_index: int) -> list[LevelStats]:
-        return open_loop.run_rates(
-            open_plan, rates, load.warmup_seconds, load.duration_seconds, on_progress=on_progress,
-            on_window_start=on_window_start, on_window_end=on_window_end, first_index=first_index,
-        )  # fmt: skip
+        return [
+            combine_repeats([
+                open_loop.run_rates(
+                    open_plan, [rate], load.warmup_seconds, load.duration_seconds, on_progress=on_progress,
+                    on_window_start=on_window_start, on_window_end=on_window_end, first_index=first_index + offset,
+                )[0]
+                for _ in range(load.repeats)
+            ])
+            for offset, rate in enumerate(rates)
+        ]  # fmt: skip
 
     outcome = LoadOutcome()
     outcome.levels = run(load.rates, 0)

@@ -12,6 +12,7 @@ not cut off at the end of the period.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -67,6 +68,8 @@ class LevelStats:
     generator: dict[str, object] | None = None
     rate_rps: float | None = None  # open loop: the offered rate
     open_loop: dict[str, object] | None = None  # open loop: late and dropped sends, sent rate
+    repeats: dict[str, object] | None = None  # repeats > 1: every run's figures, mean and 95% CI
+    samples: tuple[Sample, ...] = field(default=(), repr=False, compare=False)  # kept for pooling repeats
 
     def to_json(self) -> dict[str, object]:
         level: dict[str, object] = (
@@ -86,6 +89,7 @@ class LevelStats:
             **({"stability": self.stability} if self.stability is not None else {}),
             **({"generator": self.generator} if self.generator is not None else {}),
             **({"openLoop": self.open_loop} if self.open_loop is not None else {}),
+            **({"repeats": self.repeats} if self.repeats is not None else {}),
         }
 
 
@@ -117,6 +121,7 @@ def summarise(concurrency: int | None, samples: Iterable[Sample]) -> LevelStats:
         latency["min"] = ok[0]
         latency["mean"] = math.fsum(ok) / len(ok)
     return LevelStats(
+        samples=tuple(samples),
         latency_cdf_ms=latency_cdf(ok),
         concurrency=concurrency,
         requests=len(samples),
@@ -223,3 +228,53 @@ def generator_verdict(cpu_percent: float, send_gaps_ms: list[float], limits: Gen
         "saturated": bool(reasons),
         **({"reason": "; ".join(reasons)} if reasons else {}),
     }
+
+
+# Two-sided 95 % Student t critical values by degrees of freedom (1..30); 1.96 beyond.
+# fmt: off
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+# fmt: on
+
+
+def mean_ci95(values: Sequence[float]) -> dict[str, float]:
+    """Mean and the half-width of its 95 % confidence interval (Student t, sample standard deviation)."""
+    n = len(values)
+    mean = math.fsum(values) / n
+    if n < 2:
+        return {"mean": round(mean, 3), "ci95": 0.0}
+    variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return {"mean": round(mean, 3), "ci95": round(t * math.sqrt(variance / n), 3)}
+
+
+def combine_repeats(runs: Sequence[LevelStats]) -> LevelStats:
+    """One level run several times: percentiles exact over every request of every run, throughput
+    over the summed measured windows, and each run's throughput and p99 with mean ± 95 % CI."""
+    first = runs[0]
+    if len(runs) == 1:
+        return first
+    pooled = summarise(first.concurrency, [s for run in runs for s in run.samples])
+    ok = sum(run.requests - run.errors for run in runs)
+    window = math.fsum(run.window_seconds for run in runs)
+    throughputs = [run.throughput_rps for run in runs]
+    p99s = [float(run.latency_ms["p99"]) for run in runs if "p99" in run.latency_ms]
+    repeats: dict[str, object] = {
+        "runs": len(runs),
+        "throughputRps": [round(t, 3) for t in throughputs],
+        "p99Ms": [round(p, 3) for p in p99s],
+        "throughputRpsMean": mean_ci95(throughputs),
+        **({"p99MsMean": mean_ci95(p99s)} if p99s else {}),
+    }
+    return dataclasses.replace(
+        pooled,
+        throughput_rps=ok / window if window > 0 else 0.0,
+        window_seconds=window,
+        window_start=first.window_start,
+        window_end=runs[-1].window_end,
+        rate_rps=first.rate_rps,
+        stability=runs[-1].stability,
+        generator=max((run.generator or {} for run in runs), key=lambda g: bool(g.get("saturated"))) or None,
+        open_loop=runs[-1].open_loop,
+        repeats=repeats,
+    )
