@@ -76,9 +76,11 @@ def test_generator_verdict_flags_cpu_and_send_gaps() -> None:
     assert calm["saturated"] is False and "reason" not in calm
     busy = generator_verdict(97.0, [0.1] * 100, limits)
     assert busy["saturated"] is True and "generator CPU 97%" in str(busy["reason"])
-    starved = generator_verdict(30.0, [0.1] * 90 + [50.0] * 10, limits)
-    assert starved["saturated"] is True and "p99 send gap 50.0 ms" in str(starved["reason"])
+    starved = generator_verdict(30.0, [0.1] * 90 + [50.0] * 10, limits, latency_p99_ms=120.0)
+    assert starved["saturated"] is True and "p99 send gap 50.0 ms > 10 ms, 42% of p99 latency" in str(starved["reason"])
     assert starved["sendGapMs"] == {"p50": 0.1, "p99": 50.0, "max": 50.0}
+    # the same delays against a 2 s tail are noise, not a limit
+    assert generator_verdict(30.0, [0.1] * 90 + [50.0] * 10, limits, latency_p99_ms=2000.0)["saturated"] is False
 
 
 def test_extension_limit_must_exceed_the_duration() -> None:

@@ -170,7 +170,10 @@ class GeneratorLimits(_Spec):
         default=85.0, gt=0, le=100, description="Generator CPU (of its one core) above which it limited the load."
     )
     max_send_gap_ms: float = Field(
-        default=10.0, gt=0, le=10_000, description="p99 delay between a user being free and sending, above which."
+        default=10.0, gt=0, le=10_000, description="p99 send delay (ms) above which the generator may have limited."
+    )
+    max_send_gap_share: float = Field(
+        default=0.10, gt=0, le=1, description="...and only when that p99 delay is this share of the p99 latency."
     )
 
 

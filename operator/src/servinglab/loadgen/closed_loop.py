@@ -232,8 +232,9 @@ def _run_level(
     runner.stop()
     samples, plan.samples, plan.measuring_since = plan.samples, [], None
     verdict["measuredSeconds"] = round(measured, 3)
-    generator = generator_verdict(cpu_percent, plan.send_gaps_ms, plan.generator_limits)
-    return dataclasses.replace(summarise(level, samples), stability=verdict, generator=generator)
+    stats = summarise(level, samples)
+    generator = generator_verdict(cpu_percent, plan.send_gaps_ms, plan.generator_limits, stats.latency_ms.get("p99"))
+    return dataclasses.replace(stats, stability=verdict, generator=generator)
 
 
 def _report_extension(report: Callable[[str, float, float], None], base: float, limit: float, done: float) -> None:

@@ -170,13 +170,9 @@ def _run_rate(
         "lateSends": level.late,
         "droppedSends": level.dropped,
     }
-    return dataclasses.replace(
-        summarise(None, level.samples),
-        rate_rps=rate,
-        stability=verdict,
-        generator=generator_verdict(cpu_percent, level.lags_ms, plan.generator_limits),
-        open_loop=open_loop,
-    )
+    stats = summarise(None, level.samples)
+    generator = generator_verdict(cpu_percent, level.lags_ms, plan.generator_limits, stats.latency_ms.get("p99"))
+    return dataclasses.replace(stats, rate_rps=rate, stability=verdict, generator=generator, open_loop=open_loop)
 
 
 def _extend_if_unstable(level: _Level, rule: StabilitySpec) -> bool:

@@ -209,15 +209,24 @@ class CpuMeter:
         return 100.0 * (self._used() - self._cpu) / wall if wall > 0 else 0.0
 
 
-def generator_verdict(cpu_percent: float, send_gaps_ms: list[float], limits: GeneratorLimits) -> dict[str, object]:
-    """Did the load generator limit this level? Its CPU (gevent uses one core) or its send gaps say so."""
+def generator_verdict(
+    cpu_percent: float, send_gaps_ms: list[float], limits: GeneratorLimits, latency_p99_ms: float | None = None
+) -> dict[str, object]:
+    """Did the load generator limit this level?
+
+    Its CPU says so (gevent runs on one core), or its send delays do: a p99 delay above
+    `maxSendGapMs` that is also a material share (`maxSendGapShare`) of the p99 latency being
+    measured — a late send shifts load and, in the open loop, adds to the measured latency.
+    """
     gaps = sorted(send_gaps_ms)
     gap_p99 = percentile(gaps, 99) if gaps else 0.0
     reasons = []
     if cpu_percent >= limits.max_cpu_percent:
         reasons.append(f"generator CPU {cpu_percent:.0f}% >= {limits.max_cpu_percent:g}%")
-    if gap_p99 > limits.max_send_gap_ms:
-        reasons.append(f"p99 send gap {gap_p99:.1f} ms > {limits.max_send_gap_ms:g} ms")
+    material = latency_p99_ms is None or gap_p99 > limits.max_send_gap_share * latency_p99_ms
+    if gap_p99 > limits.max_send_gap_ms and material:
+        share = f", {gap_p99 / latency_p99_ms:.0%} of p99 latency" if latency_p99_ms else ""
+        reasons.append(f"p99 send gap {gap_p99:.1f} ms > {limits.max_send_gap_ms:g} ms{share}")
     return {
         "cpuPercent": round(cpu_percent, 1),
         "sendGapMs": {
