@@ -45,6 +45,14 @@ def parallel_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def slow_endpoint() -> Iterator[str]:
+    """100 ms per request, many at once: a calm generator idles most of the time."""
+    process, url = start_endpoint(100)
+    yield url
+    process.kill()
+
+
+@pytest.fixture(scope="module")
 def serial_endpoint() -> Iterator[str]:
     """50 ms per request, one at a time: at most 20 requests per second."""
     process, url = start_endpoint(50, serial=True)
@@ -94,10 +102,10 @@ def test_sends_beyond_the_in_flight_limit_are_counted_as_dropped(serial_endpoint
 
 
 @pytest.mark.parametrize("mode", ["closed", "open"])
-def test_a_starved_generator_flags_its_results(parallel_endpoint: str, mode: str) -> None:
-    level = 2 if mode == "closed" else 40
-    calm = measure(parallel_endpoint, mode, level, 3)
-    starved = measure(parallel_endpoint, mode, level, 3, "--starve")
+def test_a_starved_generator_flags_its_results(slow_endpoint: str, mode: str) -> None:
+    level = 4 if mode == "closed" else 20
+    calm = measure(slow_endpoint, mode, level, 4)
+    starved = measure(slow_endpoint, mode, level, 4, "--starve")
     assert calm["generator"]["saturated"] is False, calm["generator"]
     assert starved["generator"]["saturated"] is True, starved["generator"]
     assert "generator CPU" in starved["generator"]["reason"] or "send gap" in starved["generator"]["reason"]
