@@ -45,7 +45,7 @@ def main() -> None:
             subprocess.run([SERVINGLAB, "run", str(spec_file), "--output", str(out)], check=True)
             results = json.loads(out.read_text())
         ceiling, level = results["ceiling"], results["results"][0]
-        theoretical = f"{ceiling['servedOverTheoretical']:.4f}" if ceiling.get("servedOverTheoretical") else "-"
+        theoretical = f"{ceiling['servedOverTheoretical']:.3g}" if ceiling.get("servedOverTheoretical") else "-"
         rows.append([f"b{server['batchSize']} d{server['maxBatchDelayMs']} w{server['workers']} {server['precision']}",
                      level["concurrency"], level["throughputRps"], level["latencyMs"]["p99"],
                      ceiling["rawThroughputRps"], f"{ceiling['servedOverRaw']:.2f}",

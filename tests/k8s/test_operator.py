@@ -156,6 +156,14 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
         # 60 W over the window, within Prometheus' extrapolation at 1 s resolution
         assert gpu["energyJoules"] == pytest.approx(POWER_WATTS * raw["windowSeconds"], rel=0.35)
     assert condition(body, "GPUMetricsAvailable")["status"] == "True"
+    # the ceiling for the T4 the server is pinned to: FLOPs counted by the Job, fp32 peak 8.1 TFLOPS
+    ceiling = status["ceiling"]
+    assert (ceiling["accelerator"], ceiling["peakTflops"], ceiling["flopsPerInference"]) == ("T4", 8.1, 3_244_672)
+    assert ceiling["theoreticalRps"] == pytest.approx(8.1e12 / 3_244_672, abs=1e-2)
+    best_served = max(level["throughputRps"] for level in status["results"])
+    assert ceiling["servedOverTheoretical"] == pytest.approx(best_served / ceiling["theoreticalRps"], rel=1e-3)
+    # the Job has no GPU: local runs measure the raw figure (a null drops out of the merge-patched status)
+    assert ceiling.get("rawThroughputRps") is None and "measured by local runs" in ceiling["note"]
     summary = status["summary"]
     assert summary["state"] == "Succeeded"
     assert summary["bestThroughputRps"] == max(level["throughputRps"] for level in status["results"])

@@ -66,3 +66,35 @@ def test_report_says_why_a_ratio_is_missing() -> None:
     assert "CPU" in on_cpu["note"]
     no_bf16 = ceiling_report(10.0, 8.18e9, 12.5, "T4", "bf16", 4)
     assert no_bf16["theoreticalRps"] is None and "no bf16 hardware path" in no_bf16["note"]
+
+
+def test_the_accelerator_follows_the_servers_node_selector() -> None:
+    from servinglab.ceiling import accelerator_from_spec
+    from servinglab.spec import ServerSpec
+
+    assert accelerator_from_spec(ServerSpec(gpus=1, node_selector={"nvidia.com/gpu.product": "Tesla-T4"})) == "T4"
+    assert (
+        accelerator_from_spec(ServerSpec(gpus=1, node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}))
+        == "H100"
+    )
+    assert accelerator_from_spec(ServerSpec(gpus=1)) is None  # not pinned: unknown
+    assert accelerator_from_spec(ServerSpec(gpus=0, node_selector={"nvidia.com/gpu.product": "Tesla-T4"})) is None
+
+
+def test_the_served_figure_is_the_best_level_within_the_slo() -> None:
+    from servinglab.ceiling import served_rps
+
+    entries = [
+        {"throughputRps": 100.0, "latencyMs": {"p99": 40.0}, "errors": 0},
+        {"throughputRps": 180.0, "latencyMs": {"p99": 90.0}, "errors": 0},
+        {"throughputRps": 250.0, "latencyMs": {"p99": 400.0}, "errors": 0},
+    ]
+    assert served_rps(entries, 100.0) == 180.0
+    assert served_rps(entries, None) == 250.0
+    assert served_rps(entries, 10.0) is None
+
+
+def test_without_a_raw_figure_the_report_says_where_it_is_measured() -> None:
+    report = ceiling_report(150.0, 3_244_672, None, "T4", "fp32", 4)
+    assert report["servedOverRaw"] is None and report["theoreticalRps"] == pytest.approx(8.1e12 / 3_244_672, abs=1e-3)
+    assert "raw throughput is measured by local runs" in report["note"]

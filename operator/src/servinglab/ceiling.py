@@ -11,8 +11,10 @@ Three numbers put a served throughput in context:
   vendors' dense (no structured sparsity) tensor/CUDA-core figures for the SXM/PCIe parts named;
   there is no entry for CPUs, whose peak depends on the exact part.
 
-The arithmetic is pure; :func:`measure_raw` and :func:`count_flops` import torch and are called by
-the local runner after the server has stopped (so they do not compete with it for the machine).
+The arithmetic is pure; :func:`measure_raw` and :func:`count_flops` import torch. The local runner
+measures all three after the server has stopped (so they do not compete with it for the machine);
+the load Job (`servinglab loadtest`) reports FLOPs and the theoretical figure for the accelerator
+its server is pinned to, the raw figure needing the GPU it does not run on.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from types import ModuleType
 from typing import Any
 
 from servinglab import models, paths
+from servinglab.results import meets_slo
+from servinglab.spec import ExperimentSpec, ServerSpec
 
 #: Dense peak TFLOPS by accelerator and precision (None: the precision has no hardware path there).
 #: Sources: NVIDIA datasheets — T4 (Turing: no TF32/BF16), L4, A10G (AWS G5), A100 SXM4, H100 SXM5,
@@ -67,7 +71,8 @@ def ceiling_report(
     theoretical = theoretical_rps(flops_per_inference, peak)
 
     def ratio(reference: float | None) -> float | None:
-        return round(served_rps / reference, 4) if served_rps and reference else None
+        # four significant digits: a tiny model uses a hundred-thousandth of a T4
+        return float(f"{served_rps / reference:.4g}") if served_rps and reference else None
 
     report: dict[str, Any] = {
         "flopsPerInference": int(flops_per_inference),
@@ -80,11 +85,52 @@ def ceiling_report(
         "servedOverRaw": ratio(raw_rps),
         "servedOverTheoretical": ratio(theoretical),
     }
+    notes = []
+    if raw_rps is None:
+        notes.append("raw throughput is measured by local runs (servinglab run), on the machine that serves")
     if accelerator is None:
-        report["note"] = "no peak figure for this device (CPU); served/theoretical needs a known accelerator"
+        notes.append("no peak figure for this device (CPU); served/theoretical needs a known accelerator")
     elif peak is None:
-        report["note"] = f"{accelerator} has no {precision} hardware path"
+        notes.append(f"{accelerator} has no {precision} hardware path")
+    if notes:
+        report["note"] = "; ".join(notes)
     return report
+
+
+def accelerator_from_spec(server: ServerSpec) -> str | None:
+    """The accelerator the server is pinned to by its node selector (GPU feature discovery's
+    `nvidia.com/gpu.product`, e.g. Tesla-T4), if any."""
+    if server.gpus == 0:
+        return None
+    product = server.node_selector.get("nvidia.com/gpu.product")
+    return accelerator_of(product.replace("-", " ")) if product else None
+
+
+def served_rps(entries: list[dict[str, Any]], slo_p99_ms: float | None) -> float | None:
+    """The served figure a ceiling compares: the highest throughput, among levels within the SLO if set."""
+    within = [
+        float(e["throughputRps"])
+        for e in entries
+        if slo_p99_ms is None or meets_slo(e.get("latencyMs", {}).get("p99"), e["errors"], slo_p99_ms)
+    ]
+    return max(within, default=None)
+
+
+def for_experiment(
+    spec: ExperimentSpec, entries: list[dict[str, Any]], raw: tuple[float, str] | None
+) -> dict[str, Any] | None:
+    """The ceiling block for a finished run: `raw` is (in-process rps, device name) when measured
+    (local runs); otherwise the accelerator comes from the server's node selector (the load Job)."""
+    if spec.model.name not in models.BUILTINS:
+        return None  # FLOPs are counted from the built-in models' code
+    if raw is not None:
+        raw_rps, device = raw
+        accelerator = accelerator_of(device) if device != "cpu" else None
+    else:
+        raw_rps, accelerator = None, accelerator_from_spec(spec.server)
+    served = served_rps(entries, spec.slo.p99_latency_ms)
+    precision = str(spec.server.precision)
+    return ceiling_report(served, count_flops(spec.model.name), raw_rps, accelerator, precision, spec.server.batch_size)
 
 
 # -- measurements (torch) ----------------------------------------------------------------------------

@@ -196,7 +196,7 @@ def loadtest(
     termination_log: Path,
 ) -> None:
     """Run only the load levels of an experiment against a running server (the Job's command)."""
-    from servinglab import models, tsmetrics
+    from servinglab import ceiling, models, tsmetrics
     from servinglab.loadgen import closed_loop, levels, results_sink
     from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
     from servinglab.results import level_entries
@@ -248,6 +248,8 @@ def loadtest(
     document: dict[str, Any] = {"serverAnsweredAt": answered_at, "results": entries}
     if outcome.peak is not None:
         document["peakRate"] = outcome.peak
+    if experiment.spec.ceiling.enabled and (figures := ceiling.for_experiment(experiment.spec, entries, None)):
+        document["ceiling"] = figures
     _write_json(document, output)
     if results_configmap:
         try:
@@ -385,7 +387,7 @@ def _ceiling_note(ceiling: dict[str, Any]) -> str:
         )
     if ceiling.get("servedOverTheoretical") is not None:
         parts.append(
-            f"{ceiling['servedOverTheoretical']:.1%} of the {ceiling['accelerator']} peak "
+            f"{ceiling['servedOverTheoretical']:.3g} of the {ceiling['accelerator']} peak "
             f"({ceiling['theoreticalRps']:.0f} rps at {ceiling['peakTflops']:g} TFLOPS)"
         )
     elif ceiling.get("note"):

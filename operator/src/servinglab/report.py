@@ -159,7 +159,7 @@ def _facts(document: dict[str, Any]) -> list[str]:
         facts.append(
             f"Ceiling: {ceiling['flopsPerInference'] / 1e9:.3g} GFLOPs per inference; the model alone "
             f"{raw} rps at batch {batch} (served/raw {_cell(ceiling.get('servedOverRaw'), 3)}); theoretical "
-            f"{theoretical} rps on {on} (served/theoretical {_cell(ceiling.get('servedOverTheoretical'), 4)}){note}"
+            f"{theoretical} rps on {on} (served/theoretical {ceiling.get('servedOverTheoretical') or '–'}){note}"
         )
     if cold := document.get("coldStartSeconds"):
         facts.append(f"Cold start: {cold:.1f} s")

@@ -127,6 +127,8 @@ def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> d
                 server.stop()
             if spec.ceiling.enabled:  # after the server stopped: the model alone, on the same machine
                 document["ceiling"] = _ceiling(experiment, document, server.gpus > 0, hooks)
+                if document["ceiling"] is None:
+                    del document["ceiling"]
             document["startedAt"] = started_at
             return document
         except ServerError as exc:
@@ -142,18 +144,16 @@ def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> d
                 shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _ceiling(experiment: ServingExperiment, document: dict[str, Any], gpu: bool, hooks: RunHooks) -> dict[str, Any]:
+def _ceiling(
+    experiment: ServingExperiment, document: dict[str, Any], gpu: bool, hooks: RunHooks
+) -> dict[str, Any] | None:
     spec = experiment.spec
-    batch, precision = spec.server.batch_size, str(spec.server.precision)
-    seconds = spec.ceiling.raw_seconds
+    if spec.model.name not in models.BUILTINS:
+        return None
+    batch, precision, seconds = spec.server.batch_size, str(spec.server.precision), spec.ceiling.raw_seconds
     hooks.phase(f"Ceiling: {spec.model.name} alone in-process, batch {batch}, {precision}, {seconds:g} s")
-    flops = ceiling.count_flops(spec.model.name)
-    raw, device_name = ceiling.measure_raw(spec.model.name, precision, batch, "cuda" if gpu else "cpu", seconds)
-    measured = [entry["throughputRps"] for entry in document["results"]]
-    best = document.get("best") or {}
-    served = best.get("throughputRps", max(measured, default=0.0))
-    accelerator = ceiling.accelerator_of(device_name) if gpu else None
-    return ceiling.ceiling_report(served, flops, raw, accelerator, precision, batch)
+    raw = ceiling.measure_raw(spec.model.name, precision, batch, "cuda" if gpu else "cpu", seconds)
+    return ceiling.for_experiment(spec, document["results"], raw)
 
 
 def _measure(

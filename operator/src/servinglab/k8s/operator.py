@@ -361,6 +361,7 @@ async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
         conditions=conditions,
         results=compact,
         summary=summary.summarise(compact, slo, "Succeeded", document.get("peakRate")),
+        **({"ceiling": document["ceiling"]} if document.get("ceiling") else {}),
         finishedAt=cond.now(),
         observedGeneration=experiment.generation,
     )
