@@ -183,16 +183,16 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
     print(f"apply -> Succeeded: {elapsed:.1f} s for {2 * (1 + 3)} s of configured load\n{table}")
 
 
+def results_table(cluster: Cluster, namespace: str, name: str) -> str:
+    """What `servinglab results NAME` prints."""
+    command = [SERVINGLAB, "results", name, "-n", namespace]
+    return subprocess.run(command, env=cluster.env, capture_output=True, text=True, check=True).stdout
+
+
 def assert_reported_everywhere(cluster: Cluster, namespace: str, status: dict[str, Any], operator: Operator) -> None:
     """The finished result shows in `servinglab results`, as events, and in the operator's metrics."""
     summary = status["summary"]
-    shown = subprocess.run(
-        [SERVINGLAB, "results", "tiny-e2e", "-n", namespace],
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    shown = results_table(cluster, namespace, "tiny-e2e")
     assert f"{status['results'][0]['throughputRps']:.1f}" in shown
 
     # Each transition was recorded as an event on the experiment.
@@ -356,11 +356,5 @@ def test_open_loop_experiment_reports_rates_and_trust_flags_in_status(
         assert level["stable"] is not None and isinstance(level["generatorSaturated"], bool)
     assert status["summary"]["bestRateRps"] in (20, 40) and "bestConcurrency" not in status["summary"]
     # the same table a local run prints, keyed by rate
-    shown = subprocess.run(
-        [SERVINGLAB, "results", "open-e2e", "-n", namespace],
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    shown = results_table(cluster, namespace, "open-e2e")
     assert "20 rps" in shown and "40 rps" in shown
