@@ -49,5 +49,5 @@ def test_dashboards_cover_what_the_issue_names() -> None:
         "gpu"
     ]
     assert {"GPU utilisation by pod", "Memory by pod", "Power by pod"} <= titles["gpu"]
-    assert {"Best configuration", "Throughput and p99 by configuration and concurrency"} <= titles["experiments"]
+    assert {"Best configuration", "Throughput and p99 by configuration and level"} <= titles["experiments"]
     assert "Experiments finished by state" in titles["experiments"]
