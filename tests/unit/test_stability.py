@@ -115,3 +115,18 @@ def test_repeats_pool_every_request_and_report_each_run() -> None:
         (fast.throughput_rps + slow.throughput_rps) / 2, abs=1e-3
     )
     assert combine_repeats([fast]) is fast
+
+
+def test_while_requests_are_in_flight_only_answered_windows_are_judged() -> None:
+    from servinglab.loadgen.stats import judge_stability
+    from servinglab.spec import StabilitySpec
+
+    rule = StabilitySpec(window_seconds=1, windows=2, tolerance=0.1)
+    # 10 requests/s of 500 ms each from t=0; at t=3 those sent after 2.5 s are still in flight
+    answered = [Sample(i / 10, 500.0) for i in range(25)]
+    naive = stability_verdict(windows(answered, 0.0, 3.0, 1.0), 2, 0.1)
+    assert naive["stable"] is False  # the last window looks half as busy
+    assert judge_stability(answered, 0.0, 3.0, rule, in_flight_at=3.0)["stable"] is True
+    # once everything is answered the whole period is judged
+    complete = [Sample(i / 10, 500.0) for i in range(30)]
+    assert len(judge_stability(complete, 0.0, 3.0, rule)["windows"]) == 3

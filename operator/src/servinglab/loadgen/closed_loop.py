@@ -35,9 +35,8 @@ from servinglab.loadgen.stats import (
     LevelStats,
     Sample,
     generator_verdict,
-    stability_verdict,
+    judge_stability,
     summarise,
-    windows,
 )
 from servinglab.spec import GeneratorLimits, StabilitySpec
 
@@ -230,7 +229,10 @@ def _run_level(
     if on_window_end is not None:
         on_window_end(index)
     runner.stop()
+    since = plan.measuring_since or 0.0
     samples, plan.samples, plan.measuring_since = plan.samples, [], None
+    # the final verdict: the whole measured period, every request answered
+    verdict = judge_stability(samples, since, since + measured, plan.stability)
     verdict["measuredSeconds"] = round(measured, 3)
     stats = summarise(level, samples)
     generator = generator_verdict(cpu_percent, plan.send_gaps_ms, plan.generator_limits, stats.latency_ms.get("p99"))
@@ -242,10 +244,9 @@ def _report_extension(report: Callable[[str, float, float], None], base: float, 
 
 
 def _stability(plan: LoadPlan) -> dict[str, object]:
-    start = plan.measuring_since or time.time()
-    rule = plan.stability
-    series = windows(list(plan.samples), start, time.time(), rule.window_seconds)
-    return stability_verdict(series, rule.windows, rule.tolerance)
+    """The verdict so far, during the run (decides whether to extend the level)."""
+    now = time.time()
+    return judge_stability(list(plan.samples), plan.measuring_since or now, now, plan.stability, in_flight_at=now)
 
 
 def _wait(seconds: float, tick: Callable[[float], None]) -> None:

@@ -34,9 +34,8 @@ from servinglab.loadgen.stats import (
     LevelStats,
     Sample,
     generator_verdict,
-    stability_verdict,
+    judge_stability,
     summarise,
-    windows,
 )
 from servinglab.spec import GeneratorLimits, StabilitySpec
 
@@ -160,7 +159,7 @@ def _run_rate(
     if on_window_end is not None:
         on_window_end(index)
     measured_seconds = level.measure_until - level.measure_from
-    verdict = _stability(level, rule)  # over the whole measured period, every request answered
+    verdict = _stability(level, rule, final=True)  # the whole measured period, every request answered
     verdict["measuredSeconds"] = round(measured_seconds, 3)
     sent = len(level.samples) - level.dropped
     open_loop = {
@@ -226,8 +225,7 @@ def _send(client: HTTPClient, plan: OpenLoopPlan, level: _Level, scheduled: floa
         level.samples.append(Sample(level.epoch_offset + scheduled, latency_ms, error))
 
 
-def _stability(level: _Level, rule: StabilitySpec) -> dict[str, object]:
-    start = level.epoch_offset + level.measure_from
-    end = min(time.time(), level.epoch_offset + level.measure_until)
-    series = windows(list(level.samples), start, end, rule.window_seconds)
-    return stability_verdict(series, rule.windows, rule.tolerance)
+def _stability(level: _Level, rule: StabilitySpec, final: bool = False) -> dict[str, object]:
+    """The verdict over the measured period; during the run, over the windows answered so far."""
+    start, end = level.epoch_offset + level.measure_from, level.epoch_offset + level.measure_until
+    return judge_stability(list(level.samples), start, end, rule, in_flight_at=None if final else time.time())

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from servinglab.spec import GeneratorLimits
+from servinglab.spec import GeneratorLimits, StabilitySpec
 
 PERCENTILES = (50, 90, 95, 99)
 CDF_STEP_PERCENT = 0.5  # the stored latency CDF: exact nearest-rank values every half percent
@@ -190,6 +190,21 @@ def stability_verdict(series: Sequence[Window], count: int, tolerance: float) ->
         return {**verdict, "stable": True}
     worst = "throughput" if throughput > p99 else "p99"
     return {**verdict, "stable": False, "reason": f"{worst} varies {max(throughput, p99):.0%} across the last {count}"}
+
+
+def judge_stability(
+    samples: Sequence[Sample], start: float, end: float, rule: StabilitySpec, in_flight_at: float | None = None
+) -> dict[str, object]:
+    """The stability verdict over [start, end).
+
+    While requests are still in flight (`in_flight_at` = now), the last window would be missing its
+    slowest answers; the period is then cut at now minus the slowest latency seen so far, so only
+    windows whose requests have had time to be answered are judged.
+    """
+    if in_flight_at is not None:
+        slowest = max((sample.latency_ms for sample in samples), default=0.0) / 1000.0
+        end = min(end, in_flight_at - slowest)
+    return stability_verdict(windows(samples, start, end, rule.window_seconds), rule.windows, rule.tolerance)
 
 
 class CpuMeter:
