@@ -122,11 +122,23 @@ def test_while_requests_are_in_flight_only_answered_windows_are_judged() -> None
     from servinglab.spec import StabilitySpec
 
     rule = StabilitySpec(window_seconds=1, windows=2, tolerance=0.1)
-    # 10 requests/s of 500 ms each from t=0; at t=3 those sent after 2.5 s are still in flight
-    answered = [Sample(i / 10, 500.0) for i in range(25)]
+    # 100 requests/s of 500 ms each from t=0; at t=3 those sent after 2.5 s are still in flight
+    answered = [Sample(i / 100, 500.0) for i in range(250)]
     naive = stability_verdict(windows(answered, 0.0, 3.0, 1.0), 2, 0.1)
     assert naive["stable"] is False  # the last window looks half as busy
     assert judge_stability(answered, 0.0, 3.0, rule, in_flight_at=3.0)["stable"] is True
     # once everything is answered the whole period is judged
-    complete = [Sample(i / 10, 500.0) for i in range(30)]
+    complete = [Sample(i / 100, 500.0) for i in range(300)]
     assert len(judge_stability(complete, 0.0, 3.0, rule)["windows"]) == 3
+
+
+def test_sampling_noise_is_not_instability() -> None:
+    # 48 vs 52 answers per window (a batch of 4 more or less): within the counting noise of ~50
+    few = [Window(0.0, 5.0, 48 / 5, 900.0), Window(5.0, 5.0, 52 / 5, 400.0), Window(10.0, 5.0, 44 / 5, 700.0)]
+    verdict = stability_verdict(few, count=3, tolerance=0.1)
+    assert verdict["stable"] is True
+    assert verdict["p99Compared"] is False  # under 100 answers a "p99" is the window's maximum
+    assert verdict["throughputTolerance"] == pytest.approx(2 / 44**0.5, abs=1e-4)
+    # the same relative spread over thousands of answers is real
+    many = [Window(0.0, 5.0, 4800 / 5, 90.0), Window(5.0, 5.0, 5200 / 5, 90.0), Window(10.0, 5.0, 4400 / 5, 90.0)]
+    assert stability_verdict(many, count=3, tolerance=0.1)["stable"] is False

@@ -144,6 +144,11 @@ class Window:
     throughput_rps: float
     p99_ms: float | None
 
+    @property
+    def requests(self) -> int:
+        """Answered requests sent in the window."""
+        return round(self.throughput_rps * self.seconds)
+
     def to_json(self) -> dict[str, object]:
         p99 = round(self.p99_ms, 3) if self.p99_ms is not None else None
         return {"start": round(self.start, 3), "throughputRps": round(self.throughput_rps, 3), "p99Ms": p99}
@@ -172,10 +177,17 @@ def spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / mean if mean > 0 else math.inf
 
 
+#: A p99 needs this many answers in a window to be a p99 and not simply the window's maximum.
+MIN_REQUESTS_FOR_P99 = 100
+
+
 def stability_verdict(series: Sequence[Window], count: int, tolerance: float) -> dict[str, object]:
     """Whether the last `count` windows agree within `tolerance` on throughput and on p99.
 
-    `stable` is None when there are fewer than `count` windows to judge (a short level).
+    Two guards keep sampling noise from passing for instability: throughput is judged against the
+    larger of `tolerance` and the counting noise of the smallest window (2/sqrt(n), about two
+    standard deviations of a count of n), and p99 is compared only when every window answered at
+    least MIN_REQUESTS_FOR_P99 requests. `stable` is None when there are too few windows to judge.
     """
     verdict: dict[str, object] = {"windows": [w.to_json() for w in series], "tolerance": tolerance}
     last = list(series[-count:])
@@ -183,13 +195,21 @@ def stability_verdict(series: Sequence[Window], count: int, tolerance: float) ->
         return {**verdict, "stable": None, "reason": f"{len(series)} window(s), {count} needed"}
     if any(w.p99_ms is None for w in last):
         return {**verdict, "stable": False, "reason": "a window without successful requests"}
-    throughput = spread([w.throughput_rps for w in last])
-    p99 = spread([w.p99_ms for w in last if w.p99_ms is not None])
-    verdict.update(throughputSpread=round(throughput, 4), p99Spread=round(p99, 4))
-    if throughput <= tolerance and p99 <= tolerance:
+    fewest = min(w.requests for w in last)
+    throughput_tolerance = max(tolerance, 2 / math.sqrt(fewest))
+    spreads = {"throughput": spread([w.throughput_rps for w in last])}
+    verdict.update(throughputSpread=round(spreads["throughput"], 4), throughputTolerance=round(throughput_tolerance, 4))
+    if fewest >= MIN_REQUESTS_FOR_P99:
+        spreads["p99"] = spread([w.p99_ms for w in last if w.p99_ms is not None])
+        verdict["p99Spread"] = round(spreads["p99"], 4)
+    else:
+        verdict["p99Compared"] = False  # fewer than MIN_REQUESTS_FOR_P99 answers: its "p99" is its maximum
+    limits = {"throughput": throughput_tolerance, "p99": tolerance}
+    over = {name: value for name, value in spreads.items() if value > limits[name]}
+    if not over:
         return {**verdict, "stable": True}
-    worst = "throughput" if throughput > p99 else "p99"
-    return {**verdict, "stable": False, "reason": f"{worst} varies {max(throughput, p99):.0%} across the last {count}"}
+    worst = max(over, key=lambda name: over[name] / limits[name])
+    return {**verdict, "stable": False, "reason": f"{worst} varies {over[worst]:.0%} across the last {count}"}
 
 
 def judge_stability(
