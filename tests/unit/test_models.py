@@ -57,6 +57,6 @@ def test_model_info_reads_sizes_without_torch() -> None:
 
 
 def test_resnet50_has_resnet50_parameter_count() -> None:
-    module = models._load_module(models.get_builtin("resnet50").source)
+    module = models.load_module(models.get_builtin("resnet50").source)
     network = module.build_model()
     assert sum(p.numel() for p in network.parameters()) == 25_557_032  # torchvision resnet50

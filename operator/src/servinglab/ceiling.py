@@ -19,8 +19,6 @@ its server is pinned to, the raw figure needing the GPU it does not run on.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from types import ModuleType
 from typing import Any
@@ -138,14 +136,7 @@ def for_experiment(
 
 def _imaging() -> ModuleType:
     """The handler's precision helpers, so the raw loop converts the model exactly as the server does."""
-    path = paths.handlers_dir() / "servinglab_imaging.py"
-    spec = importlib.util.spec_from_file_location("servinglab_imaging", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return sys.modules[spec.name]
+    return models.load_module(paths.handlers_dir() / "servinglab_imaging.py", "servinglab_imaging")
 
 
 def _network(model_name: str, weights: bool = False) -> tuple[Any, int]:
@@ -154,7 +145,7 @@ def _network(model_name: str, weights: bool = False) -> tuple[Any, int]:
     import torch
 
     builtin = models.get_builtin(model_name)
-    source = models._load_module(builtin.source)
+    source = models.load_module(builtin.source)
     torch.manual_seed(builtin.seed)
     network = source.build_model()
     if weights:

@@ -71,11 +71,14 @@ def get_builtin(name: str) -> BuiltinModel:
         raise ValueError(f"unknown built-in model {name!r}; choose one of {', '.join(BUILTINS)}") from None
 
 
-def _load_module(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"servinglab_model_{path.parent.name}", path)
+def load_module(path: Path, name: str | None = None) -> ModuleType:
+    """Import a source file that is not on the path (a model definition, a handler helper). It is
+    registered in sys.modules while it runs: dataclasses look their module up as they are made."""
+    spec = importlib.util.spec_from_file_location(name or f"servinglab_model_{path.parent.name}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -123,7 +126,7 @@ def is_current(name: str, build_root: Path | None = None) -> bool:
 def _make_weights(model: BuiltinModel, destination: Path) -> None:
     import torch
 
-    module = _load_module(model.source)
+    module = load_module(model.source)
     torch.manual_seed(model.seed)
     network = module.build_model()
     size = int(module.INPUT_SIZE)
