@@ -75,7 +75,8 @@ class LoadPlan:
             self.send_gaps_ms.append(gap_ms)
 
 
-def _error_kind(status: int, exception: BaseException | None) -> str | None:
+def error_kind(status: int, exception: BaseException | None) -> str | None:
+    """`None` for a 2xx answer, else `http_<status>`, `timeout` or `connection:<cause>`."""
     if exception is not None and status == 0:
         # the HTTP client wraps the real cause (e.g. a time-out) in RetriesExceeded; report the cause
         chain: list[BaseException] = []
@@ -145,7 +146,7 @@ class InferenceUser(FastHttpUser):
             self.free_since = time.perf_counter()
             latency_ms = (self.free_since - started) * 1000.0
             plan.in_flight -= 1
-            plan.record(sent_at, latency_ms, _error_kind(status, failure))
+            plan.record(sent_at, latency_ms, error_kind(status, failure))
 
 
 def run_levels(

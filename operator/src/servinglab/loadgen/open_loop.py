@@ -28,7 +28,7 @@ import gevent.pool
 from geventhttpclient import HTTPClient
 
 from servinglab.loadgen.arrivals import arrival_offsets
-from servinglab.loadgen.closed_loop import ProgressFn, WindowHook
+from servinglab.loadgen.closed_loop import ProgressFn, WindowHook, error_kind
 from servinglab.loadgen.stats import (
     CpuMeter,
     LevelStats,
@@ -65,7 +65,6 @@ class _Level:
     measure_from: float  # perf_counter time from which sends are measured
     epoch_offset: float  # time.time() - time.perf_counter() at the start
     measure_until: float = 0.0  # end of the measured period (moves when an unstable level is extended)
-    verdict: dict[str, object] | None = None
     samples: list[Sample] = field(default_factory=list)
     lags_ms: list[float] = field(default_factory=list)
     late: int = 0
@@ -102,7 +101,7 @@ def run_rates(
                 on_progress,
                 on_window_start,
                 on_window_end,
-            )  # fmt: skip
+            )
             for i, rate in enumerate(rates)
         ]
     finally:
@@ -176,8 +175,7 @@ def _run_rate(
 
 def _extend_if_unstable(level: _Level, rule: StabilitySpec) -> bool:
     """At the end of the measured period: judge stability; extend one window if unstable and allowed."""
-    level.verdict = _stability(level, rule)
-    if level.verdict["stable"] is False and rule.max_duration_seconds:
+    if _stability(level, rule)["stable"] is False and rule.max_duration_seconds:
         limit = level.measure_from + rule.max_duration_seconds
         if level.measure_until < limit:
             level.measure_until = min(level.measure_until + rule.window_seconds, limit)
@@ -210,12 +208,9 @@ def _send(client: HTTPClient, plan: OpenLoopPlan, level: _Level, scheduled: floa
             response.read()
         finally:
             response.release()
-        if not 200 <= response.status_code < 300:
-            error = f"http_{response.status_code}"
-    except (TimeoutError, gevent.Timeout):
-        error = "timeout"
-    except OSError as exc:
-        error = "timeout" if "timed out" in str(exc).lower() else f"connection:{type(exc).__name__}"
+        error = error_kind(response.status_code, None)
+    except (OSError, gevent.Timeout) as exc:
+        error = error_kind(0, exc)
     finally:
         level.in_flight -= 1
     finished = time.perf_counter()
