@@ -156,8 +156,7 @@ class Window:
 
 def windows(samples: Iterable[Sample], start: float, end: float, seconds: float) -> list[Window]:
     """Consecutive whole windows of `seconds` from `start` up to `end` (a partial last one is left out)."""
-    count = int(round((end - start) / seconds, 6))  # 5.9999999 s of 2 s windows is three windows
-    count = count if start + count * seconds <= end + 1e-6 else count - 1
+    count = max(0, math.floor((end - start) / seconds + 1e-6))  # 5.9999999 s of 2 s windows is three
     buckets: list[list[float]] = [[] for _ in range(count)]
     for sample in samples:
         index = int((sample.sent_at - start) // seconds)
