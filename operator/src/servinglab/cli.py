@@ -197,7 +197,7 @@ def loadtest(
 ) -> None:
     """Run only the load levels of an experiment against a running server (the Job's command)."""
     from servinglab import ceiling, models, tsmetrics
-    from servinglab.loadgen import closed_loop, levels, results_sink
+    from servinglab.loadgen import levels, results_sink
     from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
     from servinglab.results import level_entries
 
@@ -217,14 +217,8 @@ def loadtest(
         size = models.model_info(experiment.spec.model.name).input_size
     payloads = make_payloads(load.payload.format, size, load.payload.variants, load.payload.seed)
     content_type = CONTENT_TYPES[load.payload.format]
-    plan = closed_loop.LoadPlan(
-        target=target.rstrip("/"),
-        path=f"/predictions/{model_name}",
-        payloads=payloads,
-        content_type=content_type,
-        request_timeout_seconds=load.request_timeout_seconds,
-    )
-    answered_at, problem = closed_loop.wait_until_serving(plan, ready_timeout)
+    destination = levels.Target(target.rstrip("/"), f"/predictions/{model_name}", payloads, content_type)
+    answered_at, problem = levels.wait_until_serving(destination, load.request_timeout_seconds, ready_timeout)
     if problem is not None:
         finish(problem, 5)
     windows = None
@@ -234,7 +228,7 @@ def loadtest(
         outcome = levels.run_load(
             load,
             experiment.spec.slo.p99_latency_ms,
-            levels.Target(plan.target, plan.path, payloads, content_type),
+            destination,
             on_window_start=windows.window_start if windows else None,
             on_window_end=windows.window_end if windows else None,
         )

@@ -22,8 +22,6 @@ from locust.env import Environment
 import dataclasses
 import functools
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,32 +254,3 @@ def _wait(seconds: float, tick: Callable[[float], None]) -> None:
         tick(done)
         gevent.sleep(min(_TICK_SECONDS, seconds - done))
     tick(seconds)
-
-
-def wait_until_serving(plan: LoadPlan, deadline_seconds: float) -> tuple[float | None, str | None]:
-    """Send test requests until one succeeds: (when it was answered, None), or (None, why not).
-
-    A server can pass its health check while its workers are still loading or warming up the model;
-    measuring then would only count time-outs. The first answered request also dates the end of
-    the server's cold start more honestly than its health check does.
-    """
-    deadline = time.monotonic() + deadline_seconds
-    problem = "no attempt made"
-    while time.monotonic() < deadline:
-        request = urllib.request.Request(
-            plan.target + plan.path,
-            data=plan.payloads[0],
-            headers={"Content-Type": plan.content_type},
-            method="POST",
-        )
-        timeout = max(1.0, min(plan.request_timeout_seconds, deadline - time.monotonic()))
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                response.read()
-                return time.time(), None
-        except urllib.error.HTTPError as exc:
-            problem = f"HTTP {exc.code}: {exc.read()[:300]!r}"
-        except (urllib.error.URLError, OSError) as exc:
-            problem = str(exc)
-        time.sleep(1.0)
-    return None, f"the server did not answer a test request within {deadline_seconds:g} s (last: {problem})"

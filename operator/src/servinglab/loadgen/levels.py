@@ -4,11 +4,15 @@ The one place that turns `spec.load` into level runs, shared by the local runner
 loadtest` (the Kubernetes Job), so both produce the same levels. Level hooks receive the level's
 index in the run (sweep levels first, then the peak-search probes). With `repeats`, each level runs
 that many times and the runs are combined (:func:`stats.combine_repeats`); the server-side
-breakdown is then that of the last run.
+breakdown is then that of the last run. :func:`wait_until_serving` is the check the Job makes
+before it measures.
 """
 
 from __future__ import annotations
 
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,3 +104,34 @@ def run_load(
 
         outcome.peak, _ = search_peak_rate(probe, load.rate_search, slo_p99_ms)
     return outcome
+
+
+def wait_until_serving(
+    target: Target, request_timeout_seconds: float, deadline_seconds: float
+) -> tuple[float | None, str | None]:
+    """Send test requests until one succeeds: (when it was answered, None), or (None, why not).
+
+    A server can pass its health check while its workers are still loading or warming up the model;
+    measuring then would only count time-outs. The first answered request also dates the end of
+    the server's cold start more honestly than its health check does.
+    """
+    deadline = time.monotonic() + deadline_seconds
+    problem = "no attempt made"
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(
+            target.url + target.path,
+            data=target.payloads[0],
+            headers={"Content-Type": target.content_type},
+            method="POST",
+        )
+        timeout = max(1.0, min(request_timeout_seconds, deadline - time.monotonic()))
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                response.read()
+                return time.time(), None
+        except urllib.error.HTTPError as exc:
+            problem = f"HTTP {exc.code}: {exc.read()[:300]!r}"
+        except (urllib.error.URLError, OSError) as exc:
+            problem = str(exc)
+        time.sleep(1.0)
+    return None, f"the server did not answer a test request within {deadline_seconds:g} s (last: {problem})"
