@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from servinglab import __version__
-from servinglab.results import level_label
+from servinglab.results import level_label, trust_checks
 from servinglab.spec import SpecError, load_experiment
 
 console = Console(stderr=True)
@@ -343,8 +343,8 @@ def print_results(document: dict[str, Any]) -> None:
         ]
         if slo:
             row.append("yes" if entry.get("meetsSlo") else "no")
-        checks, why = _checks(entry)
-        row.append(checks)
+        marks, why = trust_checks(entry)
+        row.append(" ".join(marks) or "-")
         warnings += [f"level {level_label(entry)}: {reason}" for reason in why]
         table.add_row(*row)
     stdout.print(table)
@@ -387,22 +387,6 @@ def _ceiling_note(ceiling: dict[str, Any]) -> str:
     elif ceiling.get("note"):
         parts.append(ceiling["note"])
     return ", ".join(parts)
-
-
-def _checks(entry: dict[str, Any]) -> tuple[str, list[str]]:
-    """The trust column (stable / unstable / short; generator-limited) and the reasons behind it."""
-    marks, reasons = [], []
-    stability = entry.get("stability")
-    if stability is not None:
-        stable = stability.get("stable")
-        marks.append({True: "stable", False: "UNSTABLE", None: "short"}[stable])
-        if stable is False:
-            reasons.append(f"unstable after {stability.get('measuredSeconds')} s: {stability.get('reason')}")
-    generator = entry.get("generator")
-    if generator is not None and generator.get("saturated"):
-        marks.append("GENERATOR-LIMITED")
-        reasons.append(f"the load generator limited this level ({generator.get('reason')})")
-    return " ".join(marks) or "-", reasons
 
 
 def _ms(value: float | None) -> str:

@@ -19,7 +19,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from servinglab.results import level_label
+from servinglab.results import level_label, trust_checks
 
 PLOTS = ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png")
 
@@ -85,11 +85,7 @@ def _throughput_p99(entries: list[dict[str, Any]], document: dict[str, Any], pat
     if slo:
         p99_axes.axhline(slo, color="tab:red", alpha=0.4, linestyle=":", label=f"SLO {slo:g} ms")
     for xi, yi, entry in zip(x, throughput, entries, strict=True):
-        flags = []
-        if (entry.get("stability") or {}).get("stable") is False:
-            flags.append("unstable")
-        if (entry.get("generator") or {}).get("saturated"):
-            flags.append("generator-limited")
+        flags = [mark.lower() for mark in trust_checks(entry)[0] if mark in ("UNSTABLE", "GENERATOR-LIMITED")]
         if flags:
             throughput_axes.annotate(", ".join(flags), (xi, yi), textcoords="offset points", xytext=(4, 6),
                                      fontsize="small", color="tab:orange")  # fmt: skip
@@ -178,17 +174,12 @@ def _page(document: dict[str, Any]) -> str:
     rows = []
     for entry in document.get("results", []):
         latency, breakdown = entry.get("latencyMs", {}), entry.get("server") or {}
-        checks = []
-        stable = (entry.get("stability") or {}).get("stable")
-        checks.append({True: "stable", False: "UNSTABLE", None: "short"}[stable] if "stability" in entry else "")
-        if (entry.get("generator") or {}).get("saturated"):
-            checks.append("GENERATOR-LIMITED: " + html.escape(str(entry["generator"].get("reason"))))
-        if entry.get("peakSearchProbe"):
-            checks.append("peak-search probe")
+        marks, reasons = trust_checks(entry)
+        checks = [*marks, *(["peak-search probe"] if entry.get("peakSearchProbe") else []), *reasons]
         cells = [
             level_label(entry), entry["throughputRps"], *(latency.get(k) for k in ("p50", "p90", "p95", "p99", "max")),
             entry.get("requests"), entry.get("errors"), breakdown.get("meanBatchSize"), breakdown.get("queueMsMean"),
-            breakdown.get("inferenceMsPerBatch"), " ".join(c for c in checks if c),
+            breakdown.get("inferenceMsPerBatch"), "; ".join(checks),
         ]  # fmt: skip
         rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
     header = ["level", "rps", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms", "requests", "errors", "batch",

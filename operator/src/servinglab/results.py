@@ -65,6 +65,22 @@ def level_label(entry: dict[str, Any]) -> str:
     return str(entry["concurrency"]) if "concurrency" in entry else f"{entry.get('rateRps', 0):g} rps"
 
 
+def trust_checks(entry: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """A level's trust marks (stable / UNSTABLE / short; GENERATOR-LIMITED) and the reasons behind them."""
+    marks, reasons = [], []
+    stability = entry.get("stability")
+    if stability is not None:
+        stable = stability.get("stable")
+        marks.append({True: "stable", False: "UNSTABLE", None: "short"}[stable])
+        if stable is False:
+            reasons.append(f"unstable after {stability.get('measuredSeconds')} s: {stability.get('reason')}")
+    generator = entry.get("generator")
+    if generator is not None and generator.get("saturated"):
+        marks.append("GENERATOR-LIMITED")
+        reasons.append(f"the load generator limited this level ({generator.get('reason')})")
+    return marks, reasons
+
+
 def best_level(entries: list[dict[str, Any]], slo_p99_ms: float | None) -> dict[str, Any] | None:
     """The level with the highest throughput; with an SLO, only levels that meet it qualify."""
     candidates = [e for e in entries if e["throughputRps"] > 0]
