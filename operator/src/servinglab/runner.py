@@ -125,10 +125,9 @@ def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> d
                 document = _measure(experiment, server, image_size, cold_start, hooks)
             finally:
                 server.stop()
-            if spec.ceiling.enabled:  # after the server stopped: the model alone, on the same machine
-                document["ceiling"] = _ceiling(experiment, document, server.gpus > 0, hooks)
-                if document["ceiling"] is None:
-                    del document["ceiling"]
+            # after the server stopped: the model alone, on the same machine
+            if spec.ceiling.enabled and (figures := _ceiling(experiment, document, server.gpus > 0, hooks)):
+                document["ceiling"] = figures
             document["startedAt"] = started_at
             return document
         except ServerError as exc:
