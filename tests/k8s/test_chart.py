@@ -172,7 +172,6 @@ class Installed:
     namespace: str
     kubelet: LocalKubelet
     prometheus: Prometheus
-    operator_metrics: list[str]
 
 
 @pytest.fixture(scope="module")
@@ -184,14 +183,12 @@ def installed(
     namespace = f"chart-{uuid.uuid4().hex[:6]}"
     cluster.kubectl.run("create", "namespace", namespace)
     workdir = tmp_path_factory.mktemp("chart")
-    operator_metrics: list[str] = []
 
     def server_started(pod: str, metrics_port: int) -> None:
         exporter.pods.append((namespace, pod))
         prometheus.scrape(f"127.0.0.1:{metrics_port}", {"namespace": namespace, "pod": pod})
 
     def operator_started(pod: str, metrics_port: int) -> None:
-        operator_metrics.append(f"http://127.0.0.1:{metrics_port}/metrics")
         prometheus.scrape(f"127.0.0.1:{metrics_port}", {"operator_pod": pod})
 
     api = cluster.api_server(workdir / "ca.crt")
@@ -205,7 +202,7 @@ def installed(
             "--wait", "--timeout", "180s", "--set", "pollSeconds=1", "--set", "unschedulableGraceSeconds=3",
             "--set", f"prometheusUrl={prometheus.url}",
         )  # fmt: skip
-        yield Installed(namespace, kubelet, prometheus, operator_metrics)
+        yield Installed(namespace, kubelet, prometheus)
     finally:
         helm(cluster, "uninstall", RELEASE, "-n", namespace, "--wait", check=False)
         kubelet.stop()
