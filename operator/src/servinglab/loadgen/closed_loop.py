@@ -155,8 +155,10 @@ def run_levels(
     on_progress: ProgressFn | None = None,
     on_window_start: WindowHook | None = None,
     on_window_end: WindowHook | None = None,
+    first_index: int = 0,
 ) -> list[LevelStats]:
-    """Run each concurrency level in turn and return its exact statistics; hooks get the level's index."""
+    """Run each concurrency level in turn and return its exact statistics; level i's hooks get
+    `first_index + i`."""
     # The HTTP client reads its time-outs when a user is created, so they are class attributes of a
     # per-run subclass rather than settings changed after start.
     user_class = type(
@@ -170,8 +172,8 @@ def run_levels(
     hooks = (on_progress, on_window_start, on_window_end)
     try:
         return [
-            _run_level(runner, plan, index, level, warmup_seconds, duration_seconds, *hooks)
-            for index, level in enumerate(levels)
+            _run_level(runner, plan, first_index + i, level, warmup_seconds, duration_seconds, *hooks)
+            for i, level in enumerate(levels)
         ]
     finally:
         runner.quit()

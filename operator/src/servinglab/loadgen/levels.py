@@ -41,13 +41,6 @@ class LoadOutcome:
     peak: dict[str, Any] | None = None
 
 
-def _shifted(hook: WindowHook | None, index: int) -> WindowHook | None:
-    """A window hook that reports `index` (a one-level run calls it with 0)."""
-    if hook is None:
-        return None
-    return lambda _: hook(index)
-
-
 def run_load(
     load: LoadSpec,
     slo_p99_ms: float | None,
@@ -66,7 +59,7 @@ def run_load(
             combine_repeats([
                 closed_loop.run_levels(
                     plan, [level], load.warmup_seconds, load.duration_seconds, on_progress=on_progress,
-                    on_window_start=_shifted(on_window_start, index), on_window_end=_shifted(on_window_end, index),
+                    on_window_start=on_window_start, on_window_end=on_window_end, first_index=index,
                 )[0]
                 for _ in range(load.repeats)
             ])
