@@ -18,6 +18,11 @@ import pytest
 from servinglab.local_server import free_ports
 
 TOOLS = Path(__file__).parent / "tools"
+# A quiet host: no scheduling stall over 25 ms and at most a few over 10 ms (the generator's own
+# send-gap limit) while a probe ran. An idle 2-core VM here shows 1-5 stalls of 10-20 ms in 5 s.
+QUIET_HOST_MAX_STALL_MS = 25.0
+QUIET_HOST_STALLS_OVER_10_MS = 5
+CALM_ATTEMPTS = 3
 
 
 def start_endpoint(delay_ms: float, serial: bool = False) -> tuple[subprocess.Popen[bytes], str]:
@@ -61,24 +66,55 @@ def serial_endpoint() -> Iterator[str]:
 
 
 def measure(url: str, mode: str, level: float, seconds: float, *options: str) -> dict[str, Any]:
+    entry, _ = measure_watched(url, mode, level, seconds, *options)
+    return entry
+
+
+def measure_watched(url: str, mode: str, level: float, seconds: float, *options: str) -> tuple[dict[str, Any], bool]:
+    """One probe run, and whether the host stayed quiet meanwhile (see tools/host_stalls.py)."""
+    watcher = subprocess.Popen(
+        [sys.executable, str(TOOLS / "host_stalls.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     result = subprocess.run(
         [sys.executable, str(TOOLS / "generator_probe.py"), url, mode, str(level), str(seconds), *options],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
+    stalls = json.loads(watcher.communicate(timeout=10)[0])
     assert result.returncode == 0, result.stderr[-3000:]
     entry: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return entry
+    return entry, stalls["maxMs"] <= QUIET_HOST_MAX_STALL_MS and stalls["over10Ms"] <= QUIET_HOST_STALLS_OVER_10_MS
+
+
+def measure_calm(url: str, mode: str, level: float, seconds: float) -> tuple[dict[str, Any], bool]:
+    """A run on a quiet host if one of a few attempts gets one; else the last run, marked not quiet."""
+    for _ in range(CALM_ATTEMPTS):
+        entry, quiet = measure_watched(url, mode, level, seconds)
+        if quiet:
+            return entry, True
+    return entry, False
+
+
+def assert_on_time_or_flagged(entry: dict[str, Any], quiet_host: bool) -> None:
+    """On a quiet host a calm generator sends on time and does not flag itself; when the host stalled
+    in every attempt, the late sends it caused must at least be flagged rather than hidden."""
+    late = entry["openLoop"]["lateSends"] if "openLoop" in entry else 0
+    on_time = late <= 0.02 * entry["requests"]
+    if quiet_host:
+        assert on_time, entry["openLoop"]
+        assert entry["generator"]["saturated"] is False, entry["generator"]
+    else:
+        assert on_time or entry["generator"]["saturated"] is True, (entry["openLoop"], entry["generator"])
 
 
 def test_open_loop_sends_at_the_requested_rate(parallel_endpoint: str) -> None:
-    entry = measure(parallel_endpoint, "open", 40, 5)
+    entry, quiet_host = measure_calm(parallel_endpoint, "open", 40, 5)
     sent = entry["openLoop"]
+    # a stall is caught up: the schedule is absolute, so the rate holds either way
     assert sent["sentRps"] == pytest.approx(40, rel=0.05)
     assert entry["throughputRps"] == pytest.approx(40, rel=0.10)
     assert sent["droppedSends"] == 0 and entry["errors"] == 0
-    assert sent["lateSends"] <= 0.02 * entry["requests"]
     assert entry["latencyMs"]["p50"] >= 20.0  # never less than the server's own time
-    assert entry["generator"]["saturated"] is False, entry["generator"]
+    assert_on_time_or_flagged(entry, quiet_host)
 
 
 def test_overload_shows_as_queueing_latency_not_as_a_slower_client(serial_endpoint: str) -> None:
@@ -104,8 +140,8 @@ def test_sends_beyond_the_in_flight_limit_are_counted_as_dropped(serial_endpoint
 @pytest.mark.parametrize("mode", ["closed", "open"])
 def test_a_starved_generator_flags_its_results(slow_endpoint: str, mode: str) -> None:
     level = 4 if mode == "closed" else 20
-    calm = measure(slow_endpoint, mode, level, 4)
+    calm, quiet_host = measure_calm(slow_endpoint, mode, level, 4)
     starved = measure(slow_endpoint, mode, level, 4, "--starve")
-    assert calm["generator"]["saturated"] is False, calm["generator"]
+    assert_on_time_or_flagged(calm, quiet_host)
     assert starved["generator"]["saturated"] is True, starved["generator"]
     assert "generator CPU" in starved["generator"]["reason"] or "send gap" in starved["generator"]["reason"]
