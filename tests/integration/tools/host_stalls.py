@@ -19,7 +19,12 @@ TICK_S = 0.002
 
 def main() -> None:
     done = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+
+    def wait_for_stdin_to_close() -> None:
+        sys.stdin.read()
+        done.set()
+
+    threading.Thread(target=wait_for_stdin_to_close, daemon=True).start()
     oversleeps_ms: list[float] = []
     while not done.is_set():
         before = time.perf_counter()
