@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -141,7 +142,17 @@ def test_open_loop_run_with_peak_search_ceiling_and_report(
     assert sweep[0]["throughputRps"] > 0 and "concurrency" not in sweep[0]
     # the search starts at minRps and doubles: 40, 80, 160 (three probes allowed)
     assert [probe["rateRps"] for probe in probes][:2] == [40, 80] and len(probes) == 3
-    assert results["peakRate"]["probes"] == 3 and results["peakRate"]["rateRps"] in (40, 80, 160)
+    # the peak is the highest probe that met the SLO cleanly (which ones do depends on this machine:
+    # 80 rps may miss, and the third probe then bisects to 56.6); the first failure above it is named
+    peak = results["peakRate"]
+
+    def clean(probe: dict[str, Any]) -> bool:
+        return probe["errors"] == 0 and probe["latencyMs"]["p99"] <= 2000 and not probe["generator"]["saturated"]
+
+    passed = [probe["rateRps"] for probe in probes if clean(probe)]
+    failed_above = [probe["rateRps"] for probe in probes if not clean(probe) and probe["rateRps"] > max(passed)]
+    assert peak["probes"] == 3 and peak["rateRps"] == pytest.approx(max(passed), abs=1e-3)
+    assert peak["firstFailingRps"] == (pytest.approx(min(failed_above), abs=1e-3) if failed_above else None)
     ceiling = results["ceiling"]
     assert ceiling["flopsPerInference"] == 3_244_672 and ceiling["rawThroughputRps"] > 0
     assert ceiling["servedOverRaw"] == pytest.approx(ceiling["servedRps"] / ceiling["rawThroughputRps"], rel=1e-3)
