@@ -19,8 +19,9 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -391,22 +392,32 @@ def test_every_dashboard_query_returns_data_from_a_real_run(
     # Live panels (TorchServe, GPU) are read as of the end of the load; results panels once written.
     at = float(levels[-1]["windowEnd"]) if path.stem != "experiments" else None
 
+    def has_label(metric: str, label: str) -> bool:
+        return any(label in labels for labels in prometheus.series(grafana_expression(metric)))
+
     for variable in dashboard["templating"]["list"]:
         if variable["type"] != "query":
             continue
         metric, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable["query"]["query"]).groups()
-        series = prometheus.series(grafana_expression(metric))
-        assert any(label in labels for labels in series), (variable["name"], metric, label)
+        assert eventually(partial(has_label, metric, label)), (variable["name"], metric, label)
 
-    missing = []
-    for title, expression in panel_queries(dashboard):
-        query = grafana_expression(expression)
-        deadline = time.monotonic() + 20  # the operator's figures appear with its next scrape
-        while not finite_values(prometheus.query(query, at)) and time.monotonic() < deadline:
-            time.sleep(1)
-        if not finite_values(prometheus.query(query, at)):
-            missing.append(f"{title}: {query}")
+    def returns_data(query: str) -> bool:
+        return bool(finite_values(prometheus.query(query, at)))
+
+    queries = [(title, grafana_expression(expression)) for title, expression in panel_queries(dashboard)]
+    missing = [f"{title}: {query}" for title, query in queries if not eventually(partial(returns_data, query))]
     assert not missing, "no data:\n" + "\n".join(missing)
+
+
+def eventually(check: Callable[[], bool], seconds: float = 20) -> bool:
+    """Whether `check` holds within `seconds`: the operator's figures appear with its next scrape,
+    which on a busy machine can come some seconds after the experiment's status says Succeeded."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
 
 
 # -- upgrade and uninstall (last: they change the release) ------------------------------------------
