@@ -198,6 +198,7 @@ def loadtest(
     """Run only the load levels of an experiment against a running server (the Job's command)."""
     from servinglab import ceiling, models, tsmetrics
     from servinglab.loadgen import levels, results_sink
+    from servinglab.loadgen.hooks import LevelHooks
     from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
     from servinglab.results import level_entries
 
@@ -221,17 +222,10 @@ def loadtest(
     answered_at, problem = levels.wait_until_serving(destination, load.request_timeout_seconds, ready_timeout)
     if problem is not None:
         finish(problem, 5)
-    windows = None
-    if metrics_url:
-        windows = tsmetrics.WindowReader(tsmetrics.http_fetcher(metrics_url), model_name)
+    windows = tsmetrics.WindowReader(tsmetrics.http_fetcher(metrics_url), model_name) if metrics_url else None
+    hooks = LevelHooks(window_start=windows.window_start, window_end=windows.window_end) if windows else None
     try:
-        outcome = levels.run_load(
-            load,
-            experiment.spec.slo.p99_latency_ms,
-            destination,
-            on_window_start=windows.window_start if windows else None,
-            on_window_end=windows.window_end if windows else None,
-        )
+        outcome = levels.run_load(load, experiment.spec.slo.p99_latency_ms, destination, hooks)
     except OSError as exc:
         finish(f"reading TorchServe metrics failed: {exc}", 3)
     breakdowns = windows.breakdowns if windows is not None else {}

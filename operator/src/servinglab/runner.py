@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from servinglab import ceiling, models, results, tsmetrics
-from servinglab.loadgen import closed_loop, levels
+from servinglab.loadgen import levels
+from servinglab.loadgen.hooks import LevelHooks, ProgressFn
 from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
 from servinglab.local_server import LocalTorchServe, ServerError
 from servinglab.spec import ServingExperiment
@@ -39,7 +40,7 @@ class RunHooks:
     """Callbacks for the console: phase messages and per-tick load progress."""
 
     phase: Callable[[str], None] = lambda message: None
-    progress: closed_loop.ProgressFn | None = None
+    progress: ProgressFn | None = None
 
 
 def resolve_archive(experiment: ServingExperiment, workdir: Path) -> tuple[Path, int]:
@@ -187,14 +188,8 @@ def _measure(
 
     target = levels.Target(server.addresses.inference, server.predictions_path, payloads, content_type)
     hooks.phase(f"Load: {spec.load.describe()}")
-    outcome = levels.run_load(
-        spec.load,
-        spec.slo.p99_latency_ms,
-        target,
-        on_progress=hooks.progress,
-        on_window_start=windows.window_start,
-        on_window_end=windows.window_end,
-    )
+    level_hooks = LevelHooks(hooks.progress, windows.window_start, windows.window_end)
+    outcome = levels.run_load(spec.load, spec.slo.p99_latency_ms, target, level_hooks)
     server.check_alive()
     slo = spec.slo.p99_latency_ms
     entries = results.level_entries(outcome.levels, outcome.sweep_levels, windows.breakdowns, slo)

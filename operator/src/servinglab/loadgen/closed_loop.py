@@ -28,6 +28,7 @@ from typing import Any
 
 import gevent
 
+from servinglab.loadgen.hooks import LevelHooks
 from servinglab.loadgen.stats import (
     CpuMeter,
     LevelStats,
@@ -37,11 +38,6 @@ from servinglab.loadgen.stats import (
     summarise,
 )
 from servinglab.spec import GeneratorLimits, StabilitySpec
-
-#: Progress callback: (level label e.g. "c=4", phase "warmup"|"measure"|"extend"|"drain", seconds
-#: done, seconds planned, measured requests so far).
-ProgressFn = Callable[[str, str, float, float, int], None]
-WindowHook = Callable[[int], None]
 
 _TICK_SECONDS = 0.25
 _MAX_SPAWN_RATE = 100
@@ -152,9 +148,7 @@ def run_levels(
     levels: Sequence[int],
     warmup_seconds: float,
     duration_seconds: float,
-    on_progress: ProgressFn | None = None,
-    on_window_start: WindowHook | None = None,
-    on_window_end: WindowHook | None = None,
+    hooks: LevelHooks | None = None,
     first_index: int = 0,
 ) -> list[LevelStats]:
     """Run each concurrency level in turn and return its exact statistics; level i's hooks get
@@ -169,10 +163,10 @@ def run_levels(
     environment = Environment(user_classes=[user_class], host=plan.target)
     environment.servinglab_plan = plan  # type: ignore[attr-defined]
     runner = environment.create_local_runner()
-    hooks = (on_progress, on_window_start, on_window_end)
+    hooks = hooks or LevelHooks()
     try:
         return [
-            _run_level(runner, plan, first_index + i, level, warmup_seconds, duration_seconds, *hooks)
+            _run_level(runner, plan, first_index + i, level, warmup_seconds, duration_seconds, hooks)
             for i, level in enumerate(levels)
         ]
     finally:
@@ -186,13 +180,10 @@ def _run_level(
     level: int,
     warmup_seconds: float,
     duration_seconds: float,
-    on_progress: ProgressFn | None,
-    on_window_start: WindowHook | None,
-    on_window_end: WindowHook | None,
+    hooks: LevelHooks,
 ) -> LevelStats:
     def report(phase: str, done: float, planned: float) -> None:
-        if on_progress is not None:
-            on_progress(f"c={level}", phase, done, planned, len(plan.samples))
+        hooks.report(f"c={level}", phase, done, planned, len(plan.samples))
 
     plan.samples = []
     plan.measuring_since = None
@@ -204,8 +195,7 @@ def _run_level(
         gevent.sleep(0.02)
     _wait(warmup_seconds, lambda done: report("warmup", done, warmup_seconds))
 
-    if on_window_start is not None:
-        on_window_start(index)
+    hooks.started(index)
     plan.send_gaps_ms = []
     plan.measuring_since = time.time()
     cpu = CpuMeter()
@@ -227,8 +217,7 @@ def _run_level(
     while plan.in_flight > 0 and time.monotonic() < deadline:
         report("drain", 0.0, 0.0)
         gevent.sleep(0.02)
-    if on_window_end is not None:
-        on_window_end(index)
+    hooks.ended(index)
     runner.stop()
     since = plan.measuring_since or 0.0
     samples, plan.samples, plan.measuring_since = plan.samples, [], None

@@ -13,15 +13,17 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from servinglab.loadgen import closed_loop, open_loop
-from servinglab.loadgen.closed_loop import WindowHook
+from servinglab.loadgen.hooks import LevelHooks
 from servinglab.loadgen.peak import search_peak_rate
 from servinglab.loadgen.stats import LevelStats, combine_repeats
 from servinglab.spec import LoadSpec
+
+Level = TypeVar("Level", int, float)  # users (closed loop) or requests per second (open loop)
 
 
 @dataclass(frozen=True)
@@ -41,30 +43,20 @@ class LoadOutcome:
     peak: dict[str, Any] | None = None
 
 
-def run_load(
-    load: LoadSpec,
-    slo_p99_ms: float | None,
-    target: Target,
-    on_progress: closed_loop.ProgressFn | None = None,
-    on_window_start: WindowHook | None = None,
-    on_window_end: WindowHook | None = None,
-) -> LoadOutcome:
+def run_load(load: LoadSpec, slo_p99_ms: float | None, target: Target, hooks: LevelHooks | None = None) -> LoadOutcome:
     if load.mode == "closed":
         plan = closed_loop.LoadPlan(
             target=target.url, path=target.path, payloads=target.payloads, content_type=target.content_type,
             request_timeout_seconds=load.request_timeout_seconds, stability=load.stability,
             generator_limits=load.generator,
         )  # fmt: skip
-        stats = [
-            combine_repeats([
-                closed_loop.run_levels(
-                    plan, [level], load.warmup_seconds, load.duration_seconds, on_progress=on_progress,
-                    on_window_start=on_window_start, on_window_end=on_window_end, first_index=index,
-                )[0]
-                for _ in range(load.repeats)
-            ])
-            for index, level in enumerate(load.concurrency)
-        ]  # fmt: skip
+
+        def run_users(users: int, index: int) -> LevelStats:
+            return closed_loop.run_levels(
+                plan, [users], load.warmup_seconds, load.duration_seconds, hooks, first_index=index
+            )[0]
+
+        stats = _each_repeated(run_users, load.concurrency, 0, load.repeats)
         return LoadOutcome(stats, len(stats))
 
     open_plan = open_loop.OpenLoopPlan(
@@ -73,30 +65,33 @@ def run_load(
         seed=load.payload.seed, stability=load.stability, generator_limits=load.generator,
     )  # fmt: skip
 
-    def run(rates: Sequence[float], first_index: int) -> list[LevelStats]:
-        return [
-            combine_repeats([
-                open_loop.run_rates(
-                    open_plan, [rate], load.warmup_seconds, load.duration_seconds, on_progress=on_progress,
-                    on_window_start=on_window_start, on_window_end=on_window_end, first_index=first_index + offset,
-                )[0]
-                for _ in range(load.repeats)
-            ])
-            for offset, rate in enumerate(rates)
-        ]  # fmt: skip
+    def run_rate(rate: float, index: int) -> LevelStats:
+        return open_loop.run_rates(
+            open_plan, [rate], load.warmup_seconds, load.duration_seconds, hooks, first_index=index
+        )[0]
 
     outcome = LoadOutcome()
-    outcome.levels = run(load.rates, 0)
+    outcome.levels = _each_repeated(run_rate, load.rates, 0, load.repeats)
     outcome.sweep_levels = len(outcome.levels)
     if load.rate_search is not None and slo_p99_ms is not None:
 
         def probe(rate: float) -> LevelStats:
-            (stats,) = run([rate], len(outcome.levels))
+            (stats,) = _each_repeated(run_rate, [rate], len(outcome.levels), load.repeats)
             outcome.levels.append(stats)
             return stats
 
         outcome.peak, _ = search_peak_rate(probe, load.rate_search, slo_p99_ms)
     return outcome
+
+
+def _each_repeated(
+    run_one: Callable[[Level, int], LevelStats], levels: Sequence[Level], first_index: int, repeats: int
+) -> list[LevelStats]:
+    """Each level run `repeats` times and the runs combined; level i's hooks get `first_index + i`."""
+    return [
+        combine_repeats([run_one(level, first_index + offset) for _ in range(repeats)])
+        for offset, level in enumerate(levels)
+    ]
 
 
 def wait_until_serving(

@@ -28,7 +28,8 @@ import gevent.pool
 from geventhttpclient import HTTPClient
 
 from servinglab.loadgen.arrivals import arrival_offsets
-from servinglab.loadgen.closed_loop import ProgressFn, WindowHook, error_kind
+from servinglab.loadgen.closed_loop import error_kind
+from servinglab.loadgen.hooks import LevelHooks
 from servinglab.loadgen.stats import (
     CpuMeter,
     LevelStats,
@@ -77,9 +78,7 @@ def run_rates(
     rates: Sequence[float],
     warmup_seconds: float,
     duration_seconds: float,
-    on_progress: ProgressFn | None = None,
-    on_window_start: WindowHook | None = None,
-    on_window_end: WindowHook | None = None,
+    hooks: LevelHooks | None = None,
     first_index: int = 0,
 ) -> list[LevelStats]:
     """Run each rate in turn; level i's hooks get `first_index + i`."""
@@ -89,19 +88,10 @@ def run_rates(
         connection_timeout=plan.request_timeout_seconds,
         network_timeout=plan.request_timeout_seconds,
     )
+    hooks = hooks or LevelHooks()
     try:
         return [
-            _run_rate(
-                client,
-                plan,
-                first_index + i,
-                rate,
-                warmup_seconds,
-                duration_seconds,
-                on_progress,
-                on_window_start,
-                on_window_end,
-            )
+            _run_rate(client, plan, first_index + i, rate, warmup_seconds, duration_seconds, hooks)
             for i, rate in enumerate(rates)
         ]
     finally:
@@ -115,9 +105,7 @@ def _run_rate(
     rate: float,
     warmup_seconds: float,
     duration_seconds: float,
-    on_progress: ProgressFn | None,
-    on_window_start: WindowHook | None,
-    on_window_end: WindowHook | None,
+    hooks: LevelHooks,
 ) -> LevelStats:
     rule = plan.stability
     longest = max(duration_seconds, rule.max_duration_seconds or 0.0)
@@ -128,8 +116,7 @@ def _run_rate(
     pool = gevent.pool.Group()
 
     def report(phase: str, done: float, planned: float) -> None:
-        if on_progress is not None:
-            on_progress(f"{rate:g} rps", phase, done, planned, len(level.samples))
+        hooks.report(f"{rate:g} rps", phase, done, planned, len(level.samples))
 
     cpu: CpuMeter | None = None
     for number, offset in enumerate(offsets):
@@ -140,8 +127,7 @@ def _run_rate(
                 break
         if cpu is None and scheduled >= level.measure_from:
             gevent.sleep(max(0.0, level.measure_from - time.perf_counter()))
-            if on_window_start is not None:
-                on_window_start(index)
+            hooks.started(index)
             cpu = CpuMeter()
         gevent.sleep(max(0.0, scheduled - time.perf_counter()))
         if number % 64 == 0:
@@ -155,8 +141,7 @@ def _run_rate(
     report("drain", 0.0, 0.0)
     pool.join(timeout=plan.request_timeout_seconds + 5.0)
     pool.kill(block=False)
-    if on_window_end is not None:
-        on_window_end(index)
+    hooks.ended(index)
     measured_seconds = level.measure_until - level.measure_from
     verdict = _stability(level, rule, final=True)  # the whole measured period, every request answered
     verdict["measuredSeconds"] = round(measured_seconds, 3)
