@@ -189,9 +189,9 @@ def _measure(
     target = levels.Target(server.addresses.inference, server.predictions_path, payloads, content_type)
     hooks.phase(f"Load: {spec.load.describe()}")
     level_hooks = LevelHooks(hooks.progress, windows.window_start, windows.window_end)
-    outcome = levels.run_load(spec.load, spec.slo.p99_latency_ms, target, level_hooks)
-    server.check_alive()
     slo = spec.slo.p99_latency_ms
+    outcome = levels.run_load(spec.load, slo, target, level_hooks)
+    server.check_alive()
     entries = results.level_entries(outcome.levels, outcome.sweep_levels, windows.breakdowns, slo)
     runtime = {
         "mode": "local",
