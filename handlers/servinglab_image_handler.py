@@ -5,7 +5,7 @@ functions live in `servinglab_imaging.py` (shipped alongside). The handler delib
 subclass `ts.torch_handler.base_handler.BaseHandler`: that module switches TF32 on globally at import
 and hides model loading; here the model comes from the archive's `build_model()` and a state dict,
 and the precision is applied exactly as the experiment's model-config.yaml asks
-(`handler: {precision, channelsLast, warmup, topK}`).
+(`handler: {precision, channelsLast, warmupBatchSizes, warmupSeconds, topK}`).
 
 Per batch it records timings as TorchServe metrics (declared in the metrics.yaml the runner renders):
 counters of milliseconds spent in preprocess / inference / postprocess, batches and batched
@@ -16,6 +16,7 @@ gauge with the last batch size.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from servinglab_imaging import (
     request_body,
     to_batch,
     top_k,
+    warm_up,
 )
 
 logger = logging.getLogger(__name__)
@@ -73,22 +75,24 @@ class ServinglabImageHandler:
         model.load_state_dict(state)
         model = model.to(self.device).eval()
         self.model = apply_precision(model, self.plan, self.channels_last)
-        if settings.get("warmup", True):
-            self._warm_up(int(properties.get("batch_size") or 1))
+        sizes = settings.get("warmupBatchSizes")
+        if sizes is None:  # an archive rendered without the list: every power of two up to batch_size
+            batch_size = int(properties.get("batch_size") or 1)
+            sizes = sorted({min(2**i, batch_size) for i in range(batch_size.bit_length() + 1)})
+        report = warm_up(self._forward_zeros, [int(s) for s in sizes], float(settings.get("warmupSeconds", 60.0)))
+        logger.info("servinglab warm-up: %s", json.dumps(report))
         self.initialized = True
 
-    def _warm_up(self, batch_size: int) -> None:
-        """Run each power-of-two batch size up to batch_size once, so the first requests are not
-        measured while cuDNN/oneDNN pick kernels and allocators grow."""
-        sizes = sorted({min(2**i, batch_size) for i in range(batch_size.bit_length() + 1)})
+    def _forward_zeros(self, size: int) -> None:
+        """One forward pass at batch `size`, so the first requests are not measured while
+        cuDNN/oneDNN pick kernels and allocators grow."""
+        shape = (size, 3, self.input_size, self.input_size)
+        dummy = torch.zeros(shape, device=self.device, dtype=self.plan.dtype)
+        if self.channels_last:
+            dummy = dummy.contiguous(memory_format=torch.channels_last)
+        assert self.model is not None
         with torch.inference_mode():
-            for size in sizes:
-                shape = (size, 3, self.input_size, self.input_size)
-                dummy = torch.zeros(shape, device=self.device, dtype=self.plan.dtype)
-                if self.channels_last:
-                    dummy = dummy.contiguous(memory_format=torch.channels_last)
-                assert self.model is not None
-                self.model(dummy)
+            self.model(dummy)
         self._synchronize()
 
     def _synchronize(self) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,3 +186,31 @@ def json_response(predictions: list[dict[str, float | int]]) -> str:
 def error_response(message: str) -> str:
     """Serialise a per-request error so one bad image does not fail the whole batch."""
     return json.dumps({"error": message}, separators=(",", ":"))
+
+
+def warm_up(forward: Callable[[int], None], sizes: Sequence[int], budget_seconds: float) -> dict[str, Any]:
+    """Run `forward` once per batch size, smallest first, while the time budget lasts.
+
+    A size is skipped when the time per sample of the last one predicts it would end past the budget
+    (per-sample time falls with batch size, so the estimate errs long). Returns what ran, for the log:
+    ``{"seconds", "batchSizes", "skipped", "budgetSeconds"}``.
+    """
+    started = time.perf_counter()
+    done: list[int] = []
+    skipped: list[int] = []
+    per_sample: float | None = None
+    for size in sorted(sizes):
+        elapsed = time.perf_counter() - started
+        if budget_seconds <= 0 or (per_sample is not None and elapsed + per_sample * size > budget_seconds):
+            skipped.append(size)
+            continue
+        begun = time.perf_counter()
+        forward(size)
+        per_sample = (time.perf_counter() - begun) / size
+        done.append(size)
+    return {
+        "seconds": round(time.perf_counter() - started, 3),
+        "batchSizes": done,
+        "skipped": skipped,
+        "budgetSeconds": budget_seconds,
+    }

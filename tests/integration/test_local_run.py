@@ -154,8 +154,8 @@ def test_open_loop_run_with_peak_search_ceiling_and_report(
     assert peak["probes"] == 3 and peak["rateRps"] == pytest.approx(max(passed), abs=1e-3)
     assert peak["firstFailingRps"] == (pytest.approx(min(failed_above), abs=1e-3) if failed_above else None)
     ceiling = results["ceiling"]
-    assert ceiling["flopsPerInference"] == 3_244_672 and ceiling["rawThroughputRps"] > 0
-    assert ceiling["servedOverRaw"] == pytest.approx(ceiling["servedRps"] / ceiling["rawThroughputRps"], rel=1e-3)
+    assert ceiling["flopsPerInference"] == 3_244_672 and ceiling["rawAtFormedBatchRps"] > 0
+    assert ceiling["servedOverRaw"] == pytest.approx(ceiling["servedRps"] / ceiling["rawAtFormedBatchRps"], rel=1e-3)
     assert "peak rate within the SLO" in run.stdout and "ceiling:" in run.stdout
 
     report = subprocess.run([*servinglab_cmd, "report", str(output)], capture_output=True, text=True, check=False)

@@ -163,7 +163,7 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
     best_served = max(level["throughputRps"] for level in status["results"])
     assert ceiling["servedOverTheoretical"] == pytest.approx(best_served / ceiling["theoreticalRps"], rel=1e-3)
     # the Job has no GPU: local runs measure the raw figure (a null drops out of the merge-patched status)
-    assert ceiling.get("rawThroughputRps") is None and "measured by local runs" in ceiling["note"]
+    assert ceiling.get("rawAtFormedBatchRps") is None and "measured by local runs" in ceiling["note"]
     summary = status["summary"]
     assert summary["state"] == "Succeeded"
     assert summary["bestThroughputRps"] == max(level["throughputRps"] for level in status["results"])

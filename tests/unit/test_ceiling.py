@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from servinglab.ceiling import PEAK_TFLOPS, accelerator_of, ceiling_report, count_flops, theoretical_rps
+from servinglab.ceiling import (
+    PEAK_TFLOPS,
+    accelerator_of,
+    ceiling_report,
+    count_flops,
+    formed_batch_size,
+    raw_block,
+    scan_batch_sizes,
+    theoretical_rps,
+)
+from servinglab.rawprobe import RawFigures
 
 
 def test_flops_are_counted_from_the_model_itself() -> None:
@@ -50,22 +60,51 @@ def test_theoretical_rate_is_peak_over_flops() -> None:
     assert theoretical_rps(8.18e9, None) is None
 
 
-def test_report_gives_both_ratios_on_a_known_accelerator() -> None:
-    report = ceiling_report(
-        served_rps=900.0, flops_per_inference=8.18e9, raw_rps=1200.0, accelerator="T4", precision="fp16", batch_size=8
-    )
+def figures(**rows: float) -> RawFigures:
+    """Raw figures measured at the given batch sizes (`b8=1200.0` is 1200 rps at batch 8)."""
+    measured = {int(k[1:]): {"batchSize": int(k[1:]), "throughputRps": v} for k, v in rows.items()}
+    return RawFigures(device="cpu", measured=measured, skipped={1024: "one pass would take about 60 s"})
+
+
+def test_report_gives_every_ratio_on_a_known_accelerator() -> None:
+    raw = raw_block(7.6, 8, figures(b8=1200.0, b1=300.0, b64=1800.0), budget=5.0)
+    report = ceiling_report(served_rps=900.0, flops_per_inference=8.18e9, raw=raw, accelerator="T4", precision="fp16")
     assert report["peakTflops"] == 65.0
     assert report["theoreticalRps"] == pytest.approx(7946.210, abs=1e-3)
+    # served/raw compares the batch size the server formed (mean 7.6 -> 8), not the best one
+    assert (report["rawBatchSize"], report["formedBatchSizeMean"], report["rawAtFormedBatchRps"]) == (8, 7.6, 1200.0)
     assert report["servedOverRaw"] == 0.75
+    assert (report["rawBestBatchSize"], report["rawBestRps"], report["servedOverBestRaw"]) == (64, 1800.0, 0.5)
     assert report["servedOverTheoretical"] == pytest.approx(900 / 7946.210, abs=1e-4)
+    assert report["rawSkipped"] == [{"batchSize": 1024, "reason": "one pass would take about 60 s"}]
+    assert [row["batchSize"] for row in report["rawTable"]] == [1, 8, 64]
 
 
 def test_report_says_why_a_ratio_is_missing() -> None:
-    on_cpu = ceiling_report(10.0, 8.18e9, 12.5, None, "fp32", 4)
+    on_cpu = ceiling_report(10.0, 8.18e9, raw_block(4.0, 4, figures(b4=12.5), 5.0), None, "fp32")
     assert on_cpu["servedOverRaw"] == 0.8 and on_cpu["servedOverTheoretical"] is None
     assert "CPU" in on_cpu["note"]
-    no_bf16 = ceiling_report(10.0, 8.18e9, 12.5, "T4", "bf16", 4)
+    no_bf16 = ceiling_report(10.0, 8.18e9, raw_block(4.0, 4, figures(b4=12.5), 5.0), "T4", "bf16")
     assert no_bf16["theoreticalRps"] is None and "no bf16 hardware path" in no_bf16["note"]
+    # the formed size could not be measured (memory or budget): no served/raw, and the note says why
+    unmeasured = ceiling_report(10.0, 8.18e9, raw_block(64.0, 64, figures(b1=5.0), 5.0), None, "fp32")
+    assert unmeasured["servedOverRaw"] is None and unmeasured["servedOverBestRaw"] == 2.0
+    assert "could not be measured at the formed batch size 64" in unmeasured["note"]
+
+
+def test_the_raw_figure_follows_the_batch_size_the_server_formed() -> None:
+    level = {"server": {"meanBatchSize": 6.6}}
+    assert formed_batch_size(level, 1024) == (7, 6.6)
+    assert formed_batch_size({"server": {"meanBatchSize": 0.4}}, 1024) == (1, 0.4)
+    assert formed_batch_size({"server": {"meanBatchSize": 9.0}}, 8) == (8, 9.0)  # never above the maximum
+    assert formed_batch_size({"server": {}}, 16) == (16, None)  # no counters: the configured size
+    assert formed_batch_size(None, 16) == (16, None)
+
+
+def test_the_scan_covers_powers_of_two_up_to_the_maximum_formed_size_first() -> None:
+    assert scan_batch_sizes(8, 1024) == [8, 1, 2, 4, 16, 32, 64, 128, 256, 512, 1024]
+    assert scan_batch_sizes(7, 12) == [7, 1, 2, 4, 8, 12]
+    assert scan_batch_sizes(1, 1) == [1]
 
 
 def test_the_accelerator_follows_the_servers_node_selector() -> None:
@@ -82,19 +121,19 @@ def test_the_accelerator_follows_the_servers_node_selector() -> None:
 
 
 def test_the_served_figure_is_the_best_level_within_the_slo() -> None:
-    from servinglab.ceiling import served_rps
+    from servinglab.ceiling import served_level
 
     entries = [
         {"throughputRps": 100.0, "latencyMs": {"p99": 40.0}, "errors": 0},
         {"throughputRps": 180.0, "latencyMs": {"p99": 90.0}, "errors": 0},
         {"throughputRps": 250.0, "latencyMs": {"p99": 400.0}, "errors": 0},
     ]
-    assert served_rps(entries, 100.0) == 180.0
-    assert served_rps(entries, None) == 250.0
-    assert served_rps(entries, 10.0) is None
+    assert served_level(entries, 100.0) == entries[1]
+    assert served_level(entries, None) == entries[2]
+    assert served_level(entries, 10.0) is None
 
 
 def test_without_a_raw_figure_the_report_says_where_it_is_measured() -> None:
-    report = ceiling_report(150.0, 3_244_672, None, "T4", "fp32", 4)
+    report = ceiling_report(150.0, 3_244_672, raw_block(3.2, 3, None, 5.0), "T4", "fp32")
     assert report["servedOverRaw"] is None and report["theoreticalRps"] == pytest.approx(8.1e12 / 3_244_672, abs=1e-3)
-    assert "raw throughput is measured by local runs" in report["note"]
+    assert report["rawBatchSize"] == 3 and "raw throughput is measured by local runs" in report["note"]

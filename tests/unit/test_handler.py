@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,19 @@ def test_top_k_is_clamped_to_the_class_count() -> None:
 
 def test_model_config_in_archive_is_valid_yaml(tiny_archive: Path) -> None:
     assert isinstance(yaml.safe_load((tiny_archive / "model-config.yaml").read_text()), dict)
+
+
+def test_warm_up_runs_the_sizes_in_order_within_its_time_budget() -> None:
+    from servinglab_imaging import warm_up
+
+    ran: list[int] = []
+
+    def forward(size: int) -> None:  # 2 ms per sample
+        ran.append(size)
+        time.sleep(0.002 * size)
+
+    report = warm_up(forward, [16, 1, 2, 4, 8, 32, 64], budget_seconds=0.1)
+    # 1+2+4+8+16 samples take ~62 ms; 32 more (~64 ms) would overrun 100 ms: skipped, and 64 with it
+    assert ran == [1, 2, 4, 8, 16] == report["batchSizes"]
+    assert report["skipped"] == [32, 64] and report["seconds"] <= 0.1
+    assert warm_up(forward, [1, 2], budget_seconds=0)["skipped"] == [1, 2]

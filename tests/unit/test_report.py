@@ -32,10 +32,14 @@ def closed_loop_document() -> dict[str, Any]:
         "best": {"concurrency": 4, "throughputRps": results[1]["throughputRps"], "p99LatencyMs": 31.0},
         "ceiling": {
             "flopsPerInference": 3244672,
-            "rawThroughputRps": 5000.0,
+            "rawAtFormedBatchRps": 5000.0,
             "rawBatchSize": 4,
+            "rawBestRps": 8000.0,
+            "rawBestBatchSize": 32,
+            "rawSkipped": [{"batchSize": 1024, "reason": "one pass would take about 9.0 s, 1.0 s of the budget left"}],
             "accelerator": None,
             "servedOverRaw": 0.02,
+            "servedOverBestRaw": 0.0125,
             "note": "no peak figure for this device (CPU)",
         },  # fmt: skip
     }
@@ -52,7 +56,9 @@ def test_report_writes_three_plots_and_a_page_with_the_trust_flags(tmp_path: Pat
         assert (out / name).stat().st_size > 10_000, name  # a drawn figure, not an empty canvas
     page = (out / "index.html").read_text()
     assert "report-test" in page and "GENERATOR-LIMITED" in page and "UNSTABLE" in page
-    assert "served/raw 0.020" in page and "3.24 GFLOPs" not in page and "0.00324 GFLOPs" in page
+    assert "served/raw 0.020" in page and "served/best raw 0.013" in page and "at batch 32" in page
+    assert "Raw batch 1024 skipped: one pass would take about 9.0 s" in page
+    assert "3.24 GFLOPs" not in page and "0.00324 GFLOPs" in page
     assert page.count("<tr>") == 3  # header + two levels
     assert all(f'src="{name}"' in page for name in ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png"))
 

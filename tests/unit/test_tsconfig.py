@@ -59,3 +59,16 @@ def test_metrics_config_declares_the_handler_counters_and_frontend_counters() ->
     assert {"ServinglabBatches", "ServinglabBatchedRequests", "ServinglabInferenceMs"} <= model_counters
     frontend = {m["name"] for m in config["ts_metrics"]["counter"]}
     assert {"ts_inference_requests_total", "ts_queue_latency_microseconds"} <= frontend
+
+
+def test_the_handler_warms_up_only_the_batches_the_load_can_form() -> None:
+    """A closed loop of at most 8 users never forms a batch above 8: warming 16..1024 is wasted start-up."""
+    from servinglab.spec import LoadSpec
+
+    big = ServerSpec(batch_size=1024, warmup_seconds=30)
+    closed = yaml.safe_load(tsconfig.render_model_config(big, LoadSpec(concurrency=[1, 8])))["handler"]
+    assert closed["warmupBatchSizes"] == [1, 2, 4, 8] and closed["warmupSeconds"] == 30
+    open_loop = LoadSpec(mode="open", rates=[100])
+    sizes = tsconfig.model_config(ServerSpec(batch_size=12), open_loop)["handler"]["warmupBatchSizes"]
+    assert sizes == [1, 2, 4, 8, 12]
+    assert tsconfig.model_config(ServerSpec(batch_size=12, warmup_seconds=0))["handler"]["warmupBatchSizes"] == []

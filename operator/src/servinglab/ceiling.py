@@ -4,22 +4,26 @@ Three numbers put a served throughput in context:
 
 * **FLOPs per inference**, counted from the model itself (PyTorch's FlopCounterMode over one forward
   pass at batch 1; a multiply-add counts as 2 FLOPs);
-* **raw throughput**: the same model, weights precision and batch size run in-process in a tight
-  loop — no server, no HTTP, no decoding — so served/raw is what serving costs;
+* **raw throughput**, the model alone in a tight loop (no server, no HTTP, no decoding), as two
+  figures: at the batch size the server actually *formed* at the served level (from the handler's
+  counters), so served/raw is what serving costs as it ran; and the *best* over batch sizes up to the
+  configured maximum (powers of two), so served/best-raw says what a better configuration could reach;
 * **theoretical throughput**: the accelerator's dense peak at that precision divided by the FLOPs
   per inference, so served/theoretical says how much of the chip the answer uses. Peaks are the
   vendors' dense (no structured sparsity) tensor/CUDA-core figures for the SXM/PCIe parts named;
   there is no entry for CPUs, whose peak depends on the exact part.
 
-The arithmetic is pure; :func:`measure_raw` and :func:`count_flops` import torch. The local runner
-measures all three after the server has stopped (so they do not compete with it for the machine);
+The arithmetic and the choice of batch sizes are pure; :func:`count_flops` and :func:`network` import
+torch, and the raw figures are measured in a child process (:mod:`servinglab.rawprobe`) within the
+`ceiling.rawSeconds` budget. The local runner measures after the server has stopped (so they do not
+compete with it for the machine);
 the load Job (`servinglab loadtest`) reports FLOPs and the theoretical figure for the accelerator
 its server is pinned to, the raw figure needing the GPU it does not run on.
 """
 
 from __future__ import annotations
 
-import time
+import functools
 from types import ModuleType
 from typing import Any
 
@@ -56,36 +60,78 @@ def theoretical_rps(flops_per_inference: float, peak_tflops: float | None) -> fl
     return peak_tflops * 1e12 / flops_per_inference
 
 
+def ratio(served: float | None, reference: float | None) -> float | None:
+    """served / reference to four significant digits (a tiny model uses a hundred-thousandth of a T4)."""
+    return float(f"{served / reference:.4g}") if served and reference else None
+
+
+def formed_batch_size(level: dict[str, Any] | None, configured: int) -> tuple[int, float | None]:
+    """(batch size to measure the model alone at, the server's mean formed batch) for a served level:
+    the mean batch TorchServe formed, rounded, within 1..configured; the configured size when unknown."""
+    mean = ((level or {}).get("server") or {}).get("meanBatchSize")
+    if mean is None:
+        return configured, None
+    return max(1, min(configured, round(float(mean)))), float(mean)
+
+
+def scan_batch_sizes(formed: int, configured: int) -> list[int]:
+    """The sizes the raw probe measures, in order: the formed size first, then powers of two up to the
+    configured maximum (and the maximum itself), smallest first so each estimates the next's time."""
+    scan = sorted({min(2**i, configured) for i in range(configured.bit_length() + 1)} - {formed})
+    return [formed, *scan]
+
+
+def raw_block(formed_mean: float | None, formed: int, figures: Any | None, budget: float) -> dict[str, Any]:
+    """The raw part of the ceiling from a probe's :class:`~servinglab.rawprobe.RawFigures`."""
+    if figures is None:
+        return {"rawBatchSize": formed, "formedBatchSizeMean": formed_mean}
+    rows = [figures.measured[b] for b in sorted(figures.measured)]
+    best = max(rows, key=lambda row: row["throughputRps"], default=None)
+    at_formed = figures.measured.get(formed)
+    return {
+        "rawBatchSize": formed,
+        "formedBatchSizeMean": formed_mean,
+        "rawAtFormedBatchRps": at_formed["throughputRps"] if at_formed else None,
+        "rawBestRps": best["throughputRps"] if best else None,
+        "rawBestBatchSize": best["batchSize"] if best else None,
+        "rawDevice": figures.device,
+        "rawBudgetSeconds": budget,
+        "rawMeasureSeconds": figures.measure_seconds,
+        "rawSetupSeconds": figures.setup_seconds,
+        "rawTable": rows,
+        "rawSkipped": [{"batchSize": b, "reason": why} for b, why in sorted(figures.skipped.items())],
+        "rawReusedBatchSizes": figures.from_cache,
+    }
+
+
 def ceiling_report(
     served_rps: float | None,
     flops_per_inference: float,
-    raw_rps: float | None,
+    raw: dict[str, Any],
     accelerator: str | None,
     precision: str,
-    batch_size: int,
 ) -> dict[str, Any]:
-    """The `ceiling` block of a results document: the three references and the two ratios."""
+    """The `ceiling` block of a results document: the references and the ratios to them."""
     peak = PEAK_TFLOPS.get(accelerator or "", {}).get(precision) if accelerator else None
     theoretical = theoretical_rps(flops_per_inference, peak)
-
-    def ratio(reference: float | None) -> float | None:
-        # four significant digits: a tiny model uses a hundred-thousandth of a T4
-        return float(f"{served_rps / reference:.4g}") if served_rps and reference else None
-
     report: dict[str, Any] = {
         "flopsPerInference": int(flops_per_inference),
-        "rawThroughputRps": round(raw_rps, 3) if raw_rps is not None else None,
-        "rawBatchSize": batch_size,
+        **raw,
         "accelerator": accelerator,
         "peakTflops": peak,
         "theoreticalRps": round(theoretical, 3) if theoretical is not None else None,
         "servedRps": served_rps,
-        "servedOverRaw": ratio(raw_rps),
-        "servedOverTheoretical": ratio(theoretical),
+        "servedOverRaw": ratio(served_rps, raw.get("rawAtFormedBatchRps")),
+        "servedOverBestRaw": ratio(served_rps, raw.get("rawBestRps")),
+        "servedOverTheoretical": ratio(served_rps, theoretical),
     }
     notes = []
-    if raw_rps is None:
+    if "rawTable" not in raw:
         notes.append("raw throughput is measured by local runs (servinglab run), on the machine that serves")
+    elif raw.get("rawAtFormedBatchRps") is None:
+        notes.append(f"the model alone could not be measured at the formed batch size {raw['rawBatchSize']}")
+    if raw.get("formedBatchSizeMean") is None and "rawTable" in raw:
+        notes.append("the formed batch size is unknown (no handler counters); the configured one is used")
     if accelerator is None:
         notes.append("no peak figure for this device (CPU); served/theoretical needs a known accelerator")
     elif peak is None:
@@ -104,42 +150,54 @@ def accelerator_from_spec(server: ServerSpec) -> str | None:
     return accelerator_of(product.replace("-", " ")) if product else None
 
 
-def served_rps(entries: list[dict[str, Any]], slo_p99_ms: float | None) -> float | None:
-    """The served figure a ceiling compares: the highest throughput, among levels within the SLO if set."""
-    within = [
-        float(e["throughputRps"])
+def served_level(entries: list[dict[str, Any]], slo_p99_ms: float | None) -> dict[str, Any] | None:
+    """The level a ceiling compares: the highest throughput, among levels within the SLO if set."""
+    within: list[dict[str, Any]] = [
+        e
         for e in entries
         if slo_p99_ms is None or meets_slo(e.get("latencyMs", {}).get("p99"), e["errors"], slo_p99_ms)
     ]
-    return max(within, default=None)
+    return max(within, key=lambda e: float(e["throughputRps"])) if within else None
 
 
 def for_experiment(
-    spec: ExperimentSpec, entries: list[dict[str, Any]], raw: tuple[float, str] | None
+    spec: ExperimentSpec,
+    entries: list[dict[str, Any]],
+    figures: Any | None = None,
+    device_kind: str | None = None,
 ) -> dict[str, Any] | None:
-    """The ceiling block for a finished run: `raw` is (in-process rps, device name) when measured
-    (local runs); otherwise the accelerator comes from the server's node selector (the load Job)."""
+    """The ceiling block for a finished run. `figures` are the raw probe's (local runs, measured at
+    :func:`plan` 's sizes on `device_kind` "cpu"/"cuda"); without them (the load Job) the accelerator
+    comes from the server's node selector."""
     if spec.model.name not in models.BUILTINS:
         return None  # FLOPs are counted from the built-in models' code
-    if raw is not None:
-        raw_rps, device = raw
-        accelerator = accelerator_of(device) if device != "cpu" else None
+    level = served_level(entries, spec.slo.p99_latency_ms)
+    formed, mean = formed_batch_size(level, spec.server.batch_size)
+    if figures is not None:
+        accelerator = accelerator_of(figures.device) if device_kind == "cuda" else None
     else:
-        raw_rps, accelerator = None, accelerator_from_spec(spec.server)
-    served = served_rps(entries, spec.slo.p99_latency_ms)
-    precision = str(spec.server.precision)
-    return ceiling_report(served, count_flops(spec.model.name), raw_rps, accelerator, precision, spec.server.batch_size)
+        accelerator = accelerator_from_spec(spec.server)
+    served = float(level["throughputRps"]) if level is not None else None
+    raw = raw_block(mean, formed, figures, spec.ceiling.raw_seconds)
+    return ceiling_report(served, count_flops(spec.model.name), raw, accelerator, str(spec.server.precision))
+
+
+def plan(spec: ExperimentSpec, entries: list[dict[str, Any]]) -> list[int]:
+    """The batch sizes a local run's raw probe measures for these results."""
+    level = served_level(entries, spec.slo.p99_latency_ms)
+    formed, _ = formed_batch_size(level, spec.server.batch_size)
+    return scan_batch_sizes(formed, spec.server.batch_size)
 
 
 # -- measurements (torch) ----------------------------------------------------------------------------
 
 
-def _imaging() -> ModuleType:
+def handler_imaging() -> ModuleType:
     """The handler's precision helpers, so the raw loop converts the model exactly as the server does."""
     return models.load_module(paths.handlers_dir() / "servinglab_imaging.py", "servinglab_imaging")
 
 
-def _network(model_name: str, weights: bool = False) -> tuple[Any, int]:
+def network(model_name: str, weights: bool = False) -> tuple[Any, int]:
     """The built-in model; with `weights`, the very weights its archive serves (calibrated
     BatchNorm: uncalibrated statistics can drive activations into slow denormal arithmetic)."""
     import torch
@@ -147,65 +205,21 @@ def _network(model_name: str, weights: bool = False) -> tuple[Any, int]:
     builtin = models.get_builtin(model_name)
     source = models.load_module(builtin.source)
     torch.manual_seed(builtin.seed)
-    network = source.build_model()
+    built = source.build_model()
     if weights:
         archive = models.ensure_built(model_name)
-        network.load_state_dict(torch.load(archive / models.WEIGHTS_FILE, map_location="cpu", weights_only=True))
-    return network.eval(), int(source.INPUT_SIZE)
+        built.load_state_dict(torch.load(archive / models.WEIGHTS_FILE, map_location="cpu", weights_only=True))
+    return built.eval(), int(source.INPUT_SIZE)
 
 
+@functools.cache
 def count_flops(model_name: str) -> float:
     """FLOPs of one inference (batch 1, fp32) of a built-in model."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    network, size = _network(model_name)
+    built, size = network(model_name)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:  # (inference_mode hides the ops from the counter)
-        network(torch.zeros(1, 3, size, size))
+        built(torch.zeros(1, 3, size, size))
     return float(counter.get_total_flops())
-
-
-RAW_SEGMENTS = 5
-
-
-def measure_raw(
-    model_name: str, precision: str, batch_size: int, device_name: str = "cpu", seconds: float = 5.0
-) -> tuple[float, str]:
-    """Inferences per second of the model alone at this batch size and precision, the best of
-    RAW_SEGMENTS equal parts of `seconds`; (rps, device name)."""
-    import torch
-
-    device = torch.device(device_name)
-    imaging = _imaging()
-    plan = imaging.plan_precision(precision, device)
-    network, size = _network(model_name, weights=True)
-    channels_last = device.type == "cuda"  # the handler's default
-    network = imaging.apply_precision(network.to(device), plan, channels_last)
-    batch = torch.randn(batch_size, 3, size, size, generator=torch.Generator().manual_seed(0))
-    batch = batch.to(device=device, dtype=plan.dtype)
-    if channels_last:
-        batch = batch.contiguous(memory_format=torch.channels_last)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    with torch.inference_mode():
-        for _ in range(3):  # warm-up: allocator, cuDNN/oneDNN algorithm choice
-            network(batch)
-        sync()
-        # The best of several segments: a ceiling is what the model reaches undisturbed, and a
-        # shared machine's background work only ever slows a segment down.
-        rates = []
-        for _ in range(RAW_SEGMENTS):
-            iterations, started = 0, time.perf_counter()
-            while time.perf_counter() - started < seconds / RAW_SEGMENTS or iterations < 2:
-                network(batch)
-                iterations += 1
-                if iterations % 4 == 0:
-                    sync()
-            sync()
-            rates.append(iterations * batch_size / (time.perf_counter() - started))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return max(rates), name

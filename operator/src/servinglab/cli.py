@@ -344,7 +344,8 @@ def print_results(document: dict[str, Any]) -> None:
     stdout.print(table)
     for warning in warnings:
         stdout.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
-    notes = [f"cold start {document.get('coldStartSeconds') or 0:.1f} s"]
+    warmup = f" (handler warm-up {document['warmupSeconds']:.1f} s)" if document.get("warmupSeconds") else ""
+    notes = [f"cold start {document.get('coldStartSeconds') or 0:.1f} s{warmup}"]
     best = document.get("best")
     if best:
         notes.append(f"best: level {level_label(best)} at {best['throughputRps']:.1f} rps")
@@ -370,8 +371,13 @@ def _ceiling_note(ceiling: dict[str, Any]) -> str:
     parts = [f"ceiling: {ceiling['flopsPerInference'] / 1e9:.3g} GFLOPs/inference"]
     if ceiling.get("servedOverRaw") is not None:
         parts.append(
-            f"served {ceiling['servedRps']:.1f} rps = {ceiling['servedOverRaw']:.0%} of the model alone "
-            f"({ceiling['rawThroughputRps']:.1f} rps in-process at batch {ceiling['rawBatchSize']})"
+            f"served {ceiling['servedRps']:.1f} rps = {ceiling['servedOverRaw']:.0%} of the model alone at the "
+            f"formed batch size {ceiling['rawBatchSize']} ({ceiling['rawAtFormedBatchRps']:.1f} rps in-process)"
+        )
+    if ceiling.get("servedOverBestRaw") is not None:
+        parts.append(
+            f"{ceiling['servedOverBestRaw']:.0%} of its best ({ceiling['rawBestRps']:.1f} rps at batch "
+            f"{ceiling['rawBestBatchSize']})"
         )
     if ceiling.get("servedOverTheoretical") is not None:
         parts.append(

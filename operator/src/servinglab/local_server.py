@@ -29,7 +29,7 @@ import psutil
 
 from servinglab import tsconfig
 from servinglab.java import find_java_home
-from servinglab.spec import ServerSpec
+from servinglab.spec import LoadSpec, ServerSpec
 
 _LINK_ABOVE_BYTES = 1 << 20
 
@@ -79,10 +79,13 @@ class WorkerStatus:
 class LocalTorchServe:
     """One TorchServe serving one model from a no-archive directory, configured from a ServerSpec."""
 
-    def __init__(self, model_name: str, archive: Path, server: ServerSpec, workdir: Path) -> None:
+    def __init__(
+        self, model_name: str, archive: Path, server: ServerSpec, workdir: Path, load: LoadSpec | None = None
+    ) -> None:
         self.model_name = model_name
         self.archive = archive
         self.server = server
+        self.load = load  # bounds the batch sizes the handler warms up
         self.workdir = workdir
         ports = free_ports(5)
         self.addresses = tsconfig.Addresses(
@@ -115,7 +118,7 @@ class LocalTorchServe:
                 target.symlink_to(entry.resolve())  # weights: hundreds of MB, read-only
             else:
                 shutil.copy2(entry, target)
-        (model_dir / "model-config.yaml").write_text(tsconfig.render_model_config(self.server))
+        (model_dir / "model-config.yaml").write_text(tsconfig.render_model_config(self.server, self.load))
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         metrics_path = self.workdir / "metrics.yaml"
         metrics_path.write_text(tsconfig.render_metrics_config())

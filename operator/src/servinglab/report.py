@@ -149,16 +149,22 @@ def _facts(document: dict[str, Any]) -> list[str]:
             f"Peak rate within the SLO: {_cell(peak.get('rateRps'))} rps after {peak.get('probes')} probes{note}"
         )
     if ceiling := document.get("ceiling"):
-        raw, batch = _cell(ceiling.get("rawThroughputRps")), ceiling.get("rawBatchSize")
+        raw, batch = _cell(ceiling.get("rawAtFormedBatchRps")), ceiling.get("rawBatchSize")
+        best, best_batch = _cell(ceiling.get("rawBestRps")), ceiling.get("rawBestBatchSize")
         theoretical, on = _cell(ceiling.get("theoreticalRps")), _cell(ceiling.get("accelerator"))
         note = f" — {html.escape(ceiling['note'])}" if ceiling.get("note") else ""
         facts.append(
             f"Ceiling: {ceiling['flopsPerInference'] / 1e9:.3g} GFLOPs per inference; the model alone "
-            f"{raw} rps at batch {batch} (served/raw {_cell(ceiling.get('servedOverRaw'), 3)}); theoretical "
-            f"{theoretical} rps on {on} (served/theoretical {ceiling.get('servedOverTheoretical') or '–'}){note}"
+            f"{raw} rps at the formed batch size {batch} (served/raw {_cell(ceiling.get('servedOverRaw'), 3)}), "
+            f"at best {best} rps at batch {best_batch} (served/best raw {_cell(ceiling.get('servedOverBestRaw'), 3)}); "
+            f"theoretical {theoretical} rps on {on} (served/theoretical {ceiling.get('servedOverTheoretical') or '–'})"
+            f"{note}"
         )
+        skipped = ceiling.get("rawSkipped") or []
+        facts += [f"Raw batch {row['batchSize']} skipped: {html.escape(row['reason'])}" for row in skipped]
     if cold := document.get("coldStartSeconds"):
-        facts.append(f"Cold start: {cold:.1f} s")
+        warmup = document.get("warmupSeconds")
+        facts.append(f"Cold start: {cold:.1f} s" + (f" (handler warm-up {warmup:.1f} s of it)" if warmup else ""))
     if precision_note := (document.get("runtime") or {}).get("precisionNote"):
         facts.append(html.escape(str(precision_note)))
     return facts

@@ -11,6 +11,7 @@ The caller must have imported Locust first (see :mod:`servinglab.entry`).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -23,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servinglab import ceiling, models, results, tsmetrics
+from servinglab import ceiling, models, rawprobe, results, tsmetrics
 from servinglab.loadgen import levels
 from servinglab.loadgen.hooks import LevelHooks, ProgressFn
 from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
 from servinglab.local_server import LocalTorchServe, ServerError
+from servinglab.rawprobe import RawCache
 from servinglab.spec import ServingExperiment
 
 
@@ -66,13 +68,28 @@ def resolve_archive(experiment: ServingExperiment, workdir: Path) -> tuple[Path,
     )
 
 
-def _precision_note(logs: Path) -> str | None:
-    """The worker's own statement of how the precision ran (native or emulated), from its log."""
+def _worker_statements(logs: Path, marker: str) -> list[str]:
+    """What the handler logged after `marker` ("servinglab precision:", ...), oldest first."""
     log = logs / "model_log.log"
     if not log.exists():
-        return None
-    notes = [line for line in log.read_text(errors="replace").splitlines() if "servinglab precision:" in line]
-    return notes[-1].split("servinglab precision:", 1)[1].strip() if notes else None
+        return []
+    lines = log.read_text(errors="replace").splitlines()
+    return [line.split(marker, 1)[1].strip() for line in lines if marker in line]
+
+
+def _precision_note(logs: Path) -> str | None:
+    """The worker's own statement of how the precision ran (native or emulated), from its log."""
+    notes = _worker_statements(logs, "servinglab precision:")
+    return notes[-1] if notes else None
+
+
+def _warmup(logs: Path, workers: int) -> dict[str, Any] | None:
+    """The handler's warm-up as the current workers reported it: the slowest worker's seconds (they
+    warm up side by side), the batch sizes it ran and those the time budget skipped."""
+    reports: list[dict[str, Any]] = [
+        json.loads(text) for text in _worker_statements(logs, "servinglab warm-up:")[-workers:]
+    ]
+    return max(reports, key=lambda report: float(report["seconds"])) if reports else None
 
 
 class Interrupted(BaseException):  # like KeyboardInterrupt: not an error to catch
@@ -106,8 +123,11 @@ def _interrupts_stop_the_run() -> Iterator[None]:
             watcher.cancel()
 
 
-def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> dict[str, Any]:
-    """Run the experiment against a local TorchServe and return the results document."""
+def run_local(
+    experiment: ServingExperiment, hooks: RunHooks | None = None, raw_cache: RawCache | None = None
+) -> dict[str, Any]:
+    """Run the experiment against a local TorchServe and return the results document; `raw_cache`
+    lets several runs (a sweep's trials) measure the model alone at each batch size once."""
     hooks = hooks or RunHooks()
     spec = experiment.spec
     started_at = results.now_iso()
@@ -117,7 +137,7 @@ def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> d
         try:
             hooks.phase(f"Preparing model {spec.model.name}")
             archive, image_size = resolve_archive(experiment, workdir)
-            server = LocalTorchServe(spec.model.name, archive, spec.server, workdir)
+            server = LocalTorchServe(spec.model.name, archive, spec.server, workdir, spec.load)
             try:
                 hooks.phase("Starting TorchServe")
                 server.start()
@@ -127,7 +147,7 @@ def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> d
             finally:
                 server.stop()
             # after the server stopped: the model alone, on the same machine
-            if spec.ceiling.enabled and (figures := _ceiling(experiment, document, server.gpus > 0, hooks)):
+            if spec.ceiling.enabled and (figures := _ceiling(experiment, document, server.gpus > 0, hooks, raw_cache)):
                 document["ceiling"] = figures
             document["startedAt"] = started_at
             return document
@@ -145,15 +165,22 @@ def run_local(experiment: ServingExperiment, hooks: RunHooks | None = None) -> d
 
 
 def _ceiling(
-    experiment: ServingExperiment, document: dict[str, Any], gpu: bool, hooks: RunHooks
+    experiment: ServingExperiment, document: dict[str, Any], gpu: bool, hooks: RunHooks, cache: RawCache | None
 ) -> dict[str, Any] | None:
     spec = experiment.spec
     if spec.model.name not in models.BUILTINS:
         return None
-    batch, precision, seconds = spec.server.batch_size, str(spec.server.precision), spec.ceiling.raw_seconds
-    hooks.phase(f"Ceiling: {spec.model.name} alone in-process, batch {batch}, {precision}, {seconds:g} s")
-    raw = ceiling.measure_raw(spec.model.name, precision, batch, "cuda" if gpu else "cpu", seconds)
-    return ceiling.for_experiment(spec, document["results"], raw)
+    sizes = ceiling.plan(spec, document["results"])
+    precision, seconds, device = str(spec.server.precision), spec.ceiling.raw_seconds, "cuda" if gpu else "cpu"
+    hooks.phase(
+        f"Ceiling: {spec.model.name} alone in-process, {precision}, at the formed batch size {sizes[0]} "
+        f"and the best of {sorted(sizes)}, within {seconds:g} s"
+    )
+    try:
+        figures = rawprobe.measure(spec.model.name, precision, device, sizes, seconds, hooks.phase, cache)
+    except rawprobe.RawProbeError as exc:
+        raise RunError(str(exc)) from None
+    return ceiling.for_experiment(spec, document["results"], figures, device)
 
 
 def _measure(
@@ -197,10 +224,11 @@ def _measure(
         "mode": "local",
         "device": "cuda" if server.gpus > 0 else "cpu",
         "precisionNote": _precision_note(server.workdir / "logs"),
+        "warmup": (warmup := _warmup(server.workdir / "logs", spec.server.workers)),
         "cpuCount": os.cpu_count(),
         "machine": platform.machine(),
     }
-    return results.document(
+    document = results.document(
         experiment,
         entries,
         cold_start,
@@ -210,3 +238,5 @@ def _measure(
         finished_at=results.now_iso(),
         peak_rate=outcome.peak,
     )
+    document["warmupSeconds"] = warmup["seconds"] if warmup else None
+    return document

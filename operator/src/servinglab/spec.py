@@ -126,6 +126,13 @@ class ServerSpec(_Spec):
     job_queue_size: int = Field(default=1000, ge=1, le=100_000)
     response_timeout_seconds: int = Field(default=300, ge=1, le=3600)
     startup_timeout_seconds: int = Field(default=600, ge=1, le=7200)
+    warmup_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="Time budget of each worker's warm-up before it serves: the batch sizes the load can form "
+        "(powers of two) run once each, smallest first, until the next would overrun it. 0 = no warm-up.",
+    )
 
     @field_validator("image")
     @classmethod

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from servinglab.spec import ServerSpec
+from servinglab.spec import LoadSpec, ServerSpec
 
 ARCHIVE_VERSION = "1.0"
 
@@ -54,17 +54,29 @@ def _frontend_settings(server: ServerSpec) -> dict[str, int]:
     }
 
 
-def model_config(server: ServerSpec) -> dict[str, Any]:
+def warmup_batch_sizes(batch_size: int, load: LoadSpec | None) -> list[int]:
+    """The batch sizes a worker warms up: powers of two up to the largest batch the load can form.
+    A closed loop never has more requests outstanding than its largest concurrency; an open loop
+    can fill any batch up to the configured size."""
+    largest = batch_size
+    if load is not None and load.mode == "closed":
+        largest = min(batch_size, max(load.concurrency))
+    return sorted({min(2**i, largest) for i in range(largest.bit_length() + 1)})
+
+
+def model_config(server: ServerSpec, load: LoadSpec | None = None) -> dict[str, Any]:
     """The model-config.yaml contents: frontend batching/worker keys and the handler's settings."""
-    return {
-        **_frontend_settings(server),
-        "jobQueueSize": server.job_queue_size,
-        "handler": {"precision": str(server.precision), "warmup": True, "topK": 5},
+    handler = {
+        "precision": str(server.precision),
+        "warmupBatchSizes": warmup_batch_sizes(server.batch_size, load) if server.warmup_seconds > 0 else [],
+        "warmupSeconds": server.warmup_seconds,
+        "topK": 5,
     }
+    return {**_frontend_settings(server), "jobQueueSize": server.job_queue_size, "handler": handler}
 
 
-def render_model_config(server: ServerSpec) -> str:
-    return yaml.safe_dump(model_config(server), sort_keys=False)
+def render_model_config(server: ServerSpec, load: LoadSpec | None = None) -> str:
+    return yaml.safe_dump(model_config(server, load), sort_keys=False)
 
 
 def config_properties(

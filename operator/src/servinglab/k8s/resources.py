@@ -124,7 +124,7 @@ def config_map(owner: Owner, spec: ExperimentSpec, experiment_document: dict[str
         "metadata": _metadata(owner, Names(owner.name).config, "config"),
         "data": {
             "config.properties": pod_config_properties(spec.model.name, spec),
-            "model-config.yaml": tsconfig.render_model_config(spec.server),
+            "model-config.yaml": tsconfig.render_model_config(spec.server, spec.load),
             "metrics.yaml": tsconfig.render_metrics_config(),
             "experiment.yaml": yaml.safe_dump(experiment_document, sort_keys=False),
         },

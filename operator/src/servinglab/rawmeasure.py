@@ -1,0 +1,184 @@
+"""The model alone, in a child process: raw throughput at several batch sizes within a time budget.
+
+    python -m servinglab.rawmeasure '{"model": "tiny", "precision": "fp32", "device": "cpu",
+                                      "batchSizes": [8, 1, 2, 4], "seconds": 5}'
+
+Started by :mod:`servinglab.rawprobe` (never imported by the load-generating process: it imports
+torch). It runs in its own process so that Ctrl-C/SIGTERM end it at once even inside a forward pass
+that does not return to Python for a minute, and so that its memory is given back when it exits.
+
+It prints one JSON object per line on stdout, in order:
+``{"event": "ready", "setupSeconds", "device"}``, then per batch size ``{"event": "start",
+"batchSize"}`` followed by ``{"event": "measured", ...}`` or ``{"event": "skipped", "batchSize",
+"reason"}``, and finally ``{"event": "done", "measureSeconds"}``.
+
+The budget (`seconds`) bounds the measuring, not the setup (process start, model load): the first
+batch size always gets at least one pass (a pass longer than the whole budget is reported as one
+pass); later sizes are skipped when their estimated pass would not fit in what is left, or when
+their estimated activations would not fit in free memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import IO, Any
+
+#: Free memory a batch may plan to use; the rest stays for the system and the allocator's slack.
+MEMORY_FRACTION = 0.8
+#: Peak activation memory of a forward pass, as a multiple of the largest single activation:
+#: a layer's input and output coexist, and residual networks keep one more tensor alive.
+ACTIVATION_FACTOR = 3
+#: Contiguous groups of passes compared; the best one is the figure (a shared machine's background
+#: work only ever slows a group down, and a ceiling is what the model reaches undisturbed).
+SEGMENTS = 5
+
+
+_EVENTS: IO[str] = sys.stdout
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), file=_EVENTS, flush=True)
+
+
+def keep_stdout_for_events() -> None:
+    """Events own stdout; anything else printed here or by children (an archive build) goes to stderr."""
+    global _EVENTS  # noqa: PLW0603 (one process, one stream)
+    _EVENTS = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+
+
+def largest_activation_bytes(network: Any, sample: Any) -> int:
+    """Bytes of the largest tensor any leaf module produces for one sample (one forward at batch 1)."""
+    import torch
+
+    largest = 0
+
+    def record(_module: Any, _inputs: Any, output: Any) -> None:
+        nonlocal largest
+        if isinstance(output, torch.Tensor):
+            largest = max(largest, output.numel() * output.element_size())
+
+    leaves = [m for m in network.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(record) for m in leaves]
+    try:
+        with torch.inference_mode():
+            network(sample)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return int(max(largest, sample.numel() * sample.element_size()))
+
+
+def free_memory_bytes(device: Any) -> int:
+    import psutil
+    import torch
+
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    return int(psutil.virtual_memory().available)
+
+
+def best_segment_rps(batch_size: int, pass_seconds: list[float]) -> float:
+    """Inferences per second of the best of up to SEGMENTS contiguous groups of passes."""
+    count = min(SEGMENTS, len(pass_seconds))
+    size = len(pass_seconds) // count
+    groups = [pass_seconds[i * size : (i + 1) * size] for i in range(count)]
+    return max(batch_size * len(group) / sum(group) for group in groups)
+
+
+class Probe:
+    """The model on its device, converted to the precision exactly as the handler does it."""
+
+    def __init__(self, model: str, precision: str, device_name: str) -> None:
+        import torch
+
+        from servinglab import ceiling
+
+        self.torch = torch
+        self.device = torch.device(device_name)
+        imaging = ceiling.handler_imaging()
+        self.plan = imaging.plan_precision(precision, self.device)
+        network, self.size = ceiling.network(model, weights=True)
+        self.channels_last = self.device.type == "cuda"  # the handler's default
+        self.network = imaging.apply_precision(network.to(self.device), self.plan, self.channels_last)
+        self.generator = torch.Generator().manual_seed(0)
+        self.per_sample_bytes = ACTIVATION_FACTOR * largest_activation_bytes(self.network, self.batch(1))
+        self.device_label = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+
+    def batch(self, batch_size: int) -> Any:
+        torch = self.torch
+        shape = (batch_size, 3, self.size, self.size)
+        batch = torch.randn(*shape, generator=self.generator).to(device=self.device, dtype=self.plan.dtype)
+        return batch.contiguous(memory_format=torch.channels_last) if self.channels_last else batch
+
+    def forward(self, batch: Any) -> float:
+        """Seconds of one forward pass, the device synchronised."""
+        begun = time.perf_counter()
+        with self.torch.inference_mode():
+            self.network(batch)
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+        return time.perf_counter() - begun
+
+    def measure(self, batch_size: int, share: float) -> dict[str, Any]:
+        """A first pass (not counted), then timed passes until the next would overrun `share`."""
+        batch = self.batch(batch_size)
+        size_started = time.monotonic()
+        first = self.forward(batch)  # allocator growth, kernel/algorithm choice
+        passes: list[float] = []
+        while first <= share:
+            passes.append(self.forward(batch))
+            if time.monotonic() - size_started + passes[-1] > share:
+                break
+        if passes:
+            rps, note = best_segment_rps(batch_size, passes), None
+        else:
+            rps = batch_size / first
+            note = f"one pass of {first:.1f} s (first pass included): longer than this size's {share:.1f} s share"
+        fastest = min(passes) if passes else first
+        return {"batchSize": batch_size, "throughputRps": round(rps, 3), "passes": max(len(passes), 1),
+                "passSeconds": round(fastest, 4), "note": note}  # fmt: skip
+
+
+def skip_reason(probe: Probe, batch_size: int, remaining: float, seconds_per_sample: float | None) -> str | None:
+    """Why a batch size cannot be measured now (memory, or the budget left), or None."""
+    needed = probe.per_sample_bytes * batch_size
+    free = free_memory_bytes(probe.device)
+    if needed > MEMORY_FRACTION * free:
+        return f"needs about {needed / 2**30:.1f} GiB for activations, {free / 2**30:.1f} GiB free"
+    if seconds_per_sample is not None and 2 * seconds_per_sample * batch_size > remaining:  # first + one timed
+        estimate = seconds_per_sample * batch_size
+        return f"one pass would take about {estimate:.1f} s, {max(remaining, 0):.1f} s of the budget left"
+    return None
+
+
+def main(request: dict[str, Any]) -> None:
+    started = time.monotonic()
+    keep_stdout_for_events()
+    probe = Probe(request["model"], request["precision"], request["device"])
+    emit("ready", setupSeconds=round(time.monotonic() - started, 3), device=probe.device_label)
+    sizes: list[int] = request["batchSizes"]
+    measure_started = time.monotonic()
+    deadline = measure_started + float(request["seconds"])
+    seconds_per_sample: float | None = None  # from the last size measured: estimates the next pass
+    for index, batch_size in enumerate(sizes):
+        remaining = deadline - time.monotonic()
+        if (reason := skip_reason(probe, batch_size, remaining, seconds_per_sample)) is not None:
+            emit("skipped", batchSize=batch_size, reason=reason)
+            continue
+        # The first size (the one the server formed) gets half the budget when others follow.
+        later = len(sizes) - index - 1
+        share = remaining / 2 if index == 0 and later else remaining / (later + 1)
+        emit("start", batchSize=batch_size)
+        row = probe.measure(batch_size, share)
+        seconds_per_sample = row["passSeconds"] / batch_size
+        emit("measured", **row)
+    emit("done", measureSeconds=round(time.monotonic() - measure_started, 3))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

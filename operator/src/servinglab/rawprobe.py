@@ -1,0 +1,133 @@
+"""Run :mod:`servinglab.rawmeasure` as a child process and collect its figures, with progress,
+prompt interruption and a cache shared by the trials of a sweep.
+
+Called by the local runner after the server has stopped (`runner._ceiling`) and by benchmarks. The
+parent never imports torch. While the child runs, the parent reads its lines with a one-second
+select (cooperative under gevent, so the runner's SIGINT/SIGTERM handler still runs), reports which
+batch size is being measured and for how long, and on any exception — an interrupt included — kills
+the child's whole process group before re-raising.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Seconds between "still measuring" progress messages during one long pass.
+HEARTBEAT_SECONDS = 10.0
+
+
+class RawProbeError(RuntimeError):
+    """The child failed; the message carries the end of its stderr."""
+
+
+@dataclass
+class RawFigures:
+    """What one probe (or the cache) knows: per batch size, a measured row or a skip reason."""
+
+    device: str
+    measured: dict[int, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[int, str] = field(default_factory=dict)
+    setup_seconds: float = 0.0
+    measure_seconds: float = 0.0
+    from_cache: list[int] = field(default_factory=list)
+
+
+CacheKey = tuple[str, str, str, int]  # (model, precision, device kind, batch size)
+
+
+@dataclass
+class RawCache:
+    """Measured rows and skip reasons by (model, precision, device, batch size): a sweep's trials
+    measure each size once, and do not spend their budget again on a size already skipped."""
+
+    rows: dict[CacheKey, dict[str, Any]] = field(default_factory=dict)
+    skipped: dict[CacheKey, str] = field(default_factory=dict)
+    device_names: dict[str, str] = field(default_factory=dict)
+
+
+def measure(
+    model: str,
+    precision: str,
+    device: str,
+    batch_sizes: list[int],
+    seconds: float,
+    progress: Callable[[str], None] = lambda message: None,
+    cache: RawCache | None = None,
+) -> RawFigures:
+    """Raw throughput at `batch_sizes` (first one first, the rest as the budget allows)."""
+    cache = cache if cache is not None else RawCache()
+    keys = {b: (model, precision, device, b) for b in batch_sizes}
+    known = {b: cache.rows[key] for b, key in keys.items() if key in cache.rows}
+    skipped = {b: cache.skipped[key] for b, key in keys.items() if key in cache.skipped}
+    wanted = [b for b in batch_sizes if b not in known and b not in skipped]
+    figures = RawFigures(cache.device_names.get(device, device), dict(known), skipped, from_cache=sorted(known))
+    if not wanted:
+        return figures
+    request = {"model": model, "precision": precision, "device": device, "batchSizes": wanted, "seconds": seconds}
+    for event in _child_events(request, progress):
+        kind = event["event"]
+        if kind == "ready":
+            figures.device, figures.setup_seconds = event["device"], event["setupSeconds"]
+            cache.device_names[device] = event["device"]
+        elif kind == "measured":
+            row = {k: v for k, v in event.items() if k != "event"}
+            figures.measured[row["batchSize"]] = row
+            cache.rows[(model, precision, device, row["batchSize"])] = row
+        elif kind == "skipped":
+            figures.skipped[event["batchSize"]] = event["reason"]
+            cache.skipped[(model, precision, device, event["batchSize"])] = event["reason"]
+        elif kind == "done":
+            figures.measure_seconds = event["measureSeconds"]
+    return figures
+
+
+def _child_events(request: dict[str, Any], progress: Callable[[str], None]) -> Any:
+    errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed in finally) a file, not a pipe: never blocks the child
+    child = subprocess.Popen(
+        [sys.executable, "-m", "servinglab.rawmeasure", json.dumps(request)],
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own group: an interrupt here ends every thread torch started
+    )
+    assert child.stdout is not None
+    try:
+        buffer, current, since, last_note = b"", None, time.monotonic(), time.monotonic()
+        while True:
+            readable, _, _ = select.select([child.stdout], [], [], 1.0)
+            if readable:
+                chunk = os.read(child.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    event = json.loads(line)
+                    if event["event"] == "start":
+                        current, since = event["batchSize"], time.monotonic()
+                        last_note = since
+                        progress(f"Ceiling: model alone at batch {current}")
+                    yield event
+            elif current is not None and time.monotonic() - last_note >= HEARTBEAT_SECONDS:
+                progress(f"Ceiling: still at batch {current}, {time.monotonic() - since:.0f} s so far")
+                last_note = time.monotonic()
+        if child.wait() != 0:
+            errors.seek(0)
+            tail = errors.read().decode(errors="replace").strip().splitlines()[-8:]
+            raise RawProbeError(f"the raw-throughput probe exited with {child.returncode}: " + "\n".join(tail))
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        child.stdout.close()
+        errors.close()
