@@ -49,7 +49,8 @@ def main() -> None:
     rows = []
     for size in args.sizes:
         old_warmup = sum(pass_seconds[s] for s in tsconfig.warmup_batch_sizes(size, None))
-        old_raw = max(args.raw_seconds, (OLD_WARMUP_PASSES + OLD_SEGMENTS * OLD_PASSES_PER_SEGMENT) * pass_seconds[size])
+        old_passes = OLD_WARMUP_PASSES + OLD_SEGMENTS * OLD_PASSES_PER_SEGMENT
+        old_raw = max(args.raw_seconds, old_passes * pass_seconds[size])
         new_warmup = warm_up(lambda s: probe.forward(probe.batch(s)), tsconfig.warmup_batch_sizes(size, load),
                              args.warmup_seconds)  # fmt: skip
         formed = min(size, args.users)
@@ -57,7 +58,8 @@ def main() -> None:
         figures = rawprobe.measure("resnet50", "fp32", "cpu", ceiling.scan_batch_sizes(formed, size), args.raw_seconds)
         wall = time.monotonic() - started
         rows.append([size, f"{old_warmup:.1f}", f"{new_warmup['seconds']:.1f} {new_warmup['batchSizes']}",
-                     f"{old_raw:.1f} (batch {size})", f"{figures.measure_seconds:.1f} + setup {figures.setup_seconds:.1f}",
+                     f"{old_raw:.1f} (batch {size})",
+                     f"{figures.measure_seconds:.1f} + setup {figures.setup_seconds:.1f}",
                      f"{wall:.1f}", len(figures.measured), len(figures.skipped)])  # fmt: skip
     print(table(["batch size", "warm-up before s", "warm-up after s [sizes]", "raw before s", "raw after s",
                  "raw after wall s", "sizes measured", "sizes skipped"], rows))  # fmt: skip
