@@ -29,7 +29,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
-class _Spec(BaseModel):
+class SpecModel(BaseModel):
     """Base: camelCase on the wire, snake_case in Python, unknown fields rejected."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
@@ -56,7 +56,7 @@ class PayloadFormat(StrEnum):
     RAW = "raw"
 
 
-class ModelRef(_Spec):
+class ModelRef(SpecModel):
     """Which model to serve: a built-in demo model, or an existing archive."""
 
     name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
@@ -76,7 +76,7 @@ class ModelRef(_Spec):
         return self
 
 
-class Toleration(_Spec):
+class Toleration(SpecModel):
     """A Kubernetes toleration, as in a pod spec."""
 
     key: str | None = None
@@ -86,7 +86,7 @@ class Toleration(_Spec):
     toleration_seconds: int | None = Field(default=None, ge=0)
 
 
-class Resources(_Spec):
+class Resources(SpecModel):
     """CPU/memory requests and limits for the server container (GPUs come from `server.gpus`)."""
 
     requests: dict[str, str] = Field(default_factory=dict)
@@ -106,7 +106,7 @@ class Resources(_Spec):
 DEFAULT_SERVER_IMAGE = "pytorch/torchserve:0.12.0-gpu"
 
 
-class ServerSpec(_Spec):
+class ServerSpec(SpecModel):
     """The TorchServe configuration under test."""
 
     batch_size: int = Field(default=1, ge=1, le=1024, description="TorchServe batchSize.")
@@ -145,7 +145,7 @@ class ServerSpec(_Spec):
         return value
 
 
-class PayloadSpec(_Spec):
+class PayloadSpec(SpecModel):
     """What each request carries. Image size defaults to the model's input size."""
 
     format: PayloadFormat = PayloadFormat.JPEG
@@ -154,7 +154,7 @@ class PayloadSpec(_Spec):
     seed: int = Field(default=0, ge=0)
 
 
-class StabilitySpec(_Spec):
+class StabilitySpec(SpecModel):
     """When a level's numbers have settled: its last `windows` windows agree within `tolerance`."""
 
     window_seconds: float = Field(default=5.0, gt=0, le=600, description="Length of one measurement window.")
@@ -170,7 +170,7 @@ class StabilitySpec(_Spec):
     )
 
 
-class GeneratorLimits(_Spec):
+class GeneratorLimits(SpecModel):
     """When the load generator, not the server, is the limit: its results are flagged."""
 
     max_cpu_percent: float = Field(
@@ -184,7 +184,7 @@ class GeneratorLimits(_Spec):
     )
 
 
-class RateSearchSpec(_Spec):
+class RateSearchSpec(SpecModel):
     """Find the highest open-loop rate whose p99 meets `slo.p99LatencyMs` (bisection between two rates)."""
 
     min_rps: float = Field(gt=0, le=1_000_000, description="Lowest rate tried; expected to meet the SLO.")
@@ -199,7 +199,7 @@ class RateSearchSpec(_Spec):
         return self
 
 
-class LoadSpec(_Spec):
+class LoadSpec(SpecModel):
     """The load test: closed-loop concurrency levels or open-loop rates, each warmed up then measured."""
 
     mode: Literal["closed", "open"] = Field(
@@ -266,19 +266,19 @@ class LoadSpec(_Spec):
         return value
 
 
-class SloSpec(_Spec):
+class SloSpec(SpecModel):
     """Optional latency objective; levels that meet it are marked and the best one picked."""
 
     p99_latency_ms: float | None = Field(default=None, gt=0, le=3_600_000)
 
 
-class MetricsSpec(_Spec):
+class MetricsSpec(SpecModel):
     """Where GPU (DCGM) metrics are read from on Kubernetes."""
 
     prometheus_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
 
 
-class CleanupSpec(_Spec):
+class CleanupSpec(SpecModel):
     """What happens to the server under test once the experiment has finished."""
 
     delete_server: bool = Field(
@@ -286,14 +286,14 @@ class CleanupSpec(_Spec):
     )
 
 
-class CeilingSpec(_Spec):
+class CeilingSpec(SpecModel):
     """The references a served result is compared with (FLOPs, raw in-process throughput, peak)."""
 
     enabled: bool = Field(default=True, description="Measure the model alone after the run (local runs).")
     raw_seconds: float = Field(default=5.0, gt=0, le=600, description="How long the in-process loop runs.")
 
 
-class ExperimentSpec(_Spec):
+class ExperimentSpec(SpecModel):
     """`spec` of a ServingExperiment."""
 
     model: ModelRef
@@ -311,7 +311,7 @@ class ExperimentSpec(_Spec):
         return self
 
 
-class ObjectMeta(_Spec):
+class ObjectMeta(SpecModel):
     """The part of Kubernetes metadata an experiment file may carry."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
@@ -333,7 +333,7 @@ class ObjectMeta(_Spec):
         return value
 
 
-class ServingExperiment(_Spec):
+class ServingExperiment(SpecModel):
     """A whole experiment document, as applied with kubectl or run with `servinglab run`."""
 
     api_version: Literal["servinglab.dev/v1alpha1"]
@@ -345,14 +345,14 @@ class ServingExperiment(_Spec):
 class SpecError(ValueError):
     """An experiment failed validation; `problems` holds one 'field.path: message' per error."""
 
-    def __init__(self, problems: list[str], source: str | None = None) -> None:
+    def __init__(self, problems: list[str], source: str | None = None, what: str = "experiment") -> None:
         self.problems = problems
         self.source = source
         where = f"{source}: " if source else ""
-        super().__init__(where + "invalid experiment:\n  " + "\n  ".join(problems))
+        super().__init__(where + f"invalid {what}:\n  " + "\n  ".join(problems))
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
+def field_path(loc: tuple[int | str, ...]) -> str:
     path = ""
     for part in loc:
         if isinstance(part, int):
@@ -362,7 +362,7 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return path or "(document)"
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def describe_error(error: Mapping[str, Any]) -> str:
     """One human sentence for a pydantic error, always quoting the offending value."""
     kind = error["type"]
     ctx = error.get("ctx") or {}
@@ -398,7 +398,7 @@ def parse_experiment(document: Any, source: str | None = None) -> ServingExperim
     try:
         return ServingExperiment.model_validate(document)
     except ValidationError as exc:
-        problems = [f"{_field_path(e['loc'])}: {_describe(e)}" for e in exc.errors()]
+        problems = [f"{field_path(e['loc'])}: {describe_error(e)}" for e in exc.errors()]
         raise SpecError(problems, source) from None
 
 

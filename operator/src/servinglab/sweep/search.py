@@ -1,0 +1,197 @@
+"""Which configurations a sweep tries next: grid, list, or a search that needs far fewer trials.
+
+Pure and deterministic: :func:`propose` is a function of the sweep spec and the outcomes so far
+(plus what is running), with no hidden state, so a sweep resumes after a restart by replaying what
+the API server or the output folder holds, and a test drives it on synthetic response surfaces.
+
+The search works on the lattice of axis indexes (batch, delay, workers ascending; precision as a
+category) and improves on Model Analyzer's quick search (coordinate hill-climbing from the small
+corner) in five ways:
+
+1. **Precision screening**: the start point (middle batch and delay, fewest workers) is measured at
+   every precision first; a precision whose best is below SCREEN_RATIO of the overall best is
+   dominated and not climbed (a cross-check at the end can revive it).
+2. **Start in the middle** of the batch and delay axes, not the small corner: about half the climb.
+3. **First improvement with momentum**: neighbours (one index step on one axis, the queue delay
+   included) are tried one at a time, the direction of the last successful move first, and the
+   climb moves as soon as one is better.
+4. **Pruning**: an out-of-memory at (precision, batch, workers) marks every configuration with at
+   least that batch and those workers at that precision as infeasible without running it — in the
+   grid too.
+5. **Stopping**: on convergence (every neighbour of each live precision's best tried, and the best
+   configuration cross-checked at the other precisions), after `stop.patience` trials without an
+   improvement of `stop.minImprovement`, or at `maxTrials`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from servinglab.sweepspec import SweepSpec, TrialConfig, axis_values, grid
+
+#: A precision whose best is below this share of the overall best is not climbed.
+SCREEN_RATIO = 0.75
+#: Trial outcomes that imply larger configurations fail too (same precision, >= batch and workers).
+OUT_OF_MEMORY = "OutOfMemory"
+
+Key = tuple[int, int, int, str]
+Index = tuple[int, int, int, int]
+#: Neighbour steps in (batch, delay, workers) index space, in the order they are tried.
+STEPS: tuple[tuple[int, int, int], ...] = ((1, 0, 0), (0, 0, 1), (0, 1, 0), (-1, 0, 0), (0, -1, 0), (0, 0, -1))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished trial as the search sees it: its capacity within the SLO, or why there is none.
+
+    `score` is None for a trial that ran but had no level within the SLO (`feasible` True) and for
+    one that could not run (`feasible` False, `reason` such as OutOfMemory, NeverReady, Crashed).
+    """
+
+    config: TrialConfig
+    score: float | None
+    feasible: bool = True
+    reason: str | None = None
+
+
+@dataclass
+class Proposal:
+    """What to run next (at most the slots asked for) and, when nothing is left, why the sweep stops."""
+
+    configs: list[TrialConfig] = field(default_factory=list)
+    stop_reason: str | None = None
+
+
+def pruned_by(history: list[Outcome], config: TrialConfig) -> str | None:
+    """Why `config` need not run: an out-of-memory at no more batch and workers, same precision."""
+    for outcome in history:
+        other = outcome.config
+        if (
+            outcome.reason == OUT_OF_MEMORY
+            and other.precision == config.precision
+            and config.batch_size >= other.batch_size
+            and config.workers >= other.workers
+            and config.key() != other.key()
+        ):
+            return f"implied by {OUT_OF_MEMORY} at {other.label()}"
+    return None
+
+
+def _value(outcome: Outcome) -> float:
+    """Order of merit: a capacity; then a trial that ran but met no SLO; then one that could not run."""
+    if outcome.score is not None:
+        return outcome.score
+    return -1.0 if outcome.feasible else -2.0
+
+
+def best(history: list[Outcome]) -> Outcome | None:
+    """The trial with the highest capacity within the SLO (the earliest among equals), if any."""
+    scored = [o for o in history if o.score is not None]
+    return max(scored, key=lambda o: o.score or 0.0) if scored else None
+
+
+def _patience_spent(sweep: SweepSpec, history: list[Outcome]) -> bool:
+    """True when the last `patience` trials did not raise the best by `minImprovement`."""
+    record, since = None, 0
+    for outcome in history:
+        if outcome.score is not None and (record is None or outcome.score > record * (1 + sweep.stop.min_improvement)):
+            record, since = outcome.score, 0
+        else:
+            since += 1
+    return since >= sweep.stop.patience
+
+
+def propose(sweep: SweepSpec, history: list[Outcome], running: list[TrialConfig], slots: int) -> Proposal:
+    """Up to `slots` configurations to start now, given the finished `history` and those `running`."""
+    limit = sweep.max_trials
+    done = {o.config.key() for o in history}
+    busy = {c.key() for c in running}
+    if limit is not None and len(done) + len(busy) >= limit:
+        return Proposal(stop_reason=None if busy else f"maxTrials ({limit}) reached")
+    if sweep.strategy == "search" and history and _patience_spent(sweep, history):
+        return Proposal(stop_reason=None if busy else f"no improvement of {sweep.stop.min_improvement:.0%} "
+                        f"in the last {sweep.stop.patience} trials")  # fmt: skip
+    room = slots if limit is None else min(slots, limit - len(done) - len(busy))
+    if sweep.strategy == "search":
+        candidates = _SearchState(sweep, history).candidates()
+        finished = "converged: the best configuration's neighbours and other precisions were tried"
+    else:
+        candidates = grid(sweep)
+        finished = "every configuration was tried" + (" or pruned" if any(o.reason for o in history) else "")
+    chosen = [c for c in candidates if c.key() not in done and c.key() not in busy and not pruned_by(history, c)]
+    chosen = list({c.key(): c for c in chosen}.values())[: max(room, 0)]
+    return Proposal(configs=chosen, stop_reason=finished if not chosen and not busy else None)
+
+
+class _SearchState:
+    """The lattice and the outcomes on it, rebuilt from the history on every call."""
+
+    def __init__(self, sweep: SweepSpec, history: list[Outcome]) -> None:
+        self.batches, self.delays, self.workers, self.precisions = axis_values(sweep)
+        self.history = history
+        self.by_key = {o.config.key(): o for o in history}
+
+    def config(self, index: Index) -> TrialConfig:
+        b, d, w, p = index
+        return TrialConfig(
+            batch_size=self.batches[b], max_batch_delay_ms=self.delays[d], workers=self.workers[w],
+            precision=self.precisions[p],
+        )  # fmt: skip
+
+    def index(self, config: TrialConfig) -> Index:
+        return (
+            self.batches.index(config.batch_size),
+            self.delays.index(config.max_batch_delay_ms),
+            self.workers.index(config.workers),
+            self.precisions.index(config.precision),
+        )
+
+    def start(self, precision: int) -> Index:
+        return (len(self.batches) // 2, len(self.delays) // 2, 0, precision)
+
+    def homes(self, precision: int) -> list[Index]:
+        """The successive best configurations of one precision, in the order the climb found them."""
+        chain: list[Index] = []
+        record = None
+        for outcome in self.history:
+            if self.index(outcome.config)[3] != precision:
+                continue
+            if record is None or _value(outcome) > record:
+                record = _value(outcome)
+                chain.append(self.index(outcome.config))
+        return chain
+
+    def neighbours(self, home: Index, previous: Index | None) -> list[Index]:
+        steps = list(STEPS)
+        if previous is not None:
+            momentum = tuple(max(-1, min(1, home[i] - previous[i])) for i in range(3))
+            if momentum in steps:
+                steps.remove(momentum)  # type: ignore[arg-type]
+                steps.insert(0, momentum)  # type: ignore[arg-type]
+        sizes = (len(self.batches), len(self.delays), len(self.workers))
+        found = []
+        for step in steps:
+            moved = tuple(home[i] + step[i] for i in range(3))
+            if all(0 <= moved[i] < sizes[i] for i in range(3)):
+                found.append((moved[0], moved[1], moved[2], home[3]))
+        return found
+
+    def candidates(self) -> list[TrialConfig]:
+        """Every configuration worth trying now, most promising first (the caller drops done ones)."""
+        starts = [self.config(self.start(p)) for p in range(len(self.precisions))]
+        if any(c.key() not in self.by_key for c in starts):
+            return starts  # screening first
+        overall = best(self.history)
+        top = overall.score if overall is not None else None
+        bests = {p: max((_value(o) for o in self.history if self.index(o.config)[3] == p), default=-2.0)
+                 for p in range(len(self.precisions))}  # fmt: skip
+        live = [p for p in range(len(self.precisions)) if top is None or bests[p] >= SCREEN_RATIO * top]
+        ordered: list[TrialConfig] = []
+        for precision in sorted(live, key=lambda p: -bests[p]):
+            chain = self.homes(precision)
+            home, previous = chain[-1], (chain[-2] if len(chain) > 1 else None)
+            ordered += [self.config(i) for i in self.neighbours(home, previous)]
+        if overall is not None:  # then the best configuration at the other precisions: a screening check
+            b, d, w, p = self.index(overall.config)
+            ordered += [self.config((b, d, w, q)) for q in range(len(self.precisions)) if q != p]
+        return ordered

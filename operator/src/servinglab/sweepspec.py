@@ -1,0 +1,263 @@
+"""The ServingSweep v1alpha1 spec: many configurations of one experiment, searched for the best.
+
+A sweep is a `template` experiment spec plus the server settings to vary: a `space` of axes
+(batch size, max batch delay, workers, precision) searched by `grid` (every combination) or by
+`search` (far fewer trials, :mod:`servinglab.sweep.search`), or an explicit list of
+`configurations`. Every trial is the template with one configuration applied; the objective is the
+highest throughput that meets the template's SLO. Validation names every bad field like the
+experiment's (:func:`parse_sweep`), including values of an axis that the experiment would refuse.
+
+Used by `servinglab sweep` (local), the sweep reconciler (cluster) and the CRD generator.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from servinglab.spec import (
+    ExperimentSpec,
+    ObjectMeta,
+    Precision,
+    ServerSpec,
+    SpecError,
+    SpecModel,
+    describe_error,
+    field_path,
+)
+
+SWEEP_KIND = "ServingSweep"
+#: A space larger than this is refused: at a minute or more per trial it would run for days.
+MAX_SPACE = 512
+
+AXES = ("batchSize", "maxBatchDelayMs", "workers", "precision")
+
+
+class IntAxis(SpecModel):
+    """One integer axis: explicit `values`, or a range `min`..`max` in powers of two or linear steps."""
+
+    values: list[int] | None = Field(default=None, min_length=1, max_length=64)
+    min: int | None = Field(default=None, ge=1)
+    max: int | None = Field(default=None, ge=1)
+    scale: Literal["pow2", "linear"] = Field(default="pow2", description="Range form: powers of two, or steps.")
+    step: int = Field(default=1, ge=1, description="Range form with scale linear: the step.")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> IntAxis:
+        has_range = self.min is not None or self.max is not None
+        if (self.values is None) == (not has_range):
+            raise ValueError("give either values or min and max")
+        if has_range and (self.min is None or self.max is None or self.min > self.max):
+            raise ValueError(f"min {self.min} and max {self.max} must both be set, min <= max")
+        if self.values is not None and len(set(self.values)) != len(self.values):
+            raise ValueError(f"values {self.values} repeat a value")
+        return self
+
+    def expand(self) -> list[int]:
+        """The axis' values, ascending."""
+        if self.values is not None:
+            return sorted(self.values)
+        assert self.min is not None and self.max is not None
+        if self.scale == "linear":
+            return list(range(self.min, self.max + 1, self.step))
+        first = (self.min - 1).bit_length()  # smallest power of two >= min
+        return [2**i for i in range(first, self.max.bit_length()) if self.min <= 2**i <= self.max]
+
+
+class PrecisionAxis(SpecModel):
+    """The precisions to try."""
+
+    values: list[Precision] = Field(min_length=1, max_length=4)
+
+
+class SweepSpace(SpecModel):
+    """The axes to vary; an axis left out keeps the template's value."""
+
+    batch_size: IntAxis | None = None
+    max_batch_delay_ms: IntAxis | None = None
+    workers: IntAxis | None = None
+    precision: PrecisionAxis | None = None
+
+
+class TrialConfig(SpecModel):
+    """One configuration: the server settings a trial applies to the template."""
+
+    batch_size: int = Field(ge=1, le=1024)
+    max_batch_delay_ms: int = Field(ge=1, le=60_000)
+    workers: int = Field(ge=1, le=64)
+    precision: Precision
+
+    def key(self) -> tuple[int, int, int, str]:
+        return (self.batch_size, self.max_batch_delay_ms, self.workers, str(self.precision))
+
+    def label(self) -> str:
+        """Short, unique and DNS-safe: b8-d5-w1-fp32."""
+        return f"b{self.batch_size}-d{self.max_batch_delay_ms}-w{self.workers}-{self.precision}"
+
+
+class StopSpec(SpecModel):
+    """When a search stops before it has converged."""
+
+    patience: int = Field(default=8, ge=1, le=500, description="Stop after this many trials without improvement.")
+    min_improvement: float = Field(
+        default=0.02, ge=0, le=1, description="An improvement smaller than this share of the best does not count."
+    )
+
+
+class ObjectiveSpec(SpecModel):
+    """What the best configuration maximises: throughput within the template's SLO."""
+
+    max_error_rate: float = Field(
+        default=0.0, ge=0, le=1, description="A level may have at most this share of failed requests to count."
+    )
+
+
+class SweepSpec(SpecModel):
+    """`spec` of a ServingSweep."""
+
+    template: ExperimentSpec
+    strategy: Literal["grid", "search", "list"] = Field(
+        default="search",
+        description="grid: every combination; search: hill-climbing with precision screening and pruning; "
+        "list: exactly `configurations`, in order.",
+    )
+    space: SweepSpace = Field(default_factory=SweepSpace)
+    configurations: list[TrialConfig] = Field(default_factory=list, max_length=MAX_SPACE)
+    max_trials: int | None = Field(default=None, ge=1, le=MAX_SPACE, description="At most this many trials run.")
+    stop: StopSpec = Field(default_factory=StopSpec)
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    parallelism: int = Field(default=1, ge=1, le=16, description="Trials that may run at once (on the cluster).")
+
+    @model_validator(mode="after")
+    def _a_space_to_search(self) -> SweepSpec:
+        if self.strategy == "list" and not self.configurations:
+            raise ValueError("strategy list needs configurations")
+        if self.strategy != "list" and self.configurations:
+            raise ValueError("configurations need strategy: list")
+        if self.strategy != "list" and not any(getattr(self.space, f) for f in SweepSpace.model_fields):
+            raise ValueError("space: vary at least one of batchSize, maxBatchDelayMs, workers, precision")
+        size = len(axis_values(self)[0]) if self.strategy == "list" else space_size(self)
+        if size > MAX_SPACE:
+            counts = " x ".join(str(len(v)) for v in axis_values(self))
+            raise ValueError(f"space: {size} configurations ({counts}) is more than the {MAX_SPACE} a sweep may have")
+        return self
+
+    @field_validator("configurations")
+    @classmethod
+    def _distinct(cls, value: list[TrialConfig]) -> list[TrialConfig]:
+        seen: set[tuple[int, int, int, str]] = set()
+        for config in value:
+            if config.key() in seen:
+                raise ValueError(f"configuration {config.label()} appears twice")
+            seen.add(config.key())
+        return value
+
+
+def axis_values(sweep: SweepSpec) -> list[list[Any]]:
+    """Per axis (batch, delay, workers, precision), its values ascending; the template's where not varied.
+    For strategy list: one list, the configurations."""
+    if sweep.strategy == "list":
+        return [list(sweep.configurations)]
+    server, space = sweep.template.server, sweep.space
+    return [
+        space.batch_size.expand() if space.batch_size else [server.batch_size],
+        space.max_batch_delay_ms.expand() if space.max_batch_delay_ms else [server.max_batch_delay_ms],
+        space.workers.expand() if space.workers else [server.workers],
+        [Precision(p) for p in space.precision.values] if space.precision else [server.precision],
+    ]
+
+
+def space_size(sweep: SweepSpec) -> int:
+    size = 1
+    for values in axis_values(sweep):
+        size *= len(values)
+    return size
+
+
+def grid(sweep: SweepSpec) -> list[TrialConfig]:
+    """Every configuration, precision outermost and batch size innermost (or the explicit list)."""
+    if sweep.strategy == "list":
+        return list(sweep.configurations)
+    batches, delays, workers, precisions = axis_values(sweep)
+    return [
+        TrialConfig(batch_size=b, max_batch_delay_ms=d, workers=w, precision=p)
+        for p, w, d, b in itertools.product(precisions, workers, delays, batches)
+    ]
+
+
+def trial_spec(sweep: SweepSpec, config: TrialConfig) -> ExperimentSpec:
+    """The template with one configuration applied (validated like any experiment spec)."""
+    server = sweep.template.server.model_dump(by_alias=True, exclude_none=True)
+    server.update(
+        batchSize=config.batch_size,
+        maxBatchDelayMs=config.max_batch_delay_ms,
+        workers=config.workers,
+        precision=str(config.precision),
+    )
+    document = sweep.template.model_dump(by_alias=True, exclude_none=True, mode="json")
+    document["server"] = server
+    return ExperimentSpec.model_validate(document)
+
+
+class ServingSweep(SpecModel):
+    """A whole sweep document, as applied with kubectl or run with `servinglab sweep`."""
+
+    api_version: Literal["servinglab.dev/v1alpha1"]
+    kind: Literal["ServingSweep"]
+    metadata: ObjectMeta
+    spec: SweepSpec
+
+
+def _axis_bounds(document: Mapping[str, Any]) -> list[str]:
+    """Axis values the experiment would refuse, named at their place in the sweep document."""
+    problems: list[str] = []
+    space = ((document.get("spec") or {}).get("space")) or {}
+    if not isinstance(space, Mapping):
+        return problems
+    for axis in ("batchSize", "maxBatchDelayMs", "workers"):
+        form = space.get(axis)
+        if not isinstance(form, Mapping):
+            continue
+        values = form.get("values")
+        places = [(f"values[{i}]", v) for i, v in enumerate(values)] if isinstance(values, list) else []
+        places += [(end, form[end]) for end in ("min", "max") if end in form]
+        for place, value in places:
+            try:
+                ServerSpec.model_validate({axis: value})
+            except ValidationError as exc:
+                problems += [f"spec.space.{axis}.{place}: {describe_error(e)}" for e in exc.errors()]
+    return problems
+
+
+def parse_sweep(document: Any, source: str | None = None) -> ServingSweep:
+    """Validate one parsed sweep document; raise :class:`SpecError` naming every bad field."""
+    if not isinstance(document, Mapping):
+        raise SpecError([f"(document): expected a mapping, got {type(document).__name__}"], source, "sweep")
+    problems = _axis_bounds(document)
+    try:
+        sweep = ServingSweep.model_validate(document)
+    except ValidationError as exc:
+        problems += [f"{field_path(e['loc'])}: {describe_error(e)}" for e in exc.errors()]
+        raise SpecError(problems, source, "sweep") from None
+    if problems:
+        raise SpecError(problems, source, "sweep")
+    return sweep
+
+
+def load_sweep(path: str | Path) -> ServingSweep:
+    """Read and validate a sweep file (YAML or JSON, exactly one document)."""
+    path = Path(path)
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except OSError as exc:
+        raise SpecError([f"cannot read file: {exc.strerror}"], str(path)) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([f"not valid YAML: {exc}"], str(path)) from None
+    if len(documents) != 1:
+        raise SpecError([f"expected exactly one document, found {len(documents)}"], str(path))
+    return parse_sweep(documents[0], str(path))
