@@ -35,12 +35,112 @@ def main() -> None:
 @main.command()
 @click.argument("file", type=click.Path(path_type=Path))
 def validate(file: Path) -> None:
-    """Check an experiment file; exit 1 with every bad field named if it is invalid."""
+    """Check an experiment or sweep file; exit 1 with every bad field named if it is invalid."""
+    from servinglab.sweepspec import load_sweep, space_size
+
     try:
+        if _kind_of(file) == "ServingSweep":
+            sweep = load_sweep(file)
+            size = space_size(sweep.spec) if sweep.spec.strategy != "list" else len(sweep.spec.configurations)
+            click.echo(
+                f"{file}: valid ServingSweep '{sweep.metadata.name}' ({sweep.spec.strategy}, {size} configurations)"
+            )
+            return
         experiment = load_experiment(file)
     except SpecError as exc:
         _fail(str(exc), code=1)
     click.echo(f"{file}: valid {experiment.kind} '{experiment.metadata.name}'")
+
+
+def _kind_of(file: Path) -> str | None:
+    """The `kind` a YAML file declares, without validating it (None when unreadable)."""
+    import yaml
+
+    try:
+        document = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return document.get("kind") if isinstance(document, dict) else None
+
+
+@main.command()
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for trials and results.")
+@click.option("--resume", is_flag=True, help="Continue the sweep already in --output (finished trials are kept).")
+def sweep(file: Path, output: Path, resume: bool) -> None:
+    """Run a sweep on this machine: trials one after another on one TorchServe (reconfigured between
+    them), the search choosing the next; then the table, the best configuration and its export."""
+    from servinglab import runner
+    from servinglab.sweep.local import SweepError, run_sweep
+    from servinglab.sweepspec import load_sweep
+
+    try:
+        parsed = load_sweep(file)
+    except SpecError as exc:
+        _fail(str(exc), code=1)
+    with _LoadProgress() as progress:
+        hooks = runner.RunHooks(phase=progress.phase, progress=progress.update)
+        try:
+            document = run_sweep(
+                parsed, output, resume, hooks, on_trial=lambda entry: progress.phase(_trial_line(entry))
+            )
+        except SweepError as exc:
+            _fail(str(exc), code=2)
+        except runner.Interrupted as exc:
+            _fail(
+                f"interrupted by {exc}; TorchServe stopped, finished trials kept in {output} (--resume continues)",
+                code=128 + exc.signum,
+            )
+    print_sweep(document)
+    console.print(
+        f"sweep results in {output / 'sweep.json'}"
+        + (f", best configuration in {output / 'best'}" if document["best"] else "")
+    )
+
+
+def _trial_line(entry: dict[str, Any]) -> str:
+    capacity = entry.get("capacityRps")
+    figure = f"{capacity:.1f} rps within the SLO" if capacity is not None else (entry.get("reason") or "-")
+    return f"Trial {entry['name']}: {entry['state']}, {figure}"
+
+
+def print_sweep(document: dict[str, Any]) -> None:
+    """The sweep table: one row per trial, then the best configuration, the front and the stop reason."""
+    objective = document.get("objective") or {}
+    slo = objective.get("p99LatencyMs")
+    title = f"{document['sweep']}: {document['model']}, {document['strategy']}" + (
+        f", p99 <= {slo:g} ms" if slo else ""
+    )
+    table = Table(title=title, title_justify="left")
+    for column in ("#", "batch", "delay", "workers", "precision", "state", "capacity rps", "p99 ms", "at", "ready s"):
+        table.add_column(column, justify="right" if column not in ("precision", "state", "at") else "left")
+    best = (document.get("best") or {}).get("trial")
+    for entry in document["trials"]:
+        config = entry["config"]
+        state = entry["state"] if not entry.get("reason") else f"{entry['state']} ({entry['reason']})"
+        ready = entry.get("readySeconds")
+        row = [
+            str(entry["order"] + 1) + (" *" if entry["name"] == best else ""),
+            str(config["batchSize"]), str(config["maxBatchDelayMs"]), str(config["workers"]), config["precision"],
+            state, _num(entry.get("capacityRps"), 1), _ms(entry.get("p99LatencyMs")), str(entry.get("level") or "-"),
+            "-" if ready is None else f"{ready:.1f}" + (" (reconfigured)" if entry.get("reconfigured") else ""),
+        ]  # fmt: skip
+        table.add_row(*row)
+    stdout.print(table)
+    counts = document["counts"]
+    notes = [f"{counts['run']} trials run of {document['gridSize']} configurations ({counts['pruned']} pruned)"]
+    if document.get("best"):
+        top = document["best"]
+        config = top["config"]
+        notes.append(
+            f"best: batch {config['batchSize']}, delay {config['maxBatchDelayMs']} ms, {config['workers']} worker(s), "
+            f"{config['precision']} at {top['capacityRps']:.1f} rps (p99 {_ms(top['p99LatencyMs'])} ms, {top['level']})"
+        )
+    else:
+        notes.append("no configuration met the objective")
+    notes.append(f"Pareto front: {len(document['front'])} points")
+    notes.append(f"stopped: {document.get('stopReason') or 'not finished'}")
+    stdout.print("; ".join(notes), highlight=False)
 
 
 @main.command()

@@ -7,7 +7,7 @@ ahead of the CLI module and its dependencies.
 
 import sys
 
-_LOAD_COMMANDS = {"run", "loadtest"}
+_LOAD_COMMANDS = {"run", "loadtest", "sweep"}
 
 
 def main() -> None:

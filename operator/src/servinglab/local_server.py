@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,12 +81,19 @@ class LocalTorchServe:
     """One TorchServe serving one model from a no-archive directory, configured from a ServerSpec."""
 
     def __init__(
-        self, model_name: str, archive: Path, server: ServerSpec, workdir: Path, load: LoadSpec | None = None
+        self,
+        model_name: str,
+        archive: Path,
+        server: ServerSpec,
+        workdir: Path,
+        load: LoadSpec | None = None,
+        model_api: bool = False,
     ) -> None:
         self.model_name = model_name
         self.archive = archive
         self.server = server
         self.load = load  # bounds the batch sizes the handler warms up
+        self.model_api = model_api  # register/unregister through the management API (reconfigure)
         self.workdir = workdir
         ports = free_ports(5)
         self.addresses = tsconfig.Addresses(
@@ -129,6 +137,7 @@ class LocalTorchServe:
             metrics_config=str(metrics_path),
             addresses=self.addresses,
             number_of_gpu=self.gpus,
+            model_api=self.model_api,
         )
         config_path = self.workdir / "config.properties"
         config_path.write_text(tsconfig.render_properties(properties))
@@ -176,14 +185,43 @@ class LocalTorchServe:
     def wait_ready(self, timeout_seconds: float) -> float:
         """Block until all requested workers are READY; return seconds since start (cold start)."""
         assert self.started_at is not None, "start() first"
-        deadline = self.started_at + timeout_seconds
+        return self._wait_workers(self.started_at, timeout_seconds)
+
+    def reconfigure(self, server: ServerSpec, load: LoadSpec | None = None) -> float:
+        """Apply another batch size, delay, worker count or precision without restarting the frontend:
+        re-render the model's model-config.yaml, unregister the model and register it again from the
+        same directory (the YAML governs batching and workers at registration), then wait for every
+        worker. Needs `model_api`. Returns the seconds until the workers were ready."""
+        assert self.model_api, "reconfigure needs model_api=True"
+        started = time.monotonic()
+        self.server, self.load = server, load
+        model_dir = self.workdir / "model-store" / self.model_name
+        (model_dir / "model-config.yaml").write_text(tsconfig.render_model_config(server, load))
+        self._call("DELETE", f"/models/{self.model_name}")
+        query = urllib.parse.urlencode(
+            {"url": self.model_name, "initial_workers": server.workers, "synchronous": "true"}
+        )
+        deadline = started + 30
+        while True:  # the frontend may still be tearing the old registration down
+            try:
+                self._call("POST", f"/models?{query}", timeout=server.startup_timeout_seconds)
+                break
+            except urllib.error.HTTPError as exc:
+                if exc.code != 409 or time.monotonic() > deadline:
+                    raise ServerError(f"TorchServe refused to register {self.model_name} again: HTTP {exc.code} "
+                                      f"{exc.read().decode(errors='replace')[:300]}") from None  # fmt: skip
+                time.sleep(0.2)
+        return self._wait_workers(started, server.startup_timeout_seconds)
+
+    def _wait_workers(self, since: float, timeout_seconds: float) -> float:
+        deadline = since + timeout_seconds
         last_error = "no answer yet"
         while time.monotonic() < deadline:
             self.check_alive()
             try:
                 status = self.status()
                 if status.ready_workers >= self.server.workers:
-                    return time.monotonic() - self.started_at
+                    return time.monotonic() - since
                 last_error = f"{status.ready_workers}/{self.server.workers} workers ready"
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 last_error = str(exc)
@@ -249,6 +287,12 @@ class LocalTorchServe:
 
     def _get(self, url: str, timeout: float = 10.0) -> bytes:
         with urllib.request.urlopen(url, timeout=timeout) as response:
+            body: bytes = response.read()
+            return body
+
+    def _call(self, method: str, path: str, timeout: float = 60.0) -> bytes:
+        request = urllib.request.Request(self.addresses.management + path, method=method)
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             body: bytes = response.read()
             return body
 

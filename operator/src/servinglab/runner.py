@@ -101,7 +101,7 @@ class Interrupted(BaseException):  # like KeyboardInterrupt: not an error to cat
 
 
 @contextmanager
-def _interrupts_stop_the_run() -> Iterator[None]:
+def interrupts_stop_the_run() -> Iterator[None]:
     """Deliver SIGINT/SIGTERM to the main greenlet as :class:`Interrupted`.
 
     A plain Python handler would raise inside whichever greenlet happens to run (often a Locust
@@ -123,45 +123,91 @@ def _interrupts_stop_the_run() -> Iterator[None]:
             watcher.cancel()
 
 
+class ServerSlot:
+    """The local TorchServe that experiments run on: one per `run`, or one reused by a sweep's trials.
+
+    With `reuse`, a later experiment on the same model does not start a new server: its batch size,
+    delay, workers and precision are applied through the management API (the model registered again
+    from a re-rendered model-config.yaml), which costs the workers' start, not the Java frontend's.
+    A server that failed is replaced. The work directory (configs, logs) is kept if anything failed.
+    """
+
+    def __init__(self, name: str, hooks: RunHooks, reuse: bool = False) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"servinglab-{name}-"))
+        self.hooks = hooks
+        self.reuse = reuse
+        self.server: LocalTorchServe | None = None
+        self.image_size = 0
+        self.failed = False
+
+    def serve(self, experiment: ServingExperiment) -> tuple[LocalTorchServe, float, bool]:
+        """A ready server configured for the experiment: (server, seconds until ready, reconfigured)."""
+        spec = experiment.spec
+        if self.server is not None and self.reuse and self.server.model_name == spec.model.name:
+            self.hooks.phase(f"Reconfiguring TorchServe: {experiment.metadata.name}")
+            seconds = self.server.reconfigure(spec.server, spec.load)
+            return self.server, seconds, True
+        self.stop_server()
+        self.hooks.phase(f"Preparing model {spec.model.name}")
+        archive, self.image_size = resolve_archive(experiment, self.workdir)
+        server = LocalTorchServe(spec.model.name, archive, spec.server, self.workdir, spec.load, self.reuse)
+        self.server = server
+        self.hooks.phase("Starting TorchServe")
+        server.start()
+        cold_start = server.wait_ready(spec.server.startup_timeout_seconds)
+        self.hooks.phase(f"TorchServe ready in {cold_start:.1f} s")
+        return server, cold_start, False
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def close(self) -> None:
+        self.stop_server()
+        if self.failed:
+            self.hooks.phase(f"Server work directory kept for inspection: {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 def run_local(
     experiment: ServingExperiment, hooks: RunHooks | None = None, raw_cache: RawCache | None = None
 ) -> dict[str, Any]:
-    """Run the experiment against a local TorchServe and return the results document; `raw_cache`
-    lets several runs (a sweep's trials) measure the model alone at each batch size once."""
+    """Run the experiment against a local TorchServe and return the results document."""
     hooks = hooks or RunHooks()
-    spec = experiment.spec
-    started_at = results.now_iso()
-    workdir = Path(tempfile.mkdtemp(prefix=f"servinglab-{experiment.metadata.name}-"))
-    keep_workdir = False  # kept only when something failed, for its logs
-    with _interrupts_stop_the_run():
+    with interrupts_stop_the_run():
+        slot = ServerSlot(experiment.metadata.name, hooks)
         try:
-            hooks.phase(f"Preparing model {spec.model.name}")
-            archive, image_size = resolve_archive(experiment, workdir)
-            server = LocalTorchServe(spec.model.name, archive, spec.server, workdir, spec.load)
-            try:
-                hooks.phase("Starting TorchServe")
-                server.start()
-                cold_start = server.wait_ready(spec.server.startup_timeout_seconds)
-                hooks.phase(f"TorchServe ready in {cold_start:.1f} s")
-                document = _measure(experiment, server, image_size, cold_start, hooks)
-            finally:
-                server.stop()
-            # after the server stopped: the model alone, on the same machine
-            if spec.ceiling.enabled and (figures := _ceiling(experiment, document, server.gpus > 0, hooks, raw_cache)):
-                document["ceiling"] = figures
-            document["startedAt"] = started_at
-            return document
-        except ServerError as exc:
-            keep_workdir = True
-            raise RunError(str(exc)) from None
-        except RunError:
-            keep_workdir = True
-            raise
+            return run_in(slot, experiment, raw_cache)
         finally:
-            if keep_workdir:
-                hooks.phase(f"Server work directory kept for inspection: {workdir}")
-            else:
-                shutil.rmtree(workdir, ignore_errors=True)
+            slot.close()
+
+
+def run_in(slot: ServerSlot, experiment: ServingExperiment, raw_cache: RawCache | None = None) -> dict[str, Any]:
+    """One experiment on the slot's server; `raw_cache` lets several experiments (a sweep's trials)
+    measure the model alone at each batch size once. Raises :class:`RunError` on failure."""
+    spec, hooks = experiment.spec, slot.hooks
+    started_at = results.now_iso()
+    try:
+        server, ready_seconds, reconfigured = slot.serve(experiment)
+        document = _measure(experiment, server, slot.image_size, ready_seconds, hooks)
+        if reconfigured:
+            document["reconfiguredSeconds"] = document.pop("coldStartSeconds")
+        if not slot.reuse:
+            slot.stop_server()  # then the model alone has the machine to itself
+        if spec.ceiling.enabled and (figures := _ceiling(experiment, document, server.gpus > 0, hooks, raw_cache)):
+            document["ceiling"] = figures
+    except ServerError as exc:
+        slot.failed = True
+        slot.stop_server()
+        raise RunError(str(exc)) from None
+    except RunError:
+        slot.failed = True
+        slot.stop_server()
+        raise
+    document["startedAt"] = started_at
+    return document
 
 
 def _ceiling(

@@ -12,6 +12,7 @@ Used by `servinglab sweep` (local), the sweep reconciler (cluster) and the CRD g
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Mapping
 from pathlib import Path
@@ -177,6 +178,21 @@ def space_size(sweep: SweepSpec) -> int:
     for values in axis_values(sweep):
         size *= len(values)
     return size
+
+
+#: A trial is a ServingExperiment: its name must fit the experiment's 52 characters.
+TRIAL_NAME_LIMIT = 52
+
+
+def trial_name(sweep_name: str, config: TrialConfig) -> str:
+    """Deterministic and unique per configuration, at most 52 characters: `<sweep>-b8-d5-w1-fp32`
+    (a long sweep name is cut and keeps a digest of the whole, so two sweeps never share trials)."""
+    label = config.label()
+    room = TRIAL_NAME_LIMIT - len(label) - 1
+    if len(sweep_name) > room:
+        digest = hashlib.sha256(sweep_name.encode()).hexdigest()[:4]
+        sweep_name = f"{sweep_name[: room - 5].rstrip('-')}-{digest}"
+    return f"{sweep_name}-{label}"
 
 
 def grid(sweep: SweepSpec) -> list[TrialConfig]:

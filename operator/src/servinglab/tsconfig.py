@@ -86,8 +86,11 @@ def config_properties(
     metrics_config: str,
     addresses: Addresses,
     number_of_gpu: int,
+    model_api: bool = False,
 ) -> dict[str, str]:
-    """config.properties as an ordered mapping (rendered with :func:`render_properties`)."""
+    """config.properties as an ordered mapping (rendered with :func:`render_properties`). `model_api`
+    allows registering models through the management API (a local sweep reconfigures its server that
+    way; the management address stays on loopback)."""
     per_model = _frontend_settings(server)
     return {
         "inference_address": addresses.inference,
@@ -108,7 +111,7 @@ def config_properties(
         # Benchmarks outlive the 60-minute token lifetime; the server is never exposed beyond the
         # experiment (loopback locally, a ClusterIP Service with management bound to localhost).
         "disable_token_authorization": "true",
-        "enable_model_api": "false",
+        "enable_model_api": "true" if model_api else "false",
         "install_py_dep_per_model": "false",
         "metrics_mode": "prometheus",
         "metrics_config": metrics_config,
