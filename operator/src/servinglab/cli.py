@@ -67,7 +67,8 @@ def _kind_of(file: Path) -> str | None:
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for trials and results.")
 @click.option("--resume", is_flag=True, help="Continue the sweep already in --output (finished trials are kept).")
-def sweep(file: Path, output: Path, resume: bool) -> None:
+@click.option("--fresh-servers", is_flag=True, help="Start a new TorchServe per trial instead of reconfiguring one.")
+def sweep(file: Path, output: Path, resume: bool, fresh_servers: bool) -> None:
     """Run a sweep on this machine: trials one after another on one TorchServe (reconfigured between
     them), the search choosing the next; then the table, the best configuration and its export."""
     from servinglab import runner
@@ -173,13 +174,21 @@ def operator(namespaces: tuple[str, ...], all_namespaces: bool, liveness: str) -
 @click.argument("results_file", type=click.Path(path_type=Path, exists=True))
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), help="Folder for the page (default: FILE's name).")
 def report(results_file: Path, out_dir: Path | None) -> None:
-    """Render a results JSON as PNG plots and an HTML page (latency CDF, throughput/p99, breakdown)."""
+    """Render a results JSON as PNG plots and an HTML page (latency CDF, throughput/p99, breakdown);
+    for a sweep's sweep.json: the Pareto plot, capacity heat maps and the trial table."""
     from servinglab.report import render
 
     try:
         document = json.loads(results_file.read_text())
     except ValueError as exc:
         _fail(f"{results_file}: not a results JSON ({exc})", code=1)
+    if isinstance(document, dict) and document.get("kind") == "ServingSweepResults":
+        from servinglab.sweep.report import render_sweep
+
+        if not document.get("trials"):
+            _fail(f"{results_file}: the sweep has no finished trials to report", code=1)
+        click.echo(f"report: {render_sweep(document, out_dir or results_file.with_suffix(''))}")
+        return
     if not isinstance(document, dict) or not document.get("results"):
         _fail(f"{results_file}: no results to report", code=1)
     page = render(document, out_dir or results_file.with_suffix(""))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,10 @@ def run_sweep(
     resume: bool = False,
     hooks: runner.RunHooks | None = None,
     on_trial: Callable[[dict[str, Any]], None] = lambda record: None,
+    fresh_servers: bool = False,
 ) -> dict[str, Any]:
-    """Run (or resume) the sweep; return the sweep's results document (also in DIR/sweep.json)."""
+    """Run (or resume) the sweep; return the sweep's results document (also in DIR/sweep.json).
+    `fresh_servers` starts a new TorchServe for every trial (the slow way, kept for comparison)."""
     hooks = hooks or runner.RunHooks()
     entries = load_trials(output)
     if entries and not resume:
@@ -85,7 +88,7 @@ def run_sweep(
     cache = RawCache()
     stop_reason = None
     with runner.interrupts_stop_the_run():
-        slot = runner.ServerSlot(sweep.metadata.name, hooks, reuse=True)
+        slot = runner.ServerSlot(sweep.metadata.name, hooks, reuse=not fresh_servers)
         try:
             while True:
                 proposal = propose(sweep.spec, [rollup.outcome(e) for e in entries], [], 1)
@@ -95,11 +98,13 @@ def run_sweep(
                 config = proposal.configs[0]
                 experiment = trial_experiment(sweep, config)
                 hooks.phase(f"Trial {len(entries) + 1}: {experiment.metadata.name}")
+                began = time.monotonic()
                 try:
                     document, failure = runner.run_in(slot, experiment, cache), None
                 except runner.RunError as exc:
                     document, failure = None, str(exc)
                 entry = rollup.record(sweep, experiment.metadata.name, len(entries), config, document, failure)
+                entry["wallSeconds"] = round(time.monotonic() - began, 3)
                 _write_atomically(output / "trials" / f"{entry['name']}.json", entry)
                 entries.append(entry)
                 on_trial(entry)

@@ -168,7 +168,8 @@ def document(
             "p99LatencyMs": top["p99LatencyMs"],
             "level": top["level"],
         },  # fmt: skip
-        "front": pareto_front(points(ordered)),
+        "points": (every := points(ordered)),
+        "front": pareto_front(every),
         "stopReason": stop_reason,
         "startedAt": started_at,
         "finishedAt": now_iso() if stop_reason else None,

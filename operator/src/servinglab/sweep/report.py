@@ -1,0 +1,159 @@
+"""`servinglab report sweep.json`: a sweep's plots and page (matplotlib Agg, HTML).
+
+* `pareto.png` — every measured point of every trial, throughput against p99, coloured by precision;
+  the Pareto front drawn through its points; the SLO as a vertical line; the best configuration marked;
+* `capacity.png` — capacity within the SLO as a batch size x max delay heat map, one panel per
+  precision and worker count (blank: not run; a cross: infeasible or pruned);
+* `index.html` — the best configuration, why the sweep stopped, and the trial table.
+
+Called by the CLI for documents of kind ServingSweepResults (local `sweep.json`, or a cluster sweep's
+document from `servinglab results --sweep NAME -o file.json`).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+PLOTS = ("pareto.png", "capacity.png")
+_COLOURS = {"fp32": "tab:blue", "tf32": "tab:green", "fp16": "tab:orange", "bf16": "tab:red"}
+
+
+def render_sweep(document: dict[str, Any], out_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _pareto(document, out_dir / PLOTS[0])
+    _capacity(document, out_dir / PLOTS[1])
+    page = out_dir / "index.html"
+    page.write_text(_page(document))
+    return page
+
+
+def _pareto(document: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for precision, colour in _COLOURS.items():
+        mine = [p for p in document.get("points", []) if p["config"]["precision"] == precision]
+        if mine:
+            axes.scatter([p["p99LatencyMs"] for p in mine], [p["throughputRps"] for p in mine], s=18, alpha=0.5,
+                         color=colour, label=precision)  # fmt: skip
+    front = document.get("front", [])
+    if front:
+        axes.plot([p["p99LatencyMs"] for p in front], [p["throughputRps"] for p in front], "k-o", markersize=4,
+                  linewidth=1.2, label="Pareto front")  # fmt: skip
+    slo = (document.get("objective") or {}).get("p99LatencyMs")
+    if slo:
+        axes.axvline(slo, color="grey", linestyle="--", label=f"SLO p99 {slo:g} ms")
+    if best := document.get("best"):
+        axes.scatter([best["p99LatencyMs"]], [best["capacityRps"]], marker="*", s=220, color="gold",
+                     edgecolors="black", zorder=5, label="best within the SLO")  # fmt: skip
+    axes.set_xscale("log")
+    axes.set_xlabel("p99 latency (ms)")
+    axes.set_ylabel("throughput (requests/s)")
+    axes.set_title(f"{document.get('sweep')}: every measured point")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _capacity(document: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    trials = document.get("trials", [])
+    configs = [t["config"] for t in trials] + [p["config"] for p in document.get("pruned", [])]
+    space = document.get("space") or {}  # the whole space (grid/search), so untried cells show as blanks
+    batches = sorted({c["batchSize"] for c in configs} | set(space.get("batchSize", []))) or [0]
+    delays = sorted({c["maxBatchDelayMs"] for c in configs} | set(space.get("maxBatchDelayMs", []))) or [0]
+    panels = sorted({(c["precision"], c["workers"]) for c in configs}) or [("-", 0)]
+    columns = min(len(panels), 3)
+    rows = math.ceil(len(panels) / columns)
+    figure, grid = plt.subplots(
+        rows, columns, figsize=(4.2 * columns + 1, 3.4 * rows), squeeze=False, layout="constrained"
+    )
+    top = max((t.get("capacityRps") or 0 for t in trials), default=0) or 1
+    for index, (precision, workers) in enumerate(panels):
+        axes = grid[index // columns][index % columns]
+        values = [[math.nan] * len(batches) for _ in delays]
+        crosses = []
+        for trial in trials:
+            config = trial["config"]
+            if (config["precision"], config["workers"]) != (precision, workers):
+                continue
+            row, column = delays.index(config["maxBatchDelayMs"]), batches.index(config["batchSize"])
+            if trial.get("capacityRps") is not None:
+                values[row][column] = trial["capacityRps"]
+            else:
+                crosses.append((column, row))
+        for pruned in document.get("pruned", []):
+            config = pruned["config"]
+            if (config["precision"], config["workers"]) == (precision, workers):
+                crosses.append((batches.index(config["batchSize"]), delays.index(config["maxBatchDelayMs"])))
+        image = axes.imshow(values, origin="lower", cmap="viridis", vmin=0, vmax=top, aspect="auto")
+        for column, row in crosses:
+            axes.text(column, row, "x", ha="center", va="center", color="crimson")
+        axes.set_xticks(range(len(batches)), [str(b) for b in batches], fontsize="small")
+        axes.set_yticks(range(len(delays)), [str(d) for d in delays], fontsize="small")
+        axes.set_xlabel("batch size")
+        axes.set_ylabel("max delay (ms)")
+        axes.set_title(f"{precision}, {workers} worker(s)", fontsize="medium")
+    for index in range(len(panels), rows * columns):
+        grid[index // columns][index % columns].axis("off")
+    figure.colorbar(image, ax=grid, label="capacity within the SLO (rps)", shrink=0.8)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.1f}" if isinstance(value, float) else html.escape(str(value))
+
+
+def _page(document: dict[str, Any]) -> str:
+    title = f"Sweep {document.get('sweep')}: {document.get('model')}"
+    counts, best = document.get("counts", {}), document.get("best")
+    facts = [
+        f"{counts.get('run', 0)} trials run of {document.get('gridSize')} configurations "
+        f"({counts.get('pruned', 0)} pruned, {counts.get('Infeasible', 0)} infeasible), "
+        f"strategy {document.get('strategy')}",
+        f"Stopped: {html.escape(str(document.get('stopReason') or 'not finished'))}",
+        f"Pareto front: {len(document.get('front', []))} of {len(document.get('points', []))} measured points",
+    ]
+    if best:
+        config = best["config"]
+        figure = f"{_cell(best['capacityRps'])} rps at p99 {_cell(best['p99LatencyMs'])} ms ({best['trial']})"
+        setting = f"batch {config['batchSize']}, max delay {config['maxBatchDelayMs']} ms"
+        setting += f", {config['workers']} worker(s)"
+        facts.insert(0, f"<b>Best within the SLO</b>: {setting}, {config['precision']}: {figure}")
+    header = ["#", "trial", "batch", "delay ms", "workers", "precision", "state", "capacity rps", "p99 ms", "at",
+              "ready s", "reason"]  # fmt: skip
+    rows = []
+    for trial in document.get("trials", []):
+        config = trial["config"]
+        cells = [trial["order"] + 1, trial["name"], config["batchSize"], config["maxBatchDelayMs"], config["workers"],
+                 config["precision"], trial["state"], trial.get("capacityRps"), trial.get("p99LatencyMs"),
+                 trial.get("level"), trial.get("readySeconds"), trial.get("reason")]  # fmt: skip
+        rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
+    images = "".join(f'<figure><img src="{name}" alt="{name}"></figure>' for name in PLOTS)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }}
+td, th {{ border: 1px solid #ccc; padding: 3px 8px; }} figure {{ display: inline-block; margin: 0.5em; }}
+img {{ max-width: 100%; }}
+</style></head><body>
+<h1>{html.escape(title)}</h1>
+<ul>{"".join(f"<li>{fact}</li>" for fact in facts)}</ul>
+{images}
+<table><tr>{"".join(f"<th>{h}</th>" for h in header)}</tr>
+{"".join(rows)}
+</table>
+</body></html>
+"""

@@ -1,0 +1,120 @@
+"""The ServingSweep spec: axes, validation that names every bad field, trial names and roll-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from servinglab.spec import SpecError
+from servinglab.sweep import rollup
+from servinglab.sweepspec import MAX_SPACE, TrialConfig, grid, parse_sweep, space_size, trial_name, trial_spec
+
+
+def document(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "servinglab.dev/v1alpha1",
+        "kind": "ServingSweep",
+        "metadata": {"name": "resnet50-t4"},
+        "spec": {
+            "template": {"model": {"name": "resnet50"}, "server": {"workers": 1}, "slo": {"p99LatencyMs": 100}},
+            "space": {
+                "batchSize": {"min": 1, "max": 64},
+                "maxBatchDelayMs": {"values": [5, 20]},
+                "precision": {"values": ["fp32", "fp16"]},
+            },
+            **spec,
+        },
+    }
+
+
+def test_axes_expand_ranges_and_keep_the_template_where_not_varied() -> None:
+    sweep = parse_sweep(document())
+    assert space_size(sweep.spec) == 7 * 2 * 1 * 2
+    configs = grid(sweep.spec)
+    assert [c.batch_size for c in configs[:7]] == [1, 2, 4, 8, 16, 32, 64]
+    assert {c.workers for c in configs} == {1}
+    linear = parse_sweep(document(space={"workers": {"min": 1, "max": 7, "scale": "linear", "step": 3}}))
+    assert [c.workers for c in grid(linear.spec)] == [1, 4, 7]
+    spec = trial_spec(sweep.spec, configs[-1])
+    assert (spec.server.batch_size, spec.server.precision, spec.slo.p99_latency_ms) == (64, "fp16", 100)
+
+
+def test_every_bad_field_is_named_and_an_oversized_space_is_refused_with_its_count() -> None:
+    bad = document(parallelism=0, strategy="random")
+    bad["spec"]["space"]["batchSize"] = {"values": [0, 8, 8]}
+    bad["spec"]["space"]["workers"] = {"min": 1, "max": 200, "scale": "linear"}
+    with pytest.raises(SpecError) as caught:
+        parse_sweep(bad)
+    problems = "\n".join(caught.value.problems)
+    assert "spec.space.batchSize.values[0]: 0 is below the minimum 1" in problems
+    assert "spec.space.workers.max: 200 is above the maximum 64" in problems
+    assert "spec.parallelism: 0 is below the minimum 1" in problems
+    assert "spec.strategy: 'random' is not one of" in problems
+    assert str(caught.value).startswith("invalid sweep")
+    huge = document(space={"batchSize": {"min": 1, "max": 512, "scale": "linear"}, "workers": {"values": [1, 2]}})
+    with pytest.raises(SpecError) as caught:
+        parse_sweep(huge)
+    assert f"1024 configurations (512 x 1 x 2 x 1) is more than the {MAX_SPACE}" in str(caught.value)
+    with pytest.raises(SpecError, match="strategy list needs configurations"):
+        parse_sweep(document(strategy="list"))
+
+
+def test_trial_names_are_deterministic_unique_and_fit_an_experiment_name() -> None:
+    config = TrialConfig(batch_size=1024, max_batch_delay_ms=60000, workers=64, precision="fp32")
+    assert trial_name("resnet50-t4", config) == "resnet50-t4-b1024-d60000-w64-fp32"
+    long_a, long_b = "a-very-long-sweep-name-for-a-team-" + "x" * 10, "a-very-long-sweep-name-for-a-team-" + "y" * 10
+    name_a, name_b = trial_name(long_a, config), trial_name(long_b, config)
+    assert len(name_a) <= 52 and len(name_b) <= 52 and name_a != name_b
+    assert name_a == trial_name(long_a, config)
+
+
+def level(users: int, rps: float, p99: float, errors: int = 0) -> dict[str, Any]:
+    return {"concurrency": users, "throughputRps": rps, "latencyMs": {"p99": p99}, "requests": 1000, "errors": errors}
+
+
+def test_capacity_is_the_best_level_within_the_slo_or_the_peak_rate() -> None:
+    results = {"results": [level(1, 100, 20), level(8, 400, 80), level(32, 600, 140), level(16, 500, 90, errors=3)]}
+    assert rollup.capacity(results, 100, 0.0) == {"capacityRps": 400, "p99LatencyMs": 80, "level": "8 users"}
+    assert rollup.capacity(results, 100, 0.01)["capacityRps"] == 500  # 0.3 % errors allowed
+    assert rollup.capacity(results, 10, 0.0) is None
+    peak = {"results": [level(1, 100, 20)], "peakRate": {"rateRps": 350.0, "p99LatencyMs": 95.0}}
+    assert rollup.capacity(peak, 100, 0.0)["capacityRps"] == 350.0
+
+
+def test_the_front_keeps_only_points_nothing_beats_on_both_throughput_and_p99() -> None:
+    points = [
+        {"throughputRps": r, "p99LatencyMs": p} for r, p in [(100, 10), (90, 20), (300, 50), (250, 60), (400, 200)]
+    ]
+    front = rollup.pareto_front(points)
+    assert [(p["throughputRps"], p["p99LatencyMs"]) for p in front] == [(100, 10), (300, 50), (400, 200)]
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ("TorchServe exited with code 1; logs ...\ntorch.OutOfMemoryError: CUDA out of memory", "OutOfMemory"),
+        ("TorchServe was not ready within 600 s (0/1 workers ready)", "NeverReady"),
+        ("TorchServe exited with code 137", "Crashed"),
+        ("TorchServe did not apply the requested settings (batchSize, ...)", "SettingsNotApplied"),
+        ("something else", "Failed"),
+    ],
+)
+def test_failures_are_classified_into_infeasibility_reasons(message: str, reason: str) -> None:
+    assert rollup.classify_failure(message) == reason
+
+
+def test_the_rollup_counts_trials_prunes_after_an_oom_and_picks_the_best() -> None:
+    sweep = parse_sweep(document())
+    configs = grid(sweep.spec)
+    ok = {"results": [level(8, 400, 80)], "coldStartSeconds": 4.0}
+    entries = [
+        rollup.record(sweep, trial_name("resnet50-t4", configs[3]), 0, configs[3], ok, None),
+        rollup.record(sweep, trial_name("resnet50-t4", configs[5]), 1, configs[5], None, "CUDA out of memory"),
+    ]
+    result = rollup.document(sweep, entries, "converged", "2026-11-22T00:00:00Z")
+    assert result["counts"] == {"Succeeded": 1, "Infeasible": 1, "pruned": 2 * 2 - 1, "run": 2}
+    assert all(p["reason"] == "implied by OutOfMemory at b32-d5-w1-fp32" for p in result["pruned"])
+    assert result["best"]["config"]["batchSize"] == 8 and result["best"]["capacityRps"] == 400
+    assert result["trials"][1]["reason"] == "OutOfMemory" and "results" not in result["trials"][0]
+    assert result["front"] == [{**result["front"][0], "throughputRps": 400, "p99LatencyMs": 80}]
