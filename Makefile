@@ -42,6 +42,7 @@ control-plane: ## build (or reuse the cached) Kubernetes binaries, etcd, KWOK an
 
 chart-crd: setup ## regenerate the chart's CRD from the spec model
 	$(BIN)/servinglab crd > charts/serving/files/crd-servingexperiments.yaml
+	$(BIN)/servinglab crd --kind sweep > charts/serving/files/crd-servingsweeps.yaml
 
 k8s: setup control-plane ## tests against the local Kubernetes control plane
 	$(BIN)/pytest tests/k8s

@@ -15,8 +15,9 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,10 @@ from clusterenv.controlplane import (
     remove_tree,
     wait_default_service_account,
 )
+from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus
+from clusterenv.operatorproc import Operator
+from servinglab.crd import crd_manifest, sweep_crd_manifest
 
 
 @pytest.fixture(scope="session")
@@ -99,3 +103,40 @@ def monitoring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DcgmE
     yield exporter, prometheus
     prometheus.stop()
     exporter.stop()
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: Cluster) -> None:
+    for manifest in (crd_manifest(), sweep_crd_manifest()):
+        cluster.kubectl.apply(manifest)
+        cluster.kubectl.run("wait", "--for=condition=Established", f"crd/{manifest['metadata']['name']}")
+
+
+@pytest.fixture()
+def operator(cluster: Cluster, crd: None, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    running = Operator(cluster, namespace, tmp_path).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture()
+def kubelet_factory(
+    cluster: Cluster, namespace: str, tmp_path: Path, monitoring: tuple[DcgmExporter, Prometheus]
+) -> Iterator[Callable[..., LocalKubelet]]:
+    exporter, prometheus = monitoring
+    started: list[LocalKubelet] = []
+
+    def server_started(pod: str, metrics_port: int) -> None:
+        exporter.pods.append((namespace, pod))
+        prometheus.scrape(f"127.0.0.1:{metrics_port}", {"namespace": namespace, "pod": pod})
+
+    def make(**options: Any) -> LocalKubelet:
+        api = cluster.api_server(tmp_path / "ca.crt")
+        pods = Path(tempfile.mkdtemp(prefix="pods-"))  # short paths: unix sockets live under it
+        kubelet = LocalKubelet(cluster.kubectl, namespace, pods, api, tmp_path / "ca.crt", server_started, **options)
+        started.append(kubelet.start())
+        return kubelet
+
+    yield make
+    for kubelet in started:
+        kubelet.stop()

@@ -32,7 +32,7 @@ from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus
-from servinglab.crd import crd_manifest
+from servinglab.crd import crd_manifest, sweep_crd_manifest
 
 pytestmark = [pytest.mark.k8s]
 
@@ -104,13 +104,15 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
     rbac = {document["kind"]: document for document in documents if "Role" in document["kind"]}
     if variant == "default":
         assert kinds == sorted(
-            ["CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service",
-             "ConfigMap", "ConfigMap", "ConfigMap", "Pod"]
+            ["CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding",
+             "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap", "ConfigMap", "ConfigMap", "Pod"]
         )  # fmt: skip
         assert rbac["Role"]["metadata"]["namespace"] == namespace
+        # the one cluster-scoped grant of a namespaced install: listing nodes (the GPU queue)
+        assert rbac["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     elif variant.startswith("all"):
         assert {"ClusterRole", "ClusterRoleBinding", "ServiceMonitor", "PodMonitor"} <= set(kinds)
-        assert "Role" not in kinds
+        assert "Role" not in kinds and kinds.count("ClusterRole") == 2
         podmonitor = next(d for d in documents if d["kind"] == "PodMonitor")
         assert podmonitor["spec"]["namespaceSelector"] == {"any": True}
     else:
@@ -157,9 +159,15 @@ def test_values_violating_the_schema_are_refused_naming_the_key(
         assert named in result.stdout + result.stderr, (command, result.stdout, result.stderr)
 
 
-def test_chart_ships_the_crd_generated_from_the_spec_model(cluster: Cluster) -> None:
-    (shipped,) = render(cluster, "default", "--show-only", "templates/customresourcedefinition.yaml")
-    generated = crd_manifest()
+@pytest.mark.parametrize(
+    ("template", "generate"),
+    [("customresourcedefinition.yaml", crd_manifest), ("customresourcedefinition-sweeps.yaml", sweep_crd_manifest)],
+)
+def test_chart_ships_the_crds_generated_from_the_spec_models(
+    cluster: Cluster, template: str, generate: Callable[[], dict[str, Any]]
+) -> None:
+    (shipped,) = render(cluster, "default", "--show-only", f"templates/{template}")
+    generated = generate()
     assert shipped["metadata"]["name"] == generated["metadata"]["name"]
     assert shipped["spec"] == json.loads(json.dumps(generated["spec"])), "run `make chart-crd`"
     assert shipped["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
@@ -240,8 +248,11 @@ def test_install_creates_the_operator_and_serves_the_crd(cluster: Cluster, insta
 
 # What the operator does, written out independently of the chart: the RBAC must be exactly this.
 OPERATOR_NEEDS = {
-    "servingexperiments.servinglab.dev": {"get", "list", "watch", "patch"},
+    "servingexperiments.servinglab.dev": {"get", "list", "watch", "create", "patch"},
     "servingexperiments.servinglab.dev/status": {"patch"},
+    "servingsweeps.servinglab.dev": {"get", "list", "watch", "patch"},
+    "servingsweeps.servinglab.dev/status": {"patch"},
+    "nodes": {"list"},  # cluster-scoped: the GPU queue's capacity
     "configmaps": {"get", "create", "patch"},
     "serviceaccounts": {"get", "create", "patch"},
     "services": {"get", "create", "patch", "delete"},
@@ -300,7 +311,8 @@ def test_operator_service_account_can_do_exactly_what_it_needs(cluster: Cluster,
         ["create", "deployments.apps", "-n", "default"],
         ["get", "configmaps", "-n", "kube-system"],
         ["list", "servingexperiments.servinglab.dev", "--all-namespaces"],
-        ["list", "nodes"],
+        ["get", "nodes"],
+        ["patch", "nodes"],
         ["create", "namespaces"],
         ["delete", "customresourcedefinitions.apiextensions.k8s.io"],
         ["create", "clusterroles.rbac.authorization.k8s.io"],

@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,84 +23,11 @@ from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import FB_USED_MIB, POWER_WATTS, UTIL_HIGH, UTIL_LOW, DcgmExporter, Prometheus
-from servinglab.crd import crd_manifest
-from servinglab.local_server import free_ports
+from clusterenv.operatorproc import Operator
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
 
 SERVINGLAB = str(Path(sys.executable).with_name("servinglab"))
-
-
-@pytest.fixture(scope="module")
-def crd(cluster: Cluster) -> None:
-    cluster.kubectl.apply(crd_manifest())
-    cluster.kubectl.run("wait", "--for=condition=Established", "crd/servingexperiments.servinglab.dev")
-
-
-class Operator:
-    """`servinglab operator` as a child process watching one namespace."""
-
-    def __init__(self, cluster: Cluster, namespace: str, workdir: Path) -> None:
-        self.cluster, self.namespace, self.workdir = cluster, namespace, workdir
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Operator:
-        metrics, liveness = free_ports(2)
-        self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
-        env = {
-            **self.cluster.env,
-            "SERVINGLAB_METRICS_PORT": str(metrics),
-            "SERVINGLAB_POLL_SECONDS": "1",
-            "SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS": "3",
-        }
-        log = (self.workdir / "operator.log").open("ab")
-        self.process = subprocess.Popen(
-            [SERVINGLAB, "operator", "--namespace", self.namespace,
-             "--liveness", f"http://127.0.0.1:{liveness}/healthz"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        return self
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-    def log(self) -> str:
-        return (self.workdir / "operator.log").read_text(errors="replace")[-5000:]
-
-
-@pytest.fixture()
-def operator(cluster: Cluster, crd: None, namespace: str, tmp_path: Path) -> Iterator[Operator]:
-    running = Operator(cluster, namespace, tmp_path).start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture()
-def kubelet_factory(
-    cluster: Cluster, namespace: str, tmp_path: Path, monitoring: tuple[DcgmExporter, Prometheus]
-) -> Iterator[Callable[..., LocalKubelet]]:
-    exporter, prometheus = monitoring
-    started: list[LocalKubelet] = []
-
-    def server_started(pod: str, metrics_port: int) -> None:
-        exporter.pods.append((namespace, pod))
-        prometheus.scrape(f"127.0.0.1:{metrics_port}", {"namespace": namespace, "pod": pod})
-
-    def make(**options: Any) -> LocalKubelet:
-        api = cluster.api_server(tmp_path / "ca.crt")
-        pods = Path(tempfile.mkdtemp(prefix="pods-"))  # short paths: unix sockets live under it
-        kubelet = LocalKubelet(cluster.kubectl, namespace, pods, api, tmp_path / "ca.crt", server_started, **options)
-        started.append(kubelet.start())
-        return kubelet
-
-    yield make
-    for kubelet in started:
-        kubelet.stop()
 
 
 def test_experiment_runs_to_succeeded_with_results_in_status(
@@ -226,12 +152,15 @@ def test_invalid_spec_fails_without_children(cluster: Cluster, namespace: str, o
         assert not [i for i in items if i["metadata"]["name"].startswith("no-such-model")], kind
 
 
-def test_unschedulable_server_fails_quoting_the_scheduler(cluster: Cluster, namespace: str, operator: Operator) -> None:
+def test_a_gpu_request_no_node_could_ever_hold_fails_at_once(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
     cluster.kubectl.apply(experiment("greedy", gpus=4), namespace=namespace)
     body = wait_finished(cluster, namespace, "greedy", operator.log, timeout=90)
     failed = condition(body, "Failed")
     assert failed["reason"] == "Unschedulable"
-    assert "Insufficient nvidia.com/gpu" in failed["message"]
+    assert "offers 4 nvidia.com/gpu (the largest offers 1, 2 nodes match)" in failed["message"]
+    assert not cluster.kubectl.get("deployments", "-n", namespace)["items"]  # nothing was deployed
 
 
 def test_failed_load_job_fails_the_experiment_with_its_message(

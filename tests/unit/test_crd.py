@@ -48,3 +48,21 @@ def test_crd_names_columns_and_status_subresource() -> None:
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == ["Model", "Batch", "Delay", "Workers", "Precision", "RPS", "P99", "State", "Age"]
+
+
+def test_the_sweep_crd_is_generated_from_the_sweep_spec_with_its_own_short_name_and_columns() -> None:
+    from servinglab.crd import sweep_crd_manifest
+
+    crd = sweep_crd_manifest()
+    assert crd["metadata"]["name"] == "servingsweeps.servinglab.dev"
+    assert crd["spec"]["names"]["shortNames"] == ["ssw"]
+    (version,) = crd["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["strategy"]["enum"] == ["grid", "search", "list"]
+    assert spec["properties"]["template"]["properties"]["server"]["properties"]["batchSize"]["maximum"] == 1024
+    assert spec["properties"]["space"]["properties"]["precision"]["properties"]["values"]["items"]["enum"] == [
+        "fp32", "tf32", "fp16", "bf16",
+    ]  # fmt: skip
+    assert '"$ref"' not in json.dumps(spec) and '"anyOf"' not in json.dumps(spec)
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Model", "Strategy", "Done", "Running", "Total", "Best", "RPS", "State", "Age"]

@@ -83,13 +83,17 @@ serving.operatorRules are the RBAC rules the operator needs, the same namespaced
 Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl auth can-i`.
 */}}
 {{- define "serving.operatorRules" -}}
-# Watch experiments; patch them for kopf's finalizer and bookkeeping annotations.
+# Watch experiments and sweeps; patch them for kopf's finalizer and bookkeeping annotations. A sweep's
+# trials are experiments it server-side applies (create); its owner reference deletes them with it.
 - apiGroups: ["servinglab.dev"]
   resources: ["servingexperiments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["servinglab.dev"]
+  resources: ["servingsweeps"]
   verbs: ["get", "list", "watch", "patch"]
 # Write conditions and results.
 - apiGroups: ["servinglab.dev"]
-  resources: ["servingexperiments/status"]
+  resources: ["servingexperiments/status", "servingsweeps/status"]
   verbs: ["patch"]
 # Server config, results ConfigMap, the load Job's ServiceAccount: server-side applied (create+patch),
 # results read back (get). Never deleted by the operator: garbage collection follows the owner.

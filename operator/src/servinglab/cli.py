@@ -211,13 +211,15 @@ def check_operator(health_url: str, metrics_url: str, timeout: float) -> None:
 
 
 @main.command()
-def crd() -> None:
-    """Print the ServingExperiment CustomResourceDefinition (generated from the spec model)."""
+@click.option("--kind", type=click.Choice(["experiment", "sweep"]), default="experiment", show_default=True)
+def crd(kind: str) -> None:
+    """Print the ServingExperiment or ServingSweep CustomResourceDefinition (generated from the spec models)."""
     import yaml
 
-    from servinglab.crd import crd_manifest
+    from servinglab.crd import crd_manifest, sweep_crd_manifest
 
-    click.echo(yaml.safe_dump(crd_manifest(), sort_keys=False), nl=False)
+    manifest = crd_manifest() if kind == "experiment" else sweep_crd_manifest()
+    click.echo(yaml.safe_dump(manifest, sort_keys=False), nl=False)
 
 
 @main.command("build-model")
@@ -396,12 +398,24 @@ def _show_cluster_result(body: dict[str, Any], output: Path | None) -> None:
 @main.command()
 @click.argument("name")
 @click.option("--namespace", "-n", default="default", show_default=True)
-@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the results JSON here.")
-def results(name: str, namespace: str, output: Path | None) -> None:
-    """Print a cluster experiment's results table from its status."""
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the results JSON here ('-' = stdout).")
+@click.option("--sweep", "is_sweep", is_flag=True, help="NAME is a ServingSweep: its trial table and document.")
+def results(name: str, namespace: str, output: Path | None, is_sweep: bool) -> None:
+    """Print a cluster experiment's (or, with --sweep, a sweep's) results table from the API."""
     from servinglab.k8s import follow
     from servinglab.k8s.kube import KubeError
 
+    if is_sweep:
+        try:
+            document = follow.fetch_sweep(namespace, name)
+        except KubeError as exc:
+            _fail(str(exc), code=2)
+        if document is None:
+            _fail(f"ServingSweep {namespace}/{name} not found", code=1)
+        print_sweep(document)
+        if output is not None:
+            _write_json(document, output)
+        return
     try:
         body = follow.fetch(namespace, name)
     except KubeError as exc:

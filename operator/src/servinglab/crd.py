@@ -13,10 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec
+from servinglab.sweepspec import SWEEP_KIND, SweepSpec
 
 PLURAL = "servingexperiments"
 SHORT_NAMES = ["sx"]
+SWEEP_PLURAL = "servingsweeps"
+SWEEP_SHORT_NAMES = ["ssw"]
 
 _DROPPED_KEYS = {"title", "$defs"}
 
@@ -57,10 +62,10 @@ def _structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str
 IMMUTABLE_SPEC_MESSAGE = "spec is immutable once applied: delete the experiment and apply a new one"
 
 
-def spec_schema() -> dict[str, Any]:
+def spec_schema(model: type[BaseModel] = ExperimentSpec) -> dict[str, Any]:
     """The structural OpenAPI schema of `spec`; the API server refuses edits of an applied spec,
     so results always describe the spec that is stored with them."""
-    raw = ExperimentSpec.model_json_schema(by_alias=True, mode="validation")
+    raw = model.model_json_schema(by_alias=True, mode="validation")
     schema = _structural(raw, raw.get("$defs", {}))
     schema["x-kubernetes-validations"] = [{"rule": "self == oldSelf", "message": IMMUTABLE_SPEC_MESSAGE}]
     return schema
@@ -73,21 +78,22 @@ def _column(name: str, json_path: str, kind: str = "string", priority: int = 0) 
     return column
 
 
-def crd_manifest() -> dict[str, Any]:
-    """The whole CustomResourceDefinition object."""
+def _manifest(
+    kind: str, plural: str, short_names: list[str], spec: dict[str, Any], columns: list[dict[str, Any]], about: str
+) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{API_GROUP}"},
+        "metadata": {"name": f"{plural}.{API_GROUP}"},
         "spec": {
             "group": API_GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": KIND.lower(),
-                "shortNames": SHORT_NAMES,
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": short_names,
             },
             "versions": [
                 {
@@ -95,27 +101,17 @@ def crd_manifest() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        _column("Model", ".spec.model.name"),
-                        _column("Batch", ".spec.server.batchSize", "integer"),
-                        _column("Delay", ".spec.server.maxBatchDelayMs", "integer"),
-                        _column("Workers", ".spec.server.workers", "integer"),
-                        _column("Precision", ".spec.server.precision"),
-                        _column("RPS", ".status.summary.bestThroughputRps", "number"),
-                        _column("P99", ".status.summary.bestP99LatencyMs", "number"),
-                        _column("State", ".status.summary.state"),
-                        _column("Age", ".metadata.creationTimestamp", "date"),
-                    ],
+                    "additionalPrinterColumns": columns,
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "A TorchServe configuration benchmarked under load.",
+                            "description": about,
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
-                                "spec": spec_schema(),
+                                "spec": spec,
                                 "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
                             },
                         }
@@ -124,3 +120,38 @@ def crd_manifest() -> dict[str, Any]:
             ],
         },
     }
+
+
+def crd_manifest() -> dict[str, Any]:
+    """The ServingExperiment CustomResourceDefinition."""
+    columns = [
+        _column("Model", ".spec.model.name"),
+        _column("Batch", ".spec.server.batchSize", "integer"),
+        _column("Delay", ".spec.server.maxBatchDelayMs", "integer"),
+        _column("Workers", ".spec.server.workers", "integer"),
+        _column("Precision", ".spec.server.precision"),
+        _column("RPS", ".status.summary.bestThroughputRps", "number"),
+        _column("P99", ".status.summary.bestP99LatencyMs", "number"),
+        _column("State", ".status.summary.state"),
+        _column("Age", ".metadata.creationTimestamp", "date"),
+    ]
+    return _manifest(
+        KIND, PLURAL, SHORT_NAMES, spec_schema(), columns, "A TorchServe configuration benchmarked under load."
+    )
+
+
+def sweep_crd_manifest() -> dict[str, Any]:
+    """The ServingSweep CustomResourceDefinition."""
+    columns = [
+        _column("Model", ".spec.template.model.name"),
+        _column("Strategy", ".spec.strategy"),
+        _column("Done", ".status.summary.trialsDone", "integer"),
+        _column("Running", ".status.summary.trialsRunning", "integer"),
+        _column("Total", ".status.summary.trialsTotal", "integer"),
+        _column("Best", ".status.summary.bestConfig"),
+        _column("RPS", ".status.summary.bestThroughputRps", "number"),
+        _column("State", ".status.summary.state"),
+        _column("Age", ".metadata.creationTimestamp", "date"),
+    ]
+    about = "TorchServe configurations of one model searched for the best within an SLO."
+    return _manifest(SWEEP_KIND, SWEEP_PLURAL, SWEEP_SHORT_NAMES, spec_schema(SweepSpec), columns, about)

@@ -1,8 +1,8 @@
 """Status conditions in the Kubernetes convention (pure functions).
 
 Each condition is keyed by `type` (`ServerReady`, `LoadTestComplete`, `GPUMetricsAvailable`,
-`Succeeded`, `Failed`), has a `status` of True/False/Unknown, a CamelCase `reason`, a human
-`message` and a `lastTransitionTime` that changes only when the status does.
+`Succeeded`, `Failed`, and `Queued` while waiting for a GPU), has a `status` of True/False/Unknown,
+a CamelCase `reason`, a human `message` and a `lastTransitionTime` that changes only when the status does.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ LOAD_TEST_COMPLETE = "LoadTestComplete"
 GPU_METRICS = "GPUMetricsAvailable"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
+QUEUED = "Queued"
 
 Condition = dict[str, Any]
 

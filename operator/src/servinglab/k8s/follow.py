@@ -99,3 +99,17 @@ def fetch(namespace: str, name: str) -> dict[str, Any] | None:
             await kube.close()
 
     return asyncio.run(get())
+
+
+def fetch_sweep(namespace: str, name: str) -> dict[str, Any] | None:
+    """The sweep's results document rebuilt from its trials (see :func:`servinglab.k8s.sweeps.sweep_document`)."""
+    from servinglab.k8s.sweeps import sweep_document
+
+    async def get() -> dict[str, Any] | None:
+        kube = await Kube.connect()
+        try:
+            return await sweep_document(kube, namespace, name)
+        finally:
+            await kube.close()
+
+    return asyncio.run(get())

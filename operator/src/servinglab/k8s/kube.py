@@ -34,6 +34,10 @@ _PATHS = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
     ),
+    ("v1", "Node"): "/api/v1/nodes",
+    (f"{API_GROUP}/{API_VERSION}", "ServingSweep"): (
+        f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{namespace}}/servingsweeps"
+    ),
     (f"{API_GROUP}/{API_VERSION}", "ServingExperiment"): (
         f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{namespace}}/servingexperiments"
     ),

@@ -17,9 +17,11 @@ Run with `servinglab operator` (kopf's runner), in the cluster or against a kube
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -27,11 +29,12 @@ from typing import Any
 import kopf
 
 from servinglab.k8s import conditions as cond
-from servinglab.k8s import opmetrics, resources, summary
+from servinglab.k8s import gpuqueue, opmetrics, resources, summary, sweeps
 from servinglab.k8s.kube import Kube, KubeError, Ref
 from servinglab.k8s.promql import GpuMetrics, PrometheusError
 from servinglab.loadgen.results_sink import RESULTS_KEY
 from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
+from servinglab.sweepspec import SWEEP_KIND
 
 PLURAL = "servingexperiments"
 LOG = logging.getLogger("servinglab.operator")
@@ -151,8 +154,9 @@ class Experiment:
             await self.event("Warning", "CleanupFailed", str(exc))
 
 
-async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings, deploy: bool = True) -> bool:
-    """Move the experiment one step; True once it has finished (Succeeded or Failed).
+async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings, deploy: bool = True) -> bool | None:
+    """Move the experiment one step; True once it has finished (Succeeded or Failed), None while it
+    waits in the GPU queue (nothing deployed yet), else False.
 
     `deploy` applies the children (idempotent); the daemon asks for it on its first pass only — at
     creation, and again after an operator restart — not on every poll of a running experiment.
@@ -178,6 +182,8 @@ async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings, deploy
         )
         return True
 
+    if "startedAt" not in experiment.status and spec.server.gpus > 0 and not await _admitted(experiment, spec):
+        return True if cond.finished(experiment.conditions) else None
     if "startedAt" not in experiment.status:
         await experiment.set(
             cond.SERVER_READY, None, "Deploying", "TorchServe is being deployed",
@@ -191,6 +197,62 @@ async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings, deploy
     if not cond.is_true(experiment.conditions, cond.SERVER_READY):
         return await _await_server(experiment, spec)
     return await _run_load(experiment, spec)
+
+
+# One operator process admits one experiment at a time, so two daemons never take the same free GPU.
+_ADMISSION = asyncio.Lock()
+
+
+async def _admitted(experiment: Experiment, spec: ExperimentSpec) -> bool:
+    """Whether the experiment may deploy its server now (see :mod:`servinglab.k8s.gpuqueue`); while it
+    may not, a Queued condition says why and where it stands. Fails it if no node could ever host it."""
+    async with _ADMISSION:
+        kube = experiment.kube
+        nodes = await kube.list(Ref("v1", "Node", ""))
+        server = spec.server
+        tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations]
+        offers = [o for node in nodes if (o := gpuqueue.node_offer(node, server.node_selector, tolerations)) > 0]
+        siblings = await kube.list(experiment.child(f"{API_GROUP}/{API_VERSION}", KIND, ""))
+        pods = await kube.list(experiment.child("v1", "Pod", ""), label_selector="app.kubernetes.io/component=server")
+        serving = {
+            p["metadata"].get("labels", {}).get(f"{API_GROUP}/experiment")
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp")
+            and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        }
+        in_use, queue = 0, []
+        for other in siblings:
+            status, name = other.get("status") or {}, other["metadata"]["name"]
+            gpus = int(((other.get("spec") or {}).get("server") or {}).get("gpus", 1))
+            finished = cond.finished(list(status.get("conditions") or []))
+            if "startedAt" in status and (not finished or name in serving):
+                in_use += gpus
+            elif "startedAt" not in status and not finished and gpus > 0:
+                queue.append((other["metadata"].get("creationTimestamp", ""), name))
+        queue.sort()
+        names = [name for _, name in queue]
+        position = names.index(experiment.name) + 1 if experiment.name in names else len(names) + 1
+        decision = gpuqueue.decide(server.gpus, offers, in_use, position)
+        if decision.never is not None:
+            await experiment.fail("Unschedulable", decision.never)
+            return False
+        if decision.admit:
+            queued_at = experiment.status.get("queuedAt")
+            if queued_at is not None:
+                await experiment.set(cond.QUEUED, False, "Admitted", "a GPU is free",
+                                     queuedSeconds=round(_now() - _epoch(queued_at), 3))  # fmt: skip
+            return True
+        assert decision.waiting is not None
+        first = "queuedAt" not in experiment.status
+        current = cond.get(experiment.conditions, cond.QUEUED) or {}
+        if first or current.get("message") != decision.waiting:
+            since = {"queuedAt": cond.now()} if first else {}
+            await experiment.set(
+                cond.QUEUED, True, "WaitingForGPU", decision.waiting, summary={"state": "Queued"}, **since
+            )
+        if first:
+            await experiment.event("Normal", "Queued", decision.waiting)
+        return False
 
 
 async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> None:
@@ -273,7 +335,9 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
         await experiment.fail("ServerCrashed", crash)
         return True
     unschedulable = unschedulable_reason(pods)
-    if unschedulable is not None and elapsed > experiment.settings.unschedulable_grace_seconds:
+    # Admitted means some node can hold it: a GPU still held by a finishing server is a wait, not a failure.
+    waiting_for_gpu = unschedulable is not None and f"Insufficient {gpuqueue.GPU}" in unschedulable
+    if unschedulable is not None and not waiting_for_gpu and elapsed > experiment.settings.unschedulable_grace_seconds:
         await experiment.fail("Unschedulable", f"the scheduler cannot place the server: {unschedulable}")
         return True
     if elapsed > spec.server.startup_timeout_seconds:
@@ -412,25 +476,49 @@ async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
     await memo.kube.close()
 
 
+async def _drive(
+    ref: Ref,
+    step: Callable[[dict[str, Any]], Awaitable[bool]],
+    memo: kopf.Memo,
+    stopped: kopf.DaemonStopped,
+    logger: kopf.Logger,
+) -> None:
+    """Reconcile one object every poll until `step` says it has finished or it is gone."""
+    while not stopped:
+        body = await memo.kube.get(ref)
+        if body is None:
+            return
+        try:
+            if await step(body):
+                return
+        except KubeError as exc:
+            opmetrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
+            logger.warning("Reconcile of %s failed, retrying: %s", ref, exc)
+        await stopped.wait(memo.settings.poll_seconds)
+
+
 @kopf.daemon(API_GROUP, API_VERSION, PLURAL, cancellation_timeout=5.0)
 async def drive(
     name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
     """One per experiment, restarted with the operator: reconcile until finished."""
-    kube: Kube = memo.kube
-    settings: Settings = memo.settings
     ref = Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace or "", name)
     deployed = False
+
+    async def step(body: dict[str, Any]) -> bool:
+        nonlocal deployed
+        outcome = await reconcile(memo.kube, body, memo.settings, deploy=not deployed)
+        deployed = deployed or outcome is not None  # once per daemon run, by the first pass past the queue
+        return outcome is True
+
     with opmetrics.RUNNING.track_inprogress():
-        while not stopped:
-            body = await kube.get(ref)
-            if body is None:
-                return
-            try:
-                if await reconcile(kube, body, settings, deploy=not deployed):
-                    return
-                deployed = True
-            except KubeError as exc:
-                opmetrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
-                logger.warning("Reconcile of %s failed, retrying: %s", ref, exc)
-            await stopped.wait(settings.poll_seconds)
+        await _drive(ref, step, memo, stopped, logger)
+
+
+@kopf.daemon(API_GROUP, API_VERSION, sweeps.SWEEP_PLURAL, cancellation_timeout=5.0)
+async def drive_sweep(
+    name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+) -> None:
+    """One per sweep, restarted with the operator: start trials and roll them up until finished."""
+    ref = Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace or "", name)
+    await _drive(ref, lambda body: sweeps.reconcile_sweep(memo.kube, body), memo, stopped, logger)

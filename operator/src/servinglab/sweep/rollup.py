@@ -26,6 +26,7 @@ _FAILURE_KINDS = (
     ("NeverReady", ("not ready within", "did not answer a test request", "serverNotReady")),
     ("Crashed", ("exited with code", "servercrashed", "crashloop")),
     ("SettingsNotApplied", ("did not apply the requested settings",)),
+    ("Unschedulable", ("unschedulable", "no node matching")),
 )
 
 

@@ -117,7 +117,8 @@ def propose(sweep: SweepSpec, history: list[Outcome], running: list[TrialConfig]
         finished = "converged: the best configuration's neighbours and other precisions were tried"
     else:
         candidates = grid(sweep)
-        finished = "every configuration was tried" + (" or pruned" if any(o.reason for o in history) else "")
+        skipped = any(c.key() not in done and pruned_by(history, c) for c in candidates)
+        finished = "every configuration was tried" + (" or pruned" if skipped else "")
     chosen = [c for c in candidates if c.key() not in done and c.key() not in busy and not pruned_by(history, c)]
     chosen = list({c.key(): c for c in chosen}.values())[: max(room, 0)]
     return Proposal(configs=chosen, stop_reason=finished if not chosen and not busy else None)

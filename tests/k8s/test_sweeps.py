@@ -1,0 +1,197 @@
+"""Sweeps and the GPU queue on the real control plane: trials as child experiments on the two
+simulated T4 nodes, at most as many servers as GPUs, restart resume, delete, invalid sweeps.
+
+The operator runs as `servinglab operator`; KWOK schedules the pods on the simulated nodes and the
+local kubelet runs the real TorchServe and load generator of each trial.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from clusterenv.controlplane import Cluster
+from clusterenv.experiments import condition, experiment, wait_finished
+from clusterenv.kubelet import LocalKubelet
+from clusterenv.operatorproc import SERVINGLAB, Operator
+
+pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
+
+
+def sweep(name: str, **spec: Any) -> dict[str, Any]:
+    template = experiment("template")["spec"]
+    template["load"] = {"concurrency": [4], "warmupSeconds": 0.5, "durationSeconds": 2}
+    return {
+        "apiVersion": "servinglab.dev/v1alpha1",
+        "kind": "ServingSweep",
+        "metadata": {"name": name},
+        "spec": {"template": template, **spec},
+    }
+
+
+class ServerWatch:
+    """Samples, every 0.3 s, how many server pods are bound to a node and not terminating."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.most = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ServerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pods = self.cluster.kubectl.get(
+                "pods", "-n", self.namespace, "-l", "app.kubernetes.io/component=server"
+            )["items"]  # fmt: skip
+            bound = [
+                p for p in pods
+                if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+                and p["status"].get("phase") in ("Pending", "Running")
+            ]  # fmt: skip
+            self.most = max(self.most, len(bound))
+            self._stop.wait(0.3)
+
+
+def get_sweep(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return cluster.kubectl.get("servingsweep", name, "-n", namespace)
+
+
+def wait_sweep(
+    cluster: Cluster, namespace: str, name: str, log: Callable[[], str], timeout: float = 400
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = get_sweep(cluster, namespace, name)
+        state = (body.get("status") or {}).get("summary", {}).get("state")
+        if state in ("Succeeded", "Failed"):
+            return body
+        time.sleep(1)
+    pytest.fail(f"sweep {name} did not finish in {timeout} s; operator log:\n{log()}")
+
+
+def test_a_third_one_gpu_experiment_waits_in_the_queue_then_succeeds(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    kubelet_factory()
+    with ServerWatch(cluster, namespace) as watch:
+        for name in ("queue-a", "queue-b", "queue-c"):
+            cluster.kubectl.apply(experiment(name), namespace=namespace)
+            time.sleep(0.5)  # creation order is queue order
+        # two T4 nodes, one GPU each: the third is queued, with its position, and deploys nothing yet
+        cluster.kubectl.wait_for(
+            lambda: (cluster.kubectl.get("sx", "queue-c", "-n", namespace).get("status") or {})
+            .get("summary", {}).get("state") == "Queued",
+            60, "queue-c to be queued",
+        )  # fmt: skip
+        queued = condition(cluster.kubectl.get("sx", "queue-c", "-n", namespace), "Queued")
+        assert queued["status"] == "True" and queued["reason"] == "WaitingForGPU"
+        assert "2 of 2 in use; position 1 in the queue" in queued["message"]
+        assert "queue-c-server" not in {
+            d["metadata"]["name"] for d in cluster.kubectl.get("deployments", "-n", namespace)["items"]
+        }
+        bodies = {
+            name: wait_finished(cluster, namespace, name, operator.log, 360)
+            for name in ("queue-a", "queue-b", "queue-c")
+        }
+    for name, body in bodies.items():
+        assert condition(body, "Succeeded")["status"] == "True", (name, body["status"].get("conditions"))
+    third = bodies["queue-c"]["status"]
+    assert condition(bodies["queue-c"], "Queued")["status"] == "False" and third["queuedSeconds"] > 0
+    assert watch.most <= 2, f"{watch.most} servers were scheduled at once on two GPUs"
+
+
+def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    kubelet_factory()
+    configs = [{"batchSize": b, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"} for b in (1, 4, 8)]
+    with ServerWatch(cluster, namespace) as watch:
+        cluster.kubectl.apply(sweep("sweep-e2e", strategy="list", configurations=configs, parallelism=3),
+                              namespace=namespace)  # fmt: skip
+        # parallelism 3, but two GPUs: at most two trials at once
+        cluster.kubectl.wait_for(
+            lambda: len(cluster.kubectl.get("sx", "-n", namespace)["items"]) >= 2,
+            60, "two trials",
+        )  # fmt: skip
+        time.sleep(3)
+        assert len(cluster.kubectl.get("sx", "-n", namespace)["items"]) == 2
+        body = wait_sweep(cluster, namespace, "sweep-e2e", operator.log)
+    assert watch.most <= 2
+    status = body["status"]
+    assert status["summary"]["state"] == "Succeeded", (status, operator.log())
+    assert status["counts"]["run"] == 3 and status["stopReason"] == "every configuration was tried"
+    trials = cluster.kubectl.get("sx", "-n", namespace, "-l", "servinglab.dev/sweep=sweep-e2e")["items"]
+    assert sorted(t["metadata"]["name"] for t in trials) == [f"sweep-e2e-b{b}-d5-w1-fp32" for b in (1, 4, 8)]
+    for trial in trials:
+        assert trial["metadata"]["labels"]["servinglab.dev/batch-size"] == str(trial["spec"]["server"]["batchSize"])
+        (owner,) = trial["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"]) == ("ServingSweep", body["metadata"]["uid"])
+    best = status["best"]
+    assert best["capacityRps"] == max(t["capacityRps"] for t in status["trials"] if t["capacityRps"] is not None)
+    assert status["summary"]["bestConfig"] == "b{batchSize}-d{maxBatchDelayMs}-w{workers}-{precision}".format(
+        **best["config"]
+    )
+    assert status["front"] and {p["trial"] for p in status["front"]} <= {t["metadata"]["name"] for t in trials}
+
+    printed = cluster.kubectl.run("get", "servingsweeps", "-n", namespace).stdout
+    assert "sweep-e2e" in printed and "Succeeded" in printed and status["summary"]["bestConfig"] in printed
+    # the same table and document as a local sweep, from the CLI
+    results = subprocess.run([SERVINGLAB, "results", "--sweep", "sweep-e2e", "-n", namespace, "-o", "-"],
+                             env=cluster.env, capture_output=True, text=True, check=False)  # fmt: skip
+    assert results.returncode == 0, results.stderr
+    document = json.loads(results.stdout[results.stdout.index("{") :])
+    assert document["kind"] == "ServingSweepResults" and document["best"] == status["best"]
+    assert len(document["points"]) == 3  # one level per trial, every point kept
+
+    cluster.kubectl.run("delete", "servingsweep", "sweep-e2e", "-n", namespace, "--wait=true", "--timeout=60s")
+    cluster.kubectl.wait_for(lambda: not cluster.kubectl.get("sx", "-n", namespace)["items"], 60, "trials deleted")
+
+
+def test_an_operator_restart_resumes_a_sweep_without_running_a_trial_twice(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    kubelet_factory()
+    configs = [{"batchSize": b, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"} for b in (2, 4, 8)]
+    cluster.kubectl.apply(sweep("resumed", strategy="list", configurations=configs, parallelism=1), namespace=namespace)
+
+    def finished_trials() -> int:
+        return int(
+            (get_sweep(cluster, namespace, "resumed").get("status") or {}).get("summary", {}).get("trialsDone", 0)
+        )
+
+    cluster.kubectl.wait_for(lambda: finished_trials() >= 1, 240, "a first finished trial")
+    operator.stop()
+    uids = {t["metadata"]["name"]: t["metadata"]["uid"] for t in cluster.kubectl.get("sx", "-n", namespace)["items"]}
+    operator.start()
+    body = wait_sweep(cluster, namespace, "resumed", operator.log)
+    assert body["status"]["summary"]["state"] == "Succeeded"
+    trials = cluster.kubectl.get("sx", "-n", namespace)["items"]
+    assert len(trials) == 3 and body["status"]["counts"]["run"] == 3
+    for trial in trials:  # the trials that existed before the restart are the same objects
+        if trial["metadata"]["name"] in uids:
+            assert trial["metadata"]["uid"] == uids[trial["metadata"]["name"]]
+
+
+def test_an_invalid_sweep_fails_naming_the_field_and_creates_nothing(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    bad = sweep("bad-sweep", strategy="list")  # no configurations
+    cluster.kubectl.apply(bad, namespace=namespace)
+    body = wait_sweep(cluster, namespace, "bad-sweep", operator.log, timeout=60)
+    failed = condition(body, "Failed")
+    assert failed["reason"] == "InvalidSpec" and "strategy list needs configurations" in failed["message"]
+    assert not cluster.kubectl.get("sx", "-n", namespace)["items"]
