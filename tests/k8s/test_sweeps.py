@@ -91,15 +91,18 @@ def test_a_third_one_gpu_experiment_waits_in_the_queue_then_succeeds(
         for name in ("queue-a", "queue-b", "queue-c"):
             cluster.kubectl.apply(experiment(name), namespace=namespace)
             time.sleep(0.5)  # creation order is queue order
-        # two T4 nodes, one GPU each: the third is queued, with its position, and deploys nothing yet
+
+        # two T4 nodes, one GPU each: the third is queued, first in line once the other two hold the GPUs
+        def queued_message() -> str:
+            body = cluster.kubectl.get("sx", "queue-c", "-n", namespace)
+            queued = next((c for c in (body.get("status") or {}).get("conditions", []) if c["type"] == "Queued"), {})
+            return str(queued.get("message", "")) if queued.get("status") == "True" else ""
+
         cluster.kubectl.wait_for(
-            lambda: (cluster.kubectl.get("sx", "queue-c", "-n", namespace).get("status") or {})
-            .get("summary", {}).get("state") == "Queued",
-            60, "queue-c to be queued",
-        )  # fmt: skip
-        queued = condition(cluster.kubectl.get("sx", "queue-c", "-n", namespace), "Queued")
-        assert queued["status"] == "True" and queued["reason"] == "WaitingForGPU"
-        assert "2 of 2 in use; position 1 in the queue" in queued["message"]
+            lambda: "2 of 2 in use; position 1 in the queue" in queued_message(), 90, "queue-c first in line"
+        )
+        assert condition(cluster.kubectl.get("sx", "queue-c", "-n", namespace), "Queued")["reason"] == "WaitingForGPU"
+        assert cluster.kubectl.get("sx", "queue-c", "-n", namespace)["status"]["summary"]["state"] == "Queued"
         assert "queue-c-server" not in {
             d["metadata"]["name"] for d in cluster.kubectl.get("deployments", "-n", namespace)["items"]
         }
