@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from clusterenv.controlplane import Cluster
-from servinglab.crd import crd_manifest
+from servinglab.crd import crd_manifest, sweep_crd_manifest
 from servinglab.spec import parse_experiment
+from servinglab.sweepspec import grid, parse_sweep
 
 pytestmark = pytest.mark.k8s
 
@@ -20,8 +21,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 @pytest.fixture(scope="module")
 def crd_installed(cluster: Cluster) -> None:
-    cluster.kubectl.apply(crd_manifest())
-    cluster.kubectl.run("wait", "--for=condition=Established", "crd/servingexperiments.servinglab.dev", "--timeout=60s")
+    for manifest in (crd_manifest(), sweep_crd_manifest()):
+        cluster.kubectl.apply(manifest)
+        cluster.kubectl.run(
+            "wait", "--for=condition=Established", f"crd/{manifest['metadata']['name']}", "--timeout=60s"
+        )
     cluster.kubectl.wait_for(
         lambda: cluster.kubectl.run("get", "sx", check=False).returncode == 0, 30, "servingexperiments served"
     )
@@ -36,6 +40,27 @@ def test_examples_are_accepted(cluster: Cluster, namespace: str, crd_installed: 
     # the server fills in the schema's defaults; they must be the spec model's defaults
     assert {k: stored["spec"]["server"][k] for k in document["spec"]["server"]} == document["spec"]["server"]
     assert parse_experiment(stored).spec == parse_experiment(document).spec
+
+
+@pytest.mark.parametrize("example", ["sweep-smoke.yaml", "sweep-t4.yaml", "sweep-litserve-writeup.yaml"])
+def test_sweep_examples_are_accepted_with_the_same_meaning(
+    cluster: Cluster, namespace: str, crd_installed: None, example: str
+) -> None:
+    document = yaml.safe_load((EXAMPLES / example).read_text())
+    cluster.kubectl.apply(document, namespace=namespace)
+    stored = cluster.kubectl.get("servingsweep", document["metadata"]["name"], "-n", namespace)
+    # what the API server stored (defaults filled in from the generated schema) is the same sweep
+    assert grid(parse_sweep(stored).spec) == grid(parse_sweep(document).spec)
+    assert parse_sweep(stored).spec == parse_sweep(document).spec
+
+
+def test_server_rejects_a_bad_sweep_naming_the_fields(cluster: Cluster, namespace: str, crd_installed: None) -> None:
+    document = yaml.safe_load((EXAMPLES / "sweep-t4.yaml").read_text())
+    document["spec"]["strategy"] = "random"
+    document["spec"]["space"]["precision"]["values"] = ["fp8"]
+    result = cluster.kubectl.run("apply", "-n", namespace, "-f", "-", stdin=json.dumps(document), check=False)
+    assert result.returncode != 0
+    assert "spec.strategy" in result.stderr and "spec.space.precision.values[0]" in result.stderr
 
 
 def test_server_rejects_out_of_range_values_naming_the_field(

@@ -31,7 +31,7 @@ def test_schema_is_structural() -> None:
 
 def test_schema_carries_the_spec_bounds_and_enums() -> None:
     server = spec_schema()["properties"]["server"]["properties"]
-    assert server["batchSize"]["minimum"] == 1 and server["batchSize"]["maximum"] == 1024
+    assert server["batchSize"]["minimum"] == 1 and server["batchSize"]["maximum"] == 4096
     assert server["precision"]["enum"] == ["fp32", "tf32", "fp16", "bf16"]
     assert server["nodeSelector"]["additionalProperties"] == {"type": "string"}
     load = spec_schema()["properties"]["load"]["properties"]
@@ -59,7 +59,7 @@ def test_the_sweep_crd_is_generated_from_the_sweep_spec_with_its_own_short_name_
     (version,) = crd["spec"]["versions"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["properties"]["strategy"]["enum"] == ["grid", "search", "list"]
-    assert spec["properties"]["template"]["properties"]["server"]["properties"]["batchSize"]["maximum"] == 1024
+    assert spec["properties"]["template"]["properties"]["server"]["properties"]["batchSize"]["maximum"] == 4096
     assert spec["properties"]["space"]["properties"]["precision"]["properties"]["values"]["items"]["enum"] == [
         "fp32", "tf32", "fp16", "bf16",
     ]  # fmt: skip

@@ -68,7 +68,7 @@ def test_halfp_example_carries_the_cluster_settings() -> None:
     ("path", "value", "expected"),
     [
         ("server.batchSize", 0, "spec.server.batchSize: 0 is below the minimum 1"),
-        ("server.batchSize", 5000, "spec.server.batchSize: 5000 is above the maximum 1024"),
+        ("server.batchSize", 5000, "spec.server.batchSize: 5000 is above the maximum 4096"),
         ("server.maxBatchDelayMs", 0, "spec.server.maxBatchDelayMs: 0 is below the minimum 1"),
         ("server.workers", -2, "spec.server.workers: -2 is below the minimum 1"),
         ("server.precision", "fp8", "spec.server.precision: 'fp8' is not one of"),

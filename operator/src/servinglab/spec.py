@@ -109,7 +109,7 @@ DEFAULT_SERVER_IMAGE = "pytorch/torchserve:0.12.0-gpu"
 class ServerSpec(SpecModel):
     """The TorchServe configuration under test."""
 
-    batch_size: int = Field(default=1, ge=1, le=1024, description="TorchServe batchSize.")
+    batch_size: int = Field(default=1, ge=1, le=4096, description="TorchServe batchSize.")
     max_batch_delay_ms: int = Field(
         default=50,
         ge=1,

@@ -88,7 +88,7 @@ class SweepSpace(SpecModel):
 class TrialConfig(SpecModel):
     """One configuration: the server settings a trial applies to the template."""
 
-    batch_size: int = Field(ge=1, le=1024)
+    batch_size: int = Field(ge=1, le=4096)
     max_batch_delay_ms: int = Field(ge=1, le=60_000)
     workers: int = Field(ge=1, le=64)
     precision: Precision
