@@ -350,10 +350,24 @@ def test_helm_test_checks_the_operators_health(cluster: Cluster, installed: Inst
 
 @pytest.fixture(scope="module")
 def finished(cluster: Cluster, installed: Installed) -> dict[str, Any]:
-    """A tiny experiment run by the chart's operator; GPU metrics from the chart's prometheusUrl."""
-    cluster.kubectl.apply(experiment("chart-e2e"), namespace=installed.namespace)
-    body = wait_finished(cluster, installed.namespace, "chart-e2e", lambda: operator_log(installed))
+    """A tiny experiment run by the chart's operator; GPU metrics from the chart's prometheusUrl. Beside
+    it, a one-trial sweep (the other T4), so the dashboards' sweep panels have a real sweep to show."""
+    ns = installed.namespace
+    template = experiment("template")["spec"]
+    one_trial = {
+        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingSweep", "metadata": {"name": "chart-sweep"},
+        "spec": {"template": template, "strategy": "list",
+                 "configurations": [{"batchSize": 4, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"}]},
+    }  # fmt: skip
+    cluster.kubectl.apply(experiment("chart-e2e"), namespace=ns)
+    cluster.kubectl.apply(one_trial, namespace=ns)
+    body = wait_finished(cluster, ns, "chart-e2e", lambda: operator_log(installed))
     assert condition(body, "Succeeded")["status"] == "True", (body["status"], operator_log(installed))
+    cluster.kubectl.wait_for(
+        lambda: (cluster.kubectl.get("servingsweep", "chart-sweep", "-n", ns).get("status") or {})
+        .get("summary", {}).get("state") == "Succeeded",
+        240, "the chart's sweep",
+    )  # fmt: skip
     return body
 
 

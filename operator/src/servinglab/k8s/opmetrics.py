@@ -5,7 +5,12 @@
 * `servinglab_reconcile_errors_total{reason}` — API errors a reconcile pass retried;
 * `servinglab_experiment_throughput_rps`, `servinglab_experiment_latency_p99_ms` — each finished
   experiment's result per level, labelled with its configuration so dashboards can compare
-  configurations; `servinglab_experiment_best_throughput_rps` — its best level.
+  configurations; `servinglab_experiment_best_throughput_rps` — its best level;
+* `servinglab_sweep_trials{namespace, sweep, model, state}` — a sweep's trials by state (Succeeded,
+  Infeasible, Running, Pruned); `servinglab_sweep_best_capacity_rps` — its best configuration's
+  capacity within the SLO, labelled with the configuration; `servinglab_sweep_front_throughput_rps`
+  and `servinglab_sweep_front_p99_ms` — its Pareto front, one series per point (`point` is its rank
+  by p99), labelled with the trial and level.
 """
 
 from __future__ import annotations
@@ -37,6 +42,18 @@ THROUGHPUT = Gauge(
 )
 P99 = Gauge("servinglab_experiment_latency_p99_ms", "Measured p99 latency per level", [*_CONFIG_LABELS, *_LEVEL_LABELS])
 BEST = Gauge("servinglab_experiment_best_throughput_rps", "Best throughput of an experiment", list(_CONFIG_LABELS))
+
+_SWEEP_LABELS = ("namespace", "sweep", "model")
+SWEEP_TRIALS = Gauge("servinglab_sweep_trials", "A sweep's trials by state", [*_SWEEP_LABELS, "state"])
+SWEEP_BEST = Gauge(
+    "servinglab_sweep_best_capacity_rps",
+    "A sweep's best capacity within the SLO, by configuration",
+    [*_SWEEP_LABELS, *_CONFIG_LABELS[3:]],
+)
+_FRONT_LABELS = (*_SWEEP_LABELS, "point", "trial", "level")
+FRONT_RPS = Gauge("servinglab_sweep_front_throughput_rps", "Throughput of a Pareto-front point", list(_FRONT_LABELS))
+FRONT_P99 = Gauge("servinglab_sweep_front_p99_ms", "p99 latency of a Pareto-front point", list(_FRONT_LABELS))
+_sweep_series: dict[tuple[str, str], list[tuple[Gauge, tuple[str, ...]]]] = {}
 
 _started = False
 
@@ -73,3 +90,32 @@ def finished(
         if (p99 := level["latencyMs"].get("p99")) is not None:
             P99.labels(**config, **which).set(p99)
     BEST.labels(**config).set(max(level["throughputRps"] for level in levels))
+
+
+def sweep(namespace: str, name: str, model: str, counts: dict[str, int], best: dict[str, Any] | None,
+          front: list[dict[str, Any]]) -> None:  # fmt: skip
+    """A sweep's current roll-up; replaces the series this sweep had before (its best and front move)."""
+    for gauge, values in _sweep_series.pop((namespace, name), []):
+        gauge.remove(*values)
+    series: list[tuple[Gauge, tuple[str, ...]]] = []
+
+    def put(gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
+        gauge.labels(*labels).set(value)
+        series.append((gauge, labels))
+
+    for state, count in counts.items():
+        put(SWEEP_TRIALS, (namespace, name, model, state), count)
+    if best is not None:
+        config = best["config"]
+        settings = (
+            str(config["batchSize"]),
+            str(config["maxBatchDelayMs"]),
+            str(config["workers"]),
+            config["precision"],
+        )
+        put(SWEEP_BEST, (namespace, name, model, *settings), best["capacityRps"])
+    for rank, point in enumerate(front):
+        labels = (namespace, name, model, str(rank), point["trial"], str(point["level"]))
+        put(FRONT_RPS, labels, point["throughputRps"])
+        put(FRONT_P99, labels, point["p99LatencyMs"])
+    _sweep_series[(namespace, name)] = series

@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from servinglab.k8s import conditions as cond
-from servinglab.k8s import gpuqueue
+from servinglab.k8s import gpuqueue, opmetrics
 from servinglab.k8s.kube import Kube, Ref
 from servinglab.k8s.resources import MANAGED_BY
 from servinglab.spec import API_GROUP, API_VERSION, KIND, SpecError
@@ -99,9 +99,11 @@ def trial_record(sweep: ServingSweep, child: dict[str, Any]) -> dict[str, Any] |
     return entry
 
 
-async def children(kube: Kube, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+async def children(kube: Kube, namespace: str, name: str, uid: str) -> tuple[list[dict[str, Any]], set[str]]:
+    """(this sweep's trials, names still held by trials of an earlier sweep of the same name)."""
     found = await kube.list(Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace), label_selector=f"{SWEEP_LABEL}={name}")
-    return [child for child in found if owned_by(child, uid)]  # a re-applied sweep never reads old trials
+    # a re-applied sweep never reads, nor adopts, the trials of the one it replaced (garbage collection takes them)
+    return [c for c in found if owned_by(c, uid)], {c["metadata"]["name"] for c in found if not owned_by(c, uid)}
 
 
 async def gpu_capacity(kube: Kube, sweep: ServingSweep) -> int | None:
@@ -132,15 +134,19 @@ async def reconcile_sweep(kube: Kube, body: dict[str, Any]) -> bool:
         await kube.patch_status(ref, {"conditions": failed, "summary": {"state": "Failed"}, "finishedAt": cond.now()})
         return True
     started_at = status.get("startedAt") or cond.now()
-    trials = await children(kube, namespace, name, uid)
+    trials, stale = await children(kube, namespace, name, uid)
     outcomes = [(child, trial_record(sweep, child)) for child in trials]
     records = [record for _, record in outcomes if record is not None]
     running = [config_of(child) for child, record in outcomes if record is None]
     capacity = await gpu_capacity(kube, sweep)
     limit = sweep.spec.parallelism if capacity is None else min(sweep.spec.parallelism, max(capacity, 1))
     proposal = propose(sweep.spec, [rollup.outcome(r) for r in records], running, limit - len(running))
-    for offset, config in enumerate(proposal.configs):
-        await kube.apply(trial_manifest(sweep, uid, namespace, config, len(trials) + offset))
+    order = len(trials)
+    for config in proposal.configs:
+        if trial_name(name, config) in stale:
+            continue  # proposed again once the old trial is gone
+        await kube.apply(trial_manifest(sweep, uid, namespace, config, order))
+        order += 1
         running.append(config)
     finished = proposal.stop_reason is not None and not running
     rolled = rollup.document(sweep, records, proposal.stop_reason if finished else None, started_at)
@@ -177,6 +183,10 @@ async def reconcile_sweep(kube: Kube, body: dict[str, Any]) -> bool:
         patch["finishedAt"] = cond.now()
         patch["conditions"] = cond.set_condition(conditions, "Running", False, "Finished", str(proposal.stop_reason))
     await kube.patch_status(ref, patch)
+    tally = rolled["counts"]
+    counts = {"Succeeded": tally["Succeeded"], "Infeasible": tally["Infeasible"], "Pruned": tally["pruned"],
+              "Running": len(running)}  # fmt: skip
+    opmetrics.sweep(namespace, name, sweep.spec.template.model.name, counts, best, rolled["front"])
     return finished
 
 
@@ -188,7 +198,7 @@ async def sweep_document(kube: Kube, namespace: str, name: str) -> dict[str, Any
         return None
     document = {k: body.get(k) for k in ("apiVersion", "kind", "spec")} | {"metadata": {"name": name}}
     parsed = parse_sweep(document)
-    trials = await children(kube, namespace, name, body["metadata"]["uid"])
+    trials, _ = await children(kube, namespace, name, body["metadata"]["uid"])
     records = [record for child in trials if (record := trial_record(parsed, child)) is not None]
     status = body.get("status") or {}
     rolled = rollup.document(parsed, records, status.get("stopReason"), status.get("startedAt") or "")
