@@ -191,7 +191,14 @@ def _page(document: dict[str, Any]) -> str:
     header = ["level", "rps", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms", "requests", "errors", "batch",
               "queue ms", "infer ms/batch", "checks"]  # fmt: skip
     facts = _facts(document)
-    images = "".join(f'<figure><img src="{name}" alt="{name}"></figure>' for name in PLOTS)
+    table = f"<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>\n{''.join(rows)}\n</table>"
+    return html_page(title, f"<p>{html.escape(config)}</p>", facts, table, PLOTS, images_last=True)
+
+
+def html_page(title: str, intro: str, facts: list[str], table: str, images: tuple[str, ...], images_last: bool) -> str:
+    """The report page both reports share: title, facts, the table and the plots."""
+    figures = "".join(f'<figure><img src="{name}" alt="{name}"></figure>' for name in images)
+    body = f"{table}\n{figures}" if images_last else f"{figures}\n{table}"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>
@@ -201,11 +208,8 @@ td, th {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; }}
 td:last-child {{ text-align: left; }} figure {{ display: inline-block; margin: 0.5em; }} img {{ max-width: 100%; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
-<p>{html.escape(config)}</p>
+{intro}
 <ul>{"".join(f"<li>{fact}</li>" for fact in facts)}</ul>
-<table><tr>{"".join(f"<th>{h}</th>" for h in header)}</tr>
-{"".join(rows)}
-</table>
-{images}
+{body}
 </body></html>
 """

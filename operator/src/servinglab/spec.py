@@ -402,15 +402,20 @@ def parse_experiment(document: Any, source: str | None = None) -> ServingExperim
         raise SpecError(problems, source) from None
 
 
-def load_experiment(path: str | Path) -> ServingExperiment:
-    """Read and validate an experiment file (YAML or JSON, exactly one document)."""
+def read_document(path: str | Path, what: str = "experiment") -> Any:
+    """The one YAML or JSON document of a file; :class:`SpecError` when unreadable or not exactly one."""
     path = Path(path)
     try:
         documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except OSError as exc:
-        raise SpecError([f"cannot read file: {exc.strerror}"], str(path)) from None
+        raise SpecError([f"cannot read file: {exc.strerror}"], str(path), what) from None
     except yaml.YAMLError as exc:
-        raise SpecError([f"not valid YAML: {exc}"], str(path)) from None
+        raise SpecError([f"not valid YAML: {exc}"], str(path), what) from None
     if len(documents) != 1:
-        raise SpecError([f"expected exactly one document, found {len(documents)}"], str(path))
-    return parse_experiment(documents[0], str(path))
+        raise SpecError([f"expected exactly one document, found {len(documents)}"], str(path), what)
+    return documents[0]
+
+
+def load_experiment(path: str | Path) -> ServingExperiment:
+    """Read and validate an experiment file (YAML or JSON, exactly one document)."""
+    return parse_experiment(read_document(path), str(path))

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from servinglab.spec import (
@@ -30,6 +29,7 @@ from servinglab.spec import (
     SpecModel,
     describe_error,
     field_path,
+    read_document,
 )
 
 SWEEP_KIND = "ServingSweep"
@@ -267,13 +267,4 @@ def parse_sweep(document: Any, source: str | None = None) -> ServingSweep:
 
 def load_sweep(path: str | Path) -> ServingSweep:
     """Read and validate a sweep file (YAML or JSON, exactly one document)."""
-    path = Path(path)
-    try:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    except OSError as exc:
-        raise SpecError([f"cannot read file: {exc.strerror}"], str(path)) from None
-    except yaml.YAMLError as exc:
-        raise SpecError([f"not valid YAML: {exc}"], str(path)) from None
-    if len(documents) != 1:
-        raise SpecError([f"expected exactly one document, found {len(documents)}"], str(path))
-    return parse_sweep(documents[0], str(path))
+    return parse_sweep(read_document(path, "sweep"), str(path))

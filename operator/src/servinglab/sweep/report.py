@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from servinglab.report import html_page
+
 PLOTS = ("pareto.png", "capacity.png")
 _COLOURS = {"fp32": "tab:blue", "tf32": "tab:green", "fp16": "tab:orange", "bf16": "tab:red"}
 
@@ -140,20 +142,5 @@ def _page(document: dict[str, Any]) -> str:
                  config["precision"], trial["state"], trial.get("capacityRps"), trial.get("p99LatencyMs"),
                  trial.get("level"), trial.get("readySeconds"), trial.get("reason")]  # fmt: skip
         rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
-    images = "".join(f'<figure><img src="{name}" alt="{name}"></figure>' for name in PLOTS)
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; font-size: 0.9em; }}
-td, th {{ border: 1px solid #ccc; padding: 3px 8px; }} figure {{ display: inline-block; margin: 0.5em; }}
-img {{ max-width: 100%; }}
-</style></head><body>
-<h1>{html.escape(title)}</h1>
-<ul>{"".join(f"<li>{fact}</li>" for fact in facts)}</ul>
-{images}
-<table><tr>{"".join(f"<th>{h}</th>" for h in header)}</tr>
-{"".join(rows)}
-</table>
-</body></html>
-"""
+    table = f"<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>\n{''.join(rows)}\n</table>"
+    return html_page(title, "", facts, table, PLOTS, images_last=False)
