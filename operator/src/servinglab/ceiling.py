@@ -16,9 +16,9 @@ Three numbers put a served throughput in context:
 The arithmetic and the choice of batch sizes are pure; :func:`count_flops` and :func:`network` import
 torch, and the raw figures are measured in a child process (:mod:`servinglab.rawprobe`) within the
 `ceiling.rawSeconds` budget. The local runner measures after the server has stopped (so they do not
-compete with it for the machine);
-the load Job (`servinglab loadtest`) reports FLOPs and the theoretical figure for the accelerator
-its server is pinned to, the raw figure needing the GPU it does not run on.
+compete with it for the machine; a sweep's trials share a cache of the figures); the load Job
+(`servinglab loadtest`) reports FLOPs and the theoretical figure for the accelerator its server is
+pinned to, the raw figure needing the GPU it does not run on.
 """
 
 from __future__ import annotations
