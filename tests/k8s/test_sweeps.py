@@ -12,9 +12,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
@@ -118,7 +120,11 @@ def test_a_third_one_gpu_experiment_waits_in_the_queue_then_succeeds(
 
 
 def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
-    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+    cluster: Cluster,
+    namespace: str,
+    operator: Operator,
+    kubelet_factory: Callable[..., LocalKubelet],
+    tmp_path: Path,
 ) -> None:
     kubelet_factory()
     configs = [{"batchSize": b, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"} for b in (1, 4, 8)]
@@ -153,12 +159,18 @@ def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
     printed = cluster.kubectl.run("get", "servingsweeps", "-n", namespace).stdout
     assert "sweep-e2e" in printed and "Succeeded" in printed and status["summary"]["bestConfig"] in printed
     # the same table and document as a local sweep, from the CLI
-    results = subprocess.run([SERVINGLAB, "results", "--sweep", "sweep-e2e", "-n", namespace, "-o", "-"],
+    exported = tmp_path / "best"
+    results = subprocess.run([SERVINGLAB, "results", "--sweep", "sweep-e2e", "-n", namespace, "-o", "-",
+                              "--export", str(exported)],
                              env=cluster.env, capture_output=True, text=True, check=False)  # fmt: skip
     assert results.returncode == 0, results.stderr
     document = json.loads(results.stdout[results.stdout.index("{") :])
     assert document["kind"] == "ServingSweepResults" and document["best"] == status["best"]
     assert len(document["points"]) == 3  # one level per trial, every point kept
+    # the winner, ready to deploy
+    best_experiment = yaml.safe_load((exported / "experiment.yaml").read_text())
+    assert best_experiment["spec"]["server"]["batchSize"] == best["config"]["batchSize"]
+    assert f"batchSize: {best['config']['batchSize']}" in (exported / "model-config.yaml").read_text()
 
     cluster.kubectl.run("delete", "servingsweep", "sweep-e2e", "-n", namespace, "--wait=true", "--timeout=60s")
     cluster.kubectl.wait_for(lambda: not cluster.kubectl.get("sx", "-n", namespace)["items"], 60, "trials deleted")

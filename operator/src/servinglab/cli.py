@@ -400,21 +400,34 @@ def _show_cluster_result(body: dict[str, Any], output: Path | None) -> None:
 @click.option("--namespace", "-n", default="default", show_default=True)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the results JSON here ('-' = stdout).")
 @click.option("--sweep", "is_sweep", is_flag=True, help="NAME is a ServingSweep: its trial table and document.")
-def results(name: str, namespace: str, output: Path | None, is_sweep: bool) -> None:
+@click.option(
+    "--export",
+    "export_dir",
+    type=click.Path(path_type=Path),
+    help="With --sweep: write the best configuration here (experiment.yaml, config.properties, model-config.yaml).",
+)
+def results(name: str, namespace: str, output: Path | None, is_sweep: bool, export_dir: Path | None) -> None:
     """Print a cluster experiment's (or, with --sweep, a sweep's) results table from the API."""
     from servinglab.k8s import follow
     from servinglab.k8s.kube import KubeError
 
     if is_sweep:
         try:
-            document = follow.fetch_sweep(namespace, name)
+            found = follow.fetch_sweep(namespace, name)
         except KubeError as exc:
             _fail(str(exc), code=2)
-        if document is None:
+        if found is None:
             _fail(f"ServingSweep {namespace}/{name} not found", code=1)
+        sweep, document = found
         print_sweep(document)
         if output is not None:
             _write_json(document, output)
+        if export_dir is not None and document["best"] is not None:
+            from servinglab.sweep.export import write_best
+            from servinglab.sweepspec import TrialConfig
+
+            write_best(sweep, TrialConfig.model_validate(document["best"]["config"]), export_dir)
+            console.print(f"best configuration written to {export_dir}")
         return
     try:
         body = follow.fetch(namespace, name)

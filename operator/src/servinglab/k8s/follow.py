@@ -14,6 +14,7 @@ from typing import Any
 from servinglab.k8s import conditions as cond
 from servinglab.k8s.kube import Kube, Ref
 from servinglab.spec import API_GROUP, API_VERSION, KIND, ServingExperiment
+from servinglab.sweepspec import ServingSweep
 
 
 def _ref(namespace: str, name: str) -> Ref:
@@ -101,11 +102,11 @@ def fetch(namespace: str, name: str) -> dict[str, Any] | None:
     return asyncio.run(get())
 
 
-def fetch_sweep(namespace: str, name: str) -> dict[str, Any] | None:
-    """The sweep's results document rebuilt from its trials (see :func:`servinglab.k8s.sweeps.sweep_document`)."""
+def fetch_sweep(namespace: str, name: str) -> tuple[ServingSweep, dict[str, Any]] | None:
+    """The sweep and its results document rebuilt from its trials (:func:`servinglab.k8s.sweeps.sweep_document`)."""
     from servinglab.k8s.sweeps import sweep_document
 
-    async def get() -> dict[str, Any] | None:
+    async def get() -> tuple[ServingSweep, dict[str, Any]] | None:
         kube = await Kube.connect()
         try:
             return await sweep_document(kube, namespace, name)

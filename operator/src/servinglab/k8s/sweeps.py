@@ -190,8 +190,8 @@ async def reconcile_sweep(kube: Kube, body: dict[str, Any]) -> bool:
     return finished
 
 
-async def sweep_document(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
-    """A cluster sweep's full results document, as a local sweep writes it (every trial's points
+async def sweep_document(kube: Kube, namespace: str, name: str) -> tuple[ServingSweep, dict[str, Any]] | None:
+    """A cluster sweep and its full results document, as a local sweep writes it (every trial's points
     included), rebuilt from its trials; None when there is no such sweep."""
     body = await kube.get(Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace, name))
     if body is None:
@@ -204,4 +204,4 @@ async def sweep_document(kube: Kube, namespace: str, name: str) -> dict[str, Any
     rolled = rollup.document(parsed, records, status.get("stopReason"), status.get("startedAt") or "")
     rolled["finishedAt"] = status.get("finishedAt")
     rolled["summary"] = status.get("summary")
-    return rolled
+    return parsed, rolled
