@@ -39,7 +39,7 @@ def main() -> None:
     probe = Probe("resnet50", "fp32", "cpu")
     largest = max(args.sizes)
     pass_seconds: dict[int, float] = {}
-    for size in sorted({min(2**i, largest) for i in range(largest.bit_length() + 1)} | set(args.sizes)):
+    for size in sorted(set(tsconfig.powers_of_two_up_to(largest)) | set(args.sizes)):
         batch = probe.batch(size)
         probe.forward(batch)  # first pass apart: the figure is a steady pass
         pass_seconds[size] = probe.forward(batch)

@@ -30,6 +30,7 @@ from typing import Any
 from servinglab import models, paths
 from servinglab.results import meets_slo
 from servinglab.spec import ExperimentSpec, ServerSpec
+from servinglab.tsconfig import powers_of_two_up_to
 
 #: Dense peak TFLOPS by accelerator and precision (None: the precision has no hardware path there).
 #: Sources: NVIDIA datasheets — T4 (Turing: no TF32/BF16), L4, A10G (AWS G5), A100 SXM4, H100 SXM5,
@@ -77,8 +78,7 @@ def formed_batch_size(level: dict[str, Any] | None, configured: int) -> tuple[in
 def scan_batch_sizes(formed: int, configured: int) -> list[int]:
     """The sizes the raw probe measures, in order: the formed size first, then powers of two up to the
     configured maximum (and the maximum itself), smallest first so each estimates the next's time."""
-    scan = sorted({min(2**i, configured) for i in range(configured.bit_length() + 1)} - {formed})
-    return [formed, *scan]
+    return [formed, *(size for size in powers_of_two_up_to(configured) if size != formed)]
 
 
 def raw_block(formed_mean: float | None, formed: int, figures: Any | None, budget: float) -> dict[str, Any]:

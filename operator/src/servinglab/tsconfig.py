@@ -54,6 +54,11 @@ def _frontend_settings(server: ServerSpec) -> dict[str, int]:
     }
 
 
+def powers_of_two_up_to(largest: int) -> list[int]:
+    """1, 2, 4, ... below `largest`, and `largest` itself: the batch sizes warmed up and scanned."""
+    return sorted({min(2**i, largest) for i in range(largest.bit_length() + 1)})
+
+
 def warmup_batch_sizes(batch_size: int, load: LoadSpec | None) -> list[int]:
     """The batch sizes a worker warms up: powers of two up to the largest batch the load can form.
     A closed loop never has more requests outstanding than its largest concurrency; an open loop
@@ -61,7 +66,7 @@ def warmup_batch_sizes(batch_size: int, load: LoadSpec | None) -> list[int]:
     largest = batch_size
     if load is not None and load.mode == "closed":
         largest = min(batch_size, max(load.concurrency))
-    return sorted({min(2**i, largest) for i in range(largest.bit_length() + 1)})
+    return powers_of_two_up_to(largest)
 
 
 def model_config(server: ServerSpec, load: LoadSpec | None = None) -> dict[str, Any]:
