@@ -42,3 +42,13 @@ def test_a_request_no_node_could_ever_hold_is_refused_naming_the_largest_offer()
     never = decide(4, [1, 1], in_use=0, position=1)
     assert not never.admit and never.never is not None and "the largest offers 1, 2 nodes match" in never.never
     assert decide(1, [], in_use=0, position=1).never is not None
+
+
+def test_offers_lists_what_each_node_that_can_host_the_server_gives_it() -> None:
+    from servinglab.k8s.gpuqueue import offers
+    from servinglab.spec import ServerSpec
+
+    server = ServerSpec.model_validate({"gpus": 1, "nodeSelector": T4, "tolerations": TOLERATE_GPU})
+    t4 = node("1", T4, [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
+    nodes = [t4, t4, node("8", {"nvidia.com/gpu.product": "NVIDIA-A100"}), {"metadata": {}, "spec": {}, "status": {}}]
+    assert offers(nodes, server) == [1, 1]

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from servinglab.spec import ServerSpec
+
 GPU = "nvidia.com/gpu"
 
 
@@ -42,6 +44,12 @@ def node_offer(node: dict[str, Any], selector: dict[str, str], tolerations: list
     if not all(tolerated(taint, tolerations) for taint in node.get("spec", {}).get("taints", [])):
         return 0
     return int(str(node.get("status", {}).get("allocatable", {}).get(GPU, "0")) or 0)
+
+
+def offers(nodes: list[dict[str, Any]], server: ServerSpec) -> list[int]:
+    """What each node that can host this server offers it (nodes offering nothing left out)."""
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations]
+    return [offer for node in nodes if (offer := node_offer(node, server.node_selector, tolerations)) > 0]
 
 
 @dataclass(frozen=True)

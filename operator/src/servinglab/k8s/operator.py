@@ -208,10 +208,8 @@ async def _admitted(experiment: Experiment, spec: ExperimentSpec) -> bool:
     may not, a Queued condition says why and where it stands. Fails it if no node could ever host it."""
     async with _ADMISSION:
         kube = experiment.kube
-        nodes = await kube.list(Ref("v1", "Node", ""))
         server = spec.server
-        tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations]
-        offers = [o for node in nodes if (o := gpuqueue.node_offer(node, server.node_selector, tolerations)) > 0]
+        offers = gpuqueue.offers(await kube.list(Ref("v1", "Node", "")), server)
         siblings = await kube.list(experiment.child(f"{API_GROUP}/{API_VERSION}", KIND, ""))
         pods = await kube.list(experiment.child("v1", "Pod", ""), label_selector="app.kubernetes.io/component=server")
         serving = {

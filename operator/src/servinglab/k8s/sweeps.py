@@ -111,9 +111,7 @@ async def gpu_capacity(kube: Kube, sweep: ServingSweep) -> int | None:
     server = sweep.spec.template.server
     if server.gpus == 0:
         return None
-    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations]
-    nodes = await kube.list(Ref("v1", "Node", ""))
-    return sum(gpuqueue.node_offer(node, server.node_selector, tolerations) // server.gpus for node in nodes)
+    return sum(offer // server.gpus for offer in gpuqueue.offers(await kube.list(Ref("v1", "Node", "")), server))
 
 
 async def reconcile_sweep(kube: Kube, body: dict[str, Any]) -> bool:
