@@ -197,14 +197,14 @@ class LocalTorchServe:
         self.server, self.load = server, load
         model_dir = self.workdir / "model-store" / self.model_name
         (model_dir / "model-config.yaml").write_text(tsconfig.render_model_config(server, load))
-        self._call("DELETE", f"/models/{self.model_name}")
+        self._http(f"{self.addresses.management}/models/{self.model_name}", 60.0, "DELETE")
         query = urllib.parse.urlencode(
             {"url": self.model_name, "initial_workers": server.workers, "synchronous": "true"}
         )
         deadline = started + 30
         while True:  # the frontend may still be tearing the old registration down
             try:
-                self._call("POST", f"/models?{query}", timeout=server.startup_timeout_seconds)
+                self._http(f"{self.addresses.management}/models?{query}", server.startup_timeout_seconds, "POST")
                 break
             except urllib.error.HTTPError as exc:
                 if exc.code != 409 or time.monotonic() > deadline:
@@ -285,20 +285,14 @@ class LocalTorchServe:
 
     # -- HTTP ------------------------------------------------------------------------------------
 
-    def _get(self, url: str, timeout: float = 10.0) -> bytes:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body: bytes = response.read()
-            return body
-
-    def _call(self, method: str, path: str, timeout: float = 60.0) -> bytes:
-        request = urllib.request.Request(self.addresses.management + path, method=method)
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+    def _http(self, url: str, timeout: float = 10.0, method: str = "GET") -> bytes:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=timeout) as response:
             body: bytes = response.read()
             return body
 
     def status(self) -> WorkerStatus:
         """Effective settings from the management API (what TorchServe actually applied)."""
-        described = json.loads(self._get(f"{self.addresses.management}/models/{self.model_name}"))
+        described = json.loads(self._http(f"{self.addresses.management}/models/{self.model_name}"))
         model = described[0]
         return WorkerStatus(
             batch_size=int(model["batchSize"]),
@@ -309,7 +303,7 @@ class LocalTorchServe:
         )
 
     def metrics_text(self) -> str:
-        return self._get(f"{self.addresses.metrics}/metrics").decode()
+        return self._http(f"{self.addresses.metrics}/metrics").decode()
 
     @property
     def predictions_path(self) -> str:
