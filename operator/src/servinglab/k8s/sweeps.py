@@ -66,6 +66,12 @@ def trial_manifest(sweep: ServingSweep, uid: str, namespace: str, config: TrialC
     }
 
 
+def sweep_of(body: dict[str, Any]) -> ServingSweep:
+    """The validated sweep of a stored object (its metadata beyond the name is the API server's)."""
+    document = {k: body.get(k) for k in ("apiVersion", "kind", "spec")}
+    return parse_sweep(document | {"metadata": {"name": body["metadata"]["name"]}})
+
+
 def owned_by(child: dict[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in child["metadata"].get("ownerReferences", []))
 
@@ -124,8 +130,7 @@ async def reconcile_sweep(kube: Kube, body: dict[str, Any]) -> bool:
     if cond.finished(conditions):
         return True
     try:
-        document = {k: body.get(k) for k in ("apiVersion", "kind", "spec")} | {"metadata": {"name": name}}
-        sweep = parse_sweep(document)
+        sweep = sweep_of(body)
     except SpecError as exc:  # nothing is created for an invalid sweep
         message = "; ".join(exc.problems)
         failed = cond.set_condition(conditions, cond.FAILED, True, "InvalidSpec", message)
@@ -194,8 +199,7 @@ async def sweep_document(kube: Kube, namespace: str, name: str) -> tuple[Serving
     body = await kube.get(Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace, name))
     if body is None:
         return None
-    document = {k: body.get(k) for k in ("apiVersion", "kind", "spec")} | {"metadata": {"name": name}}
-    parsed = parse_sweep(document)
+    parsed = sweep_of(body)
     trials, _ = await children(kube, namespace, name, body["metadata"]["uid"])
     records = [record for child in trials if (record := trial_record(parsed, child)) is not None]
     status = body.get("status") or {}
