@@ -185,7 +185,7 @@ class LocalControlPlane:
         ])  # fmt: skip
         self.group.wait_until(etcd, lambda: _http_ok(f"{etcd_url}/health"), timeout, "/health")
 
-        api = self.group.start("kube-apiserver", [
+        self.api_command = [
             str(self.binaries.kube_apiserver), f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1", f"--secure-port={apiserver}", "--advertise-address=127.0.0.1",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
@@ -195,9 +195,12 @@ class LocalControlPlane:
             f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
             "--allow-privileged=true", "--v=1",
-        ])  # fmt: skip
-        admin_context = ssl.create_default_context(cafile=str(pki.ca_cert))
+            # as on hardened clusters: setting blockOwnerDeletion needs update on the owner's finalizers
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+        ]  # fmt: skip
+        self.admin_context = admin_context = ssl.create_default_context(cafile=str(pki.ca_cert))
         admin_context.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
+        self.api = api = self.group.start("kube-apiserver", self.api_command)
         self.group.wait_until(api, lambda: _https_ok(f"{self.server}/readyz", admin_context), timeout, "/readyz")
 
         self.kubeconfig.write_text(manifests.kubeconfig(self.server, pki.ca_cert, pki.admin.cert, pki.admin.key))
@@ -239,6 +242,18 @@ class LocalControlPlane:
             "/healthz",
         )
 
+    def stop_api_server(self) -> None:
+        """Kill kube-apiserver outright, as a crash or a node failure would (etcd keeps the state)."""
+        os.killpg(self.api.popen.pid, signal.SIGKILL)
+        self.api.popen.wait(timeout=30)
+
+    def start_api_server(self, timeout: float = 120.0) -> None:
+        """Start kube-apiserver again on the same port, with the same state; wait until it is ready."""
+        self.api = self.group.start("kube-apiserver", self.api_command)
+        self.group.wait_until(
+            self.api, lambda: _https_ok(f"{self.server}/readyz", self.admin_context), timeout, "/readyz"
+        )
+
     def stop(self) -> None:
         self.group.stop()
 
@@ -275,6 +290,18 @@ class Kwok:
         # HOME here keeps a developer's ~/.kwok/kwok.yaml from being loaded into the tests.
         kwok = self.group.start("kwok", command, env={"HOME": str(self.workdir), "KWOK_WORKDIR": str(self.workdir)})
         self.group.wait_until(kwok, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), timeout, "/healthz")
+
+    def stop_api_server(self) -> None:
+        """Kill kube-apiserver outright, as a crash or a node failure would (etcd keeps the state)."""
+        os.killpg(self.api.popen.pid, signal.SIGKILL)
+        self.api.popen.wait(timeout=30)
+
+    def start_api_server(self, timeout: float = 120.0) -> None:
+        """Start kube-apiserver again on the same port, with the same state; wait until it is ready."""
+        self.api = self.group.start("kube-apiserver", self.api_command)
+        self.group.wait_until(
+            self.api, lambda: _https_ok(f"{self.server}/readyz", self.admin_context), timeout, "/readyz"
+        )
 
     def stop(self) -> None:
         self.group.stop()
@@ -350,6 +377,7 @@ class Cluster:
     kubeconfig: Path
     kubectl: Kubectl
     binaries: Binaries
+    control_plane: LocalControlPlane | None = None  # only --cluster=local can stop its API server
 
     @property
     def env(self) -> dict[str, str]:

@@ -171,8 +171,11 @@ class LocalKubelet:
             if running is None or running.done:
                 continue
             if component in ("server", "operator") and not running.ready and self._probe(pod, running):
+                # marked only once reported: a report refused (the API server restarting) is retried next sync
+                self.kubectl.run(
+                    "annotate", "pod", name, "-n", self.namespace, f"{manifests.READY_ANNOTATION}=true", "--overwrite"
+                )
                 running.ready = True
-                self.kubectl.run("annotate", "pod", name, "-n", self.namespace, f"{manifests.READY_ANNOTATION}=true")
             if component in ("load", "test"):
                 self._finish_job_if_exited(running)
 
@@ -338,7 +341,6 @@ class LocalKubelet:
         code = process.poll()
         if code is None:
             return
-        running.done = True
         log = running.root / "termination-log"
         message = log.read_text() if log.exists() else ""
         if not message and code != 0 and running.log is not None:  # FallbackToLogsOnError
@@ -346,7 +348,9 @@ class LocalKubelet:
         self.kubectl.run(
             "annotate", "pod", running.name, "-n", self.namespace,
             f"{manifests.EXIT_CODE_ANNOTATION}={code}", f"{manifests.MESSAGE_ANNOTATION}={message}",
+            "--overwrite",
         )  # fmt: skip
+        running.done = True  # only once reported (see the readiness report)
 
     # -- the Helm chart's operator pod and its test hook -------------------------------------------
 

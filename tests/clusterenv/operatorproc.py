@@ -27,7 +27,10 @@ class Operator:
             "SERVINGLAB_METRICS_PORT": str(metrics),
             "SERVINGLAB_POLL_SECONDS": "1",
             "SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS": "3",
+            # a killed leader's Lease runs out in 4 s (renewed every 1.3 s), so a standby or restart takes over soon
+            "SERVINGLAB_LEASE_SECONDS": "4",
         }
+        self.workdir.mkdir(parents=True, exist_ok=True)
         log = (self.workdir / "operator.log").open("ab")
         self.process = subprocess.Popen(
             [SERVINGLAB, "operator", "--namespace", self.namespace,
@@ -43,6 +46,12 @@ class Operator:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup handler runs, the Lease is not handed back, a write in flight is cut off."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
 
     def log(self) -> str:
         return (self.workdir / "operator.log").read_text(errors="replace")[-5000:]

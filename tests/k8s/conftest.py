@@ -76,7 +76,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         kwok.start()
         wait_default_service_account(kubectl)
         register_nodes(kubectl, manifests.default_nodes())
-        yield Cluster(kubeconfig, kubectl, binaries)
+        yield Cluster(kubeconfig, kubectl, binaries, control_plane)
     finally:
         if kwok is not None:
             kwok.stop()
@@ -89,9 +89,15 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 @pytest.fixture()
 def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace per test, deleted afterwards (without waiting for finalisation)."""
+    """A fresh namespace per test, deleted afterwards (without waiting for finalisation). The API server
+    enforces the `restricted` Pod Security Standard there, so every pod the operator or the chart
+    creates is proven compliant: a non-compliant one is refused."""
     name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl.run("create", "namespace", name)
+    cluster.kubectl.apply(
+        {"apiVersion": "v1", "kind": "Namespace",
+         "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted",
+                                               "pod-security.kubernetes.io/enforce-version": "latest"}}}
+    )  # fmt: skip
     yield name
     cluster.kubectl.run("delete", "namespace", name, "--wait=false", check=False)
 

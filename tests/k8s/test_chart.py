@@ -105,7 +105,8 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
     if variant == "default":
         assert kinds == sorted(
             ["CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding",
-             "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap", "ConfigMap", "ConfigMap", "Pod"]
+             "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap", "ConfigMap", "ConfigMap", "Pod",
+             "NetworkPolicy"]
         )  # fmt: skip
         assert rbac["Role"]["metadata"]["namespace"] == namespace
         # the one cluster-scoped grant of a namespaced install: listing nodes (the GPU queue)
@@ -113,11 +114,32 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
     elif variant.startswith("all"):
         assert {"ClusterRole", "ClusterRoleBinding", "ServiceMonitor", "PodMonitor"} <= set(kinds)
         assert "Role" not in kinds and kinds.count("ClusterRole") == 2
+        assert "NetworkPolicy" not in kinds  # the namespaces are not known: the README says what to apply
         podmonitor = next(d for d in documents if d["kind"] == "PodMonitor")
         assert podmonitor["spec"]["namespaceSelector"] == {"any": True}
     else:
         roles = [d["metadata"]["namespace"] for d in documents if d["kind"] == "Role"]
         assert roles == [namespace, "default"]
+        policies = [d for d in documents if d["kind"] == "NetworkPolicy"]
+        assert [policy["metadata"]["namespace"] for policy in policies] == [namespace, "default"]
+        policy = policies[0]["spec"]
+        assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "server"
+        load, operator, prometheus = policy["ingress"]
+        assert load == {
+            "from": [
+                {
+                    "podSelector": {
+                        "matchLabels": {
+                            "app.kubernetes.io/component": "load",
+                            "app.kubernetes.io/managed-by": "servinglab-operator",
+                        }
+                    }
+                }
+            ]
+        }
+        assert operator["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": namespace}
+        assert operator["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+        assert prometheus["ports"] == [{"port": "metrics"}]  # Prometheus reaches the metrics port only
         podmonitor = next(d for d in documents if d["kind"] == "PodMonitor")
         assert podmonitor["spec"]["namespaceSelector"] == {"matchNames": [namespace, "default"]}
 
@@ -190,7 +212,10 @@ def installed(
     """`helm install serving charts/serving` in a fresh namespace, its operator run by the local kubelet."""
     exporter, prometheus = monitoring
     namespace = f"chart-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl.run("create", "namespace", namespace)
+    restricted = {"pod-security.kubernetes.io/enforce": "restricted"}  # the operator pod must comply too
+    cluster.kubectl.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": restricted}}
+    )
     workdir = tmp_path_factory.mktemp("chart")
 
     def server_started(pod: str, metrics_port: int) -> None:
@@ -252,6 +277,9 @@ OPERATOR_NEEDS = {
     "servingexperiments.servinglab.dev/status": {"patch"},
     "servingsweeps.servinglab.dev": {"get", "list", "watch", "patch"},
     "servingsweeps.servinglab.dev/status": {"patch"},
+    "servingexperiments.servinglab.dev/finalizers": {"update"},  # OwnerReferencesPermissionEnforcement
+    "servingsweeps.servinglab.dev/finalizers": {"update"},
+    "leases.coordination.k8s.io": {"get", "create", "update"},  # leader election
     "nodes": {"list"},  # cluster-scoped: the GPU queue's capacity
     "configmaps": {"get", "create", "patch"},
     "serviceaccounts": {"get", "create", "patch"},

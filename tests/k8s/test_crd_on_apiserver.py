@@ -4,6 +4,7 @@ values rejected by the server with the field named."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,39 @@ def test_printer_columns(cluster: Cluster, namespace: str, crd_installed: None) 
     header, row = table.splitlines()[:2]
     assert header.split()[:8] == ["NAME", "MODEL", "BATCH", "DELAY", "WORKERS", "PRECISION", "RPS", "P99"]
     assert row.split()[:6] == ["resnet50-halfp", "resnet50", "64", "50", "4", "fp16"]
+
+
+# (field path, value): values the schema's types refuse, where a lax validator would coerce
+BAD_TYPES = [
+    ("server.batchSize", True),
+    ("server.batchSize", "8"),
+    ("server.batchSize", 1.5),
+    ("server.maxBatchDelayMs", "5"),
+    ("server.precision", 16),
+    ("load.durationSeconds", "10"),
+    ("load.concurrency", ["4"]),
+    ("cleanup.deleteServer", "yes"),
+    ("server.batchSiz", 8),  # unknown field: refused with --validate=strict, as by `servinglab validate`
+]
+
+
+@pytest.mark.parametrize(("path", "value"), BAD_TYPES)
+def test_validate_and_the_api_server_refuse_the_same_bad_types(
+    tmp_path: Path, cluster: Cluster, namespace: str, crd_installed: None, servinglab_cmd: list[str], path: str,
+    value: object,
+) -> None:  # fmt: skip
+    document = yaml.safe_load((EXAMPLES / "experiment-halfp.yaml").read_text())
+    *parents, leaf = path.split(".")
+    target = document["spec"]
+    for key in parents:
+        target = target.setdefault(key, {})
+    target[leaf] = value
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(document))
+    local = subprocess.run([*servinglab_cmd, "validate", str(bad)], capture_output=True, text=True, check=False)
+    assert local.returncode != 0 and f"spec.{path}" in local.stderr + local.stdout, local
+    server = cluster.kubectl.run(
+        "apply", "--dry-run=server", "--validate=strict", "-n", namespace, "-f", "-", stdin=json.dumps(document),
+        check=False,
+    )  # fmt: skip
+    assert server.returncode != 0 and f"spec.{path}" in server.stderr, server.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,9 @@ import yaml
 
 from servinglab.k8s import conditions as cond
 from servinglab.k8s import resources, summary
-from servinglab.k8s.operator import crash_reason, unschedulable_reason
+from servinglab.k8s.kube import Ref
+from servinglab.k8s.leader import lease_manifest
+from servinglab.k8s.operator import crash_reason, replaced_server, unschedulable_reason
 from servinglab.k8s.promql import query_text
 from servinglab.spec import load_experiment
 
@@ -61,14 +64,12 @@ def test_management_api_is_bound_to_localhost_in_the_pod() -> None:
     assert exposed == {8080, 8082}
 
 
-def test_load_job_may_only_patch_its_results() -> None:
-    (rule,) = resources.load_role(OWNER)["rules"]
-    assert rule == {
-        "apiGroups": [""],
-        "resources": ["configmaps"],
-        "resourceNames": ["resnet50-halfp-results"],
-        "verbs": ["get", "patch"],
-    }
+def test_load_job_may_only_patch_its_results_and_their_parts() -> None:
+    patch, create = resources.load_role(OWNER)["rules"]
+    assert patch["resourceNames"][0] == "resnet50-halfp-results"
+    assert patch["resourceNames"][1:] == [f"resnet50-halfp-results-part-{i}" for i in range(1, 32)]
+    assert (patch["resources"], patch["verbs"]) == (["configmaps"], ["get", "patch"])
+    assert create == {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}
     job = resources.load_job(OWNER, HALFP, "servinglab/servinglab:0.1.0")
     assert job["spec"]["backoffLimit"] == 0
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -137,3 +138,49 @@ def test_experiment_document_in_the_config_map_round_trips() -> None:
                 "spec": HALFP.model_dump(by_alias=True, mode="json")}  # fmt: skip
     stored = resources.config_map(OWNER, HALFP, document)["data"]["experiment.yaml"]
     assert yaml.safe_load(stored)["spec"]["server"]["batchSize"] == 64
+
+
+def test_pods_and_children_are_recognised_by_the_owner_uid_not_the_name() -> None:
+    deployment = resources.deployment(OWNER, HALFP, "servinglab/servinglab:0.1.0")
+    assert resources.owned_by(deployment, "uid-1") and not resources.owned_by(deployment, "uid-0")
+    template_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = dict(term.split("=") for term in resources.pod_selector(OWNER, "server").split(","))
+    assert selector.items() <= template_labels.items() and selector[resources.UID_LABEL] == "uid-1"
+    job_labels = resources.load_job(OWNER, HALFP, "x")["spec"]["template"]["metadata"]["labels"]
+    assert job_labels[resources.UID_LABEL] == "uid-1"
+
+
+def test_the_load_job_ties_its_results_to_the_experiment_uid() -> None:
+    container = resources.load_job(OWNER, HALFP, "x")["spec"]["template"]["spec"]["containers"][0]
+    owner = next(json.loads(env["value"]) for env in container["env"] if env["name"] == "SERVINGLAB_RESULTS_OWNER")
+    # parts of a large document are garbage-collected with the experiment, without needing finalizer rights
+    assert owner == {"apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "name": "resnet50-halfp",
+                     "uid": "uid-1", "controller": False, "blockOwnerDeletion": False}  # fmt: skip
+
+
+def named_pod(name: str, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta}
+
+
+def test_a_server_pod_replaced_during_the_load_is_named() -> None:
+    assert replaced_server([named_pod("s-1")], "s-1") is None
+    assert replaced_server([named_pod("s-1", deleting=True), named_pod("s-2")], "s-1") == (
+        "server pod s-1 was deleted during the load test; now s-2: its measurements are discarded"
+    )
+    assert "deleted during the load test: its" in str(replaced_server([], "s-1"))
+
+
+def test_a_lease_names_its_holder_and_counts_transitions() -> None:
+    ref = Ref("coordination.k8s.io/v1", "Lease", "ns", "servinglab-operator")
+    first = lease_manifest(ref, "a", 15, None)
+    assert first["spec"]["holderIdentity"] == "a" and first["spec"]["leaseTransitions"] == 0
+    assert "resourceVersion" not in first["metadata"]
+    held = {**first, "metadata": {**first["metadata"], "resourceVersion": "7"}}
+    renewed = lease_manifest(ref, "a", 15, held)
+    assert renewed["spec"]["acquireTime"] == first["spec"]["acquireTime"]  # a renewal is not a transition
+    assert renewed["spec"]["leaseTransitions"] == 0 and renewed["metadata"]["resourceVersion"] == "7"
+    taken = lease_manifest(ref, "b", 15, held)
+    assert taken["spec"]["holderIdentity"] == "b" and taken["spec"]["leaseTransitions"] == 1

@@ -81,6 +81,12 @@ def test_halfp_example_carries_the_cluster_settings() -> None:
         ("server.resources", {"requests": {"gpu": "1"}}, "spec.server.resources.requests: 'gpu'"),
         ("metrics.prometheusUrl", "prom:9090", "spec.metrics.prometheusUrl: 'prom:9090' does not match"),
         ("server.batchSiz", 8, "spec.server.batchSiz: unknown field"),
+        # strict types, as the API server's schema: no coercion
+        ("server.batchSize", True, "spec.server.batchSize: True"),
+        ("server.batchSize", "8", "spec.server.batchSize: '8'"),
+        ("server.batchSize", 1.5, "spec.server.batchSize: 1.5"),
+        ("load.durationSeconds", "10", "spec.load.durationSeconds: '10'"),
+        ("cleanup.deleteServer", "yes", "spec.cleanup.deleteServer: 'yes'"),
     ],
 )
 def test_bad_values_are_named_with_field_and_value(path: str, value: Any, expected: str) -> None:

@@ -95,6 +95,15 @@ Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl 
 - apiGroups: ["servinglab.dev"]
   resources: ["servingexperiments/status", "servingsweeps/status"]
   verbs: ["patch"]
+# Children carry blockOwnerDeletion owner references; clusters that enforce OwnerReferencesPermissionEnforcement
+# require update on the owner's finalizers for that (no finalizer is ever written through it).
+- apiGroups: ["servinglab.dev"]
+  resources: ["servingexperiments/finalizers", "servingsweeps/finalizers"]
+  verbs: ["update"]
+# Leader election: one Lease, so that exactly one operator replica acts.
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
 # Server config, results ConfigMap, the load Job's ServiceAccount: server-side applied (create+patch),
 # results read back (get). Never deleted by the operator: garbage collection follows the owner.
 - apiGroups: [""]
@@ -115,7 +124,8 @@ Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl 
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
-# The load Job may write only its own results ConfigMap: the operator creates that Role and binding.
+# The load Job may write only its own results ConfigMaps: the operator creates that Role and binding
+# (RBAC lets it grant only what it holds itself: configmaps get/patch/create).
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch"]

@@ -8,6 +8,8 @@ work (spec, models, runner, loadgen). Commands that generate load are entered th
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -156,11 +158,20 @@ def operator(namespaces: tuple[str, ...], all_namespaces: bool, liveness: str) -
 
     if not namespaces and not all_namespaces:
         _fail("choose --namespace NAME (repeatable) or --all-namespaces", code=2)
+    # our own lines at INFO (leadership, progress); kopf's only from WARNING (a retried reconcile, say)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kopf").setLevel(logging.WARNING)
     handlers.LOG.info("servinglab operator starting")
     settings = kopf.OperatorSettings()
     # Watching named namespaces needs no cluster-wide list of namespaces or CRDs, so a namespaced
     # Role suffices (the Helm chart's default); cluster-wide, kopf keeps noticing CRD changes.
     settings.scanning.disabled = not all_namespaces
+    # The leader-election Lease: in the first watched namespace, so any two operators watching the same
+    # namespaces (a rollout surge, a second install) contend for the same Lease; cluster-wide, in
+    # the operator's own namespace.
+    if not os.environ.get("SERVINGLAB_LEASE_NAMESPACE"):
+        first = min(namespaces) if namespaces else os.environ.get("POD_NAMESPACE", "default")
+        os.environ["SERVINGLAB_LEASE_NAMESPACE"] = first
     kopf.run(
         settings=settings,
         standalone=True,  # one replica; no peering objects needed

@@ -8,6 +8,7 @@ through :func:`load_experiment` / :func:`parse_experiment`, which turn pydantic'
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from enum import StrEnum
@@ -391,12 +392,21 @@ def describe_error(error: Mapping[str, Any]) -> str:
     return f"{shown}: {error['msg']}"
 
 
+def as_json(document: Any) -> str:
+    """The document as the API server would see it: JSON, where YAML's dates and the like are strings.
+
+    Specs are validated from this text in pydantic's strict mode, so a value the CRD schema refuses
+    (`true` or "8" where an integer is expected, 1.5 for an integer) is refused here too, instead of
+    being coerced; only an integer where a number is expected is taken, as JSON Schema does."""
+    return json.dumps(document, default=str)
+
+
 def parse_experiment(document: Any, source: str | None = None) -> ServingExperiment:
     """Validate one parsed YAML/JSON document; raise :class:`SpecError` naming every bad field."""
     if not isinstance(document, Mapping):
         raise SpecError([f"(document): expected a mapping, got {type(document).__name__}"], source)
     try:
-        return ServingExperiment.model_validate(document)
+        return ServingExperiment.model_validate_json(as_json(document), strict=True)
     except ValidationError as exc:
         problems = [f"{field_path(e['loc'])}: {describe_error(e)}" for e in exc.errors()]
         raise SpecError(problems, source) from None

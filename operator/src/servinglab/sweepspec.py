@@ -27,6 +27,7 @@ from servinglab.spec import (
     ServerSpec,
     SpecError,
     SpecModel,
+    as_json,
     describe_error,
     field_path,
     read_document,
@@ -256,7 +257,7 @@ def parse_sweep(document: Any, source: str | None = None) -> ServingSweep:
         raise SpecError([f"(document): expected a mapping, got {type(document).__name__}"], source, "sweep")
     problems = _axis_bounds(document)
     try:
-        sweep = ServingSweep.model_validate(document)
+        sweep = ServingSweep.model_validate_json(as_json(document), strict=True)
     except ValidationError as exc:
         problems += [f"{field_path(e['loc'])}: {describe_error(e)}" for e in exc.errors()]
         raise SpecError(problems, source, "sweep") from None

@@ -7,11 +7,14 @@ creating duplicates. API failures become :class:`KubeError` subclasses the handl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -35,6 +38,7 @@ _PATHS = {
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
     ),
     ("v1", "Node"): "/api/v1/nodes",
+    ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
     (f"{API_GROUP}/{API_VERSION}", "ServingSweep"): (
         f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{namespace}}/servingsweeps"
     ),
@@ -64,12 +68,16 @@ class Invalid(KubeError):
     pass
 
 
+class Conflict(KubeError):
+    """409: the object changed since it was read (optimistic concurrency), or already exists."""
+
+
 def _map(exc: ApiException, what: str) -> KubeError:
     try:
         message = json.loads(exc.body or "{}").get("message") or exc.reason
     except (ValueError, AttributeError):
         message = exc.reason
-    kind = {404: NotFound, 403: Forbidden, 422: Invalid}.get(exc.status, KubeError)
+    kind = {404: NotFound, 403: Forbidden, 409: Conflict, 422: Invalid}.get(exc.status, KubeError)
     return kind(f"{what}: {message}", exc.status)
 
 
@@ -96,11 +104,19 @@ class Ref:
         return f"{self.kind} {self.namespace}/{self.name}"
 
 
+#: Every call returns within this many seconds (SERVINGLAB_API_TIMEOUT_SECONDS): a half-open
+#: connection or a stopped API server must never hang a daemon; the caller retries on its next pass.
+API_TIMEOUT_SECONDS = 30.0
+
+
 class Kube:
     """Async API client; create with :meth:`connect`, close with :meth:`close`."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, timeout_seconds: float | None = None) -> None:
         self._api = api
+        self.timeout_seconds = timeout_seconds or float(
+            os.environ.get("SERVINGLAB_API_TIMEOUT_SECONDS", API_TIMEOUT_SECONDS)
+        )
 
     @classmethod
     async def connect(cls) -> Kube:
@@ -124,19 +140,26 @@ class Kube:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         try:
-            result = await self._api.call_api(
-                path,
-                method,
-                query_params=query or [],
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                body=body,
-                response_types_map={200: "object", 201: "object", 202: "object"},
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
+            # the client's own timeout covers the socket; wait_for also covers a stuck connection pool
+            result = await asyncio.wait_for(
+                self._api.call_api(
+                    path,
+                    method,
+                    query_params=query or [],
+                    header_params={"Accept": "application/json", "Content-Type": content_type},
+                    body=body,
+                    response_types_map={200: "object", 201: "object", 202: "object"},
+                    auth_settings=["BearerToken"],
+                    _return_http_data_only=True,
+                    _request_timeout=self.timeout_seconds,
+                ),
+                self.timeout_seconds + 5,
             )
         except ApiException as exc:
             raise _map(exc, what) from None
-        except OSError as exc:
+        except TimeoutError:
+            raise KubeError(f"{what}: no answer within {self.timeout_seconds:g} s") from None
+        except (OSError, aiohttp.ClientError) as exc:
             raise KubeError(f"{what}: {exc}") from None
         return result if isinstance(result, dict) else {}
 
@@ -180,4 +203,10 @@ class Kube:
 
     async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         ref = Ref.of(manifest)
-        return await self._call("POST", ref.path(), f"create {ref.kind} in {ref.namespace}", body=manifest)
+        collection = Ref(ref.api_version, ref.kind, ref.namespace)  # POST goes to the collection, named or not
+        return await self._call("POST", collection.path(), f"create {ref.kind} in {ref.namespace}", body=manifest)
+
+    async def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """PUT the whole object; with `metadata.resourceVersion` set, a concurrent change raises Conflict."""
+        ref = Ref.of(manifest)
+        return await self._call("PUT", ref.path(), f"replace {ref}", body=manifest)

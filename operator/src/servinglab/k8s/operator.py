@@ -1,16 +1,24 @@
 """The ServingExperiment operator: kopf handlers that orchestrate one experiment to its result.
 
 One kopf daemon per experiment runs :func:`reconcile` every few seconds until the experiment has
-Succeeded or Failed. Each pass reads the current state from the API and moves it one step:
+Succeeded or Failed and its cleanup is done. Each pass reads the current state from the API and
+moves it one step:
 
   deploy children (server-side apply, idempotent; once per daemon run) -> server Available (cold start recorded) ->
   load Job created -> Job Complete: results read from the results ConfigMap, GPU figures from
-  Prometheus, status written once, server cleaned up -> finished (never touched again).
+  Prometheus, status written once -> finished -> cleanup (no running Job; per spec.cleanup no
+  server) retried on every pass until done -> `cleanedUpAt` (never touched again).
 
 Failures end the experiment with a Failed condition naming the cause: invalid spec (no children
 are created), unschedulable server (the scheduler's own message), server not ready in time,
-server crashed, load Job failed (its termination message), results missing. A restarted operator
-resumes from what the API holds: the same children, at most one Job, nothing lost.
+server crashed or replaced during the load, load Job failed (its termination message), results
+missing. A restarted operator resumes from what the API holds: the same children, at most one Job,
+nothing lost. Children are recognised by their owner's uid, never by name alone, so a deleted and
+re-applied experiment never reads its predecessor's pods, Job or results.
+
+Only a finished, cleaned-up experiment is outside the daemon's filter, so only it carries no kopf
+finalizer: it can be deleted (or its namespace, or the CRD) with no operator running. Exactly one
+operator process acts at a time (:mod:`servinglab.k8s.leader`).
 
 Run with `servinglab operator` (kopf's runner), in the cluster or against a kubeconfig.
 """
@@ -18,9 +26,10 @@ Run with `servinglab operator` (kopf's runner), in the cluster or against a kube
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
+import socket
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,10 +38,10 @@ from typing import Any
 import kopf
 
 from servinglab.k8s import conditions as cond
-from servinglab.k8s import gpuqueue, opmetrics, resources, summary, sweeps
+from servinglab.k8s import gpuqueue, leader, opmetrics, resources, summary, sweeps
 from servinglab.k8s.kube import Kube, KubeError, Ref
 from servinglab.k8s.promql import GpuMetrics, PrometheusError
-from servinglab.loadgen.results_sink import RESULTS_KEY
+from servinglab.loadgen.results_sink import RESULTS_KEY, ResultsUnreadable, decode_results
 from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
 from servinglab.sweepspec import SWEEP_KIND
 
@@ -53,6 +62,10 @@ class Settings:
     unschedulable_grace_seconds: float = 30.0
     """How long the server pod may stay unschedulable before the experiment fails
     (SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS)."""
+    lease_namespace: str = "default"
+    """Where the leader-election Lease lives (SERVINGLAB_LEASE_NAMESPACE; the CLI sets it)."""
+    lease_seconds: float = 15.0
+    """How long a silent leader keeps the Lease before a standby takes over (SERVINGLAB_LEASE_SECONDS)."""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -64,6 +77,8 @@ class Settings:
             unschedulable_grace_seconds=float(
                 env.get("SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS", cls.unschedulable_grace_seconds)
             ),
+            lease_namespace=env.get("SERVINGLAB_LEASE_NAMESPACE") or cls.lease_namespace,
+            lease_seconds=float(env.get("SERVINGLAB_LEASE_SECONDS", cls.lease_seconds)),
         )
 
 
@@ -89,7 +104,9 @@ class Experiment:
         self.owner = resources.Owner(self.name, self.namespace, self.uid)
         self.names = resources.Names(self.name)
         self.status: dict[str, Any] = dict(body.get("status") or {})
-        self.delete_server_when_done = False  # set from spec.cleanup once the spec is known valid
+        # read raw: the cleanup of an experiment whose spec was invalid still runs (and finds nothing)
+        cleanup = ((body.get("spec") or {}).get("cleanup") or {}).get("deleteServer", True)
+        self.delete_server_when_done = cleanup is not False
 
     @property
     def conditions(self) -> list[cond.Condition]:
@@ -134,24 +151,46 @@ class Experiment:
             LOG.warning("could not record event %s for %s: %s", reason, self.ref, exc)
 
     async def fail(self, reason: str, message: str) -> None:
-        """End the experiment as Failed: the load Job is stopped and, per spec.cleanup, the server
-        removed (a failed run must not hold a GPU); whatever results exist are kept."""
+        """End the experiment as Failed; :func:`_clean_up` then stops its load and frees its GPU."""
         conditions = cond.set_condition(self.conditions, cond.FAILED, True, reason, message, self.generation)
         conditions = cond.set_condition(conditions, cond.SUCCEEDED, False, reason, message, self.generation)
         state = {"state": "Failed", **{k: v for k, v in (self.status.get("summary") or {}).items() if k != "state"}}
         await self.patch(conditions=conditions, summary=state, finishedAt=cond.now())
         await self.event("Warning", reason, message)
-        await self.kube.delete(self.child("batch/v1", "Job", self.names.load))
-        if self.delete_server_when_done:
-            await self.delete_server()
         opmetrics.finished(self.namespace, self.name, "Failed")
 
-    async def delete_server(self) -> None:
-        try:
-            await self.kube.delete(self.child("apps/v1", "Deployment", self.names.server))
-            await self.kube.delete(self.child("v1", "Service", self.names.server))
-        except KubeError as exc:  # the outcome is already recorded; say so and move on
-            await self.event("Warning", "CleanupFailed", str(exc))
+    async def owned(self, ref: Ref) -> dict[str, Any] | None:
+        """The child if this incarnation of the experiment owns it, else None (absent, or a predecessor's)."""
+        child = await self.kube.get(ref)
+        return child if child is not None and resources.owned_by(child, self.uid) else None
+
+    async def delete_owned(self, ref: Ref) -> None:
+        if await self.owned(ref) is not None:
+            await self.kube.delete(ref)
+
+
+def _job_finished(job: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        for c in job.get("status", {}).get("conditions", [])
+    )
+
+
+async def _clean_up(experiment: Experiment) -> None:
+    """The desired state of a finished experiment: no load Job running and, per spec.cleanup, no server
+    holding a GPU. Runs on every pass until it has succeeded (also after an operator restart or a
+    refused delete: a KubeError propagates and the daemon retries), then records `cleanedUpAt`.
+    A Job that finished is kept: its log is the last copy of results that were not collected."""
+    if experiment.status.get("cleanedUpAt"):
+        return
+    job_ref = experiment.child("batch/v1", "Job", experiment.names.load)
+    job = await experiment.owned(job_ref)
+    if job is not None and not _job_finished(job):
+        await experiment.kube.delete(job_ref)
+    if experiment.delete_server_when_done:
+        await experiment.delete_owned(experiment.child("apps/v1", "Deployment", experiment.names.server))
+        await experiment.delete_owned(experiment.child("v1", "Service", experiment.names.server))
+    await experiment.patch(cleanedUpAt=cond.now())
 
 
 async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings, deploy: bool = True) -> bool | None:
@@ -162,8 +201,15 @@ async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings, deploy
     creation, and again after an operator restart — not on every poll of a running experiment.
     """
     experiment = Experiment(kube, body, settings)
-    if cond.finished(experiment.conditions):
-        return True
+    if not cond.finished(experiment.conditions):
+        outcome = await _advance(experiment, body, deploy)
+        if outcome is not True:
+            return outcome
+    await _clean_up(experiment)
+    return True
+
+
+async def _advance(experiment: Experiment, body: dict[str, Any], deploy: bool) -> bool | None:
     try:
         document = {
             "apiVersion": body.get("apiVersion"),
@@ -175,7 +221,6 @@ async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings, deploy
     except SpecError as exc:
         await experiment.fail("InvalidSpec", "; ".join(exc.problems))
         return True
-    experiment.delete_server_when_done = spec.cleanup.delete_server
     if spec.model.archive is not None:
         await experiment.fail(
             "InvalidSpec", "spec.model.archive: not supported on Kubernetes yet; use a built-in model"
@@ -193,7 +238,9 @@ async def reconcile(kube: Kube, body: dict[str, Any], settings: Settings, deploy
         await experiment.event("Normal", "Deploying", f"Deploying TorchServe for {spec.model.name}")
 
     if deploy and not cond.is_true(experiment.conditions, cond.LOAD_TEST_COMPLETE):
-        await _deploy(experiment, spec)
+        deployed = await _deploy(experiment, spec)
+        if deployed is not True:
+            return deployed
     if not cond.is_true(experiment.conditions, cond.SERVER_READY):
         return await _await_server(experiment, spec)
     return await _run_load(experiment, spec)
@@ -253,7 +300,22 @@ async def _admitted(experiment: Experiment, spec: ExperimentSpec) -> bool:
         return False
 
 
-async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> None:
+async def _predecessor(experiment: Experiment, ref: Ref) -> str | None:
+    """What stands in the way of a child: an object of its name that this incarnation of the experiment
+    does not own. One owned by an experiment that is gone (deleted, then re-applied under the same name)
+    is the garbage collector's to remove: wait for it. Anything else is a conflict (returned with the
+    prefix "conflict: "): the operator never deletes what it did not create."""
+    existing = await experiment.kube.get(ref)
+    if existing is None or resources.owned_by(existing, experiment.uid):
+        return None
+    owners = existing["metadata"].get("ownerReferences") or []
+    if any(owner.get("kind") == KIND and owner.get("name") == experiment.name for owner in owners):
+        return f"{ref} of a previous experiment named {experiment.name} is still being deleted"
+    return f"conflict: {ref} exists and does not belong to this experiment; delete or rename it"
+
+
+async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> bool | None:
+    """Apply the children; None (nothing applied) while a predecessor's children are still there."""
     owner, image = experiment.owner, experiment.settings.servinglab_image
     document = {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
@@ -261,7 +323,7 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> None:
         "metadata": {"name": experiment.name},
         "spec": spec.model_dump(by_alias=True, mode="json"),
     }
-    for manifest in (
+    manifests = (
         resources.config_map(owner, spec, document),
         resources.results_config_map(owner),
         resources.load_service_account(owner),
@@ -269,12 +331,23 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> None:
         resources.load_role_binding(owner),
         resources.deployment(owner, spec, image),
         resources.service(owner),
-    ):
+    )
+    job = experiment.child("batch/v1", "Job", experiment.names.load)
+    for ref in (*(Ref.of(manifest) for manifest in manifests), job):
+        if (problem := await _predecessor(experiment, ref)) is None:
+            continue
+        if problem.startswith("conflict: "):
+            await experiment.fail("NameConflict", problem.removeprefix("conflict: "))
+            return True
+        await experiment.set(cond.SERVER_READY, None, "WaitingForPredecessor", problem)
+        return None
+    for manifest in manifests:
         await experiment.kube.apply(manifest)
+    return True
 
 
 async def _server_pods(experiment: Experiment) -> list[dict[str, Any]]:
-    selector = ",".join(f"{k}={v}" for k, v in resources.selector(experiment.owner, "server").items())
+    selector = resources.pod_selector(experiment.owner, "server")
     return await experiment.kube.list(experiment.child("v1", "Pod", ""), label_selector=selector)
 
 
@@ -346,10 +419,28 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
     return False
 
 
+def replaced_server(pods: list[dict[str, Any]], serving: str) -> str | None:
+    """Why the pod the load is measuring is no longer the server, if it is not: deleted, or replaced
+    by another pod (whose cold start and caches would be measured as if nothing had happened)."""
+    live = {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+    if serving in live:
+        return None
+    others = sorted(live)
+    now = f"; now {', '.join(others)}" if others else ""
+    return f"server pod {serving} was deleted during the load test{now}: its measurements are discarded"
+
+
 async def _run_load(experiment: Experiment, spec: ExperimentSpec) -> bool:
     kube = experiment.kube
     job_ref = experiment.child("batch/v1", "Job", experiment.names.load)
+    pods = await _server_pods(experiment)
+    serving = experiment.status.get("serverPod")
+    if serving and (replaced := replaced_server(pods, serving)) is not None:
+        await experiment.fail("ServerRestarted", replaced)
+        return True
     job = await kube.get(job_ref)
+    if job is not None and not resources.owned_by(job, experiment.uid):
+        return False  # a predecessor's Job, still being garbage-collected: never read it as ours
     if job is None:
         await kube.apply(resources.load_job(experiment.owner, spec, experiment.settings.servinglab_image))
         await experiment.set(
@@ -367,7 +458,7 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec) -> bool:
     if "Complete" in job_conditions:
         await _collect(experiment, spec)
         return True
-    if (crash := crash_reason(await _server_pods(experiment))) is not None:
+    if (crash := crash_reason(pods)) is not None:
         await experiment.fail("ServerCrashed", f"during the load test: {crash}")
         return True
     return False
@@ -375,7 +466,7 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec) -> bool:
 
 async def _job_message(experiment: Experiment) -> str | None:
     pods = await experiment.kube.list(
-        experiment.child("v1", "Pod", ""), label_selector=f"job-name={experiment.names.load}"
+        experiment.child("v1", "Pod", ""), label_selector=resources.pod_selector(experiment.owner, "load")
     )
     for pod in pods:
         for container in pod.get("status", {}).get("containerStatuses", []):
@@ -387,15 +478,32 @@ async def _job_message(experiment: Experiment) -> str | None:
     return None
 
 
-async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
+async def _read_results(experiment: Experiment) -> dict[str, Any]:
+    """The load Job's results document, whole and this experiment's own; ResultsUnreadable if not."""
     results_ref = experiment.child("v1", "ConfigMap", experiment.names.results)
-    stored = await experiment.kube.get(results_ref) or {}
+    head = await experiment.owned(results_ref)
+    parts: dict[str, dict[str, Any] | None] = {}
+    if head is not None:
+        for index in range(1, int((head.get("data") or {}).get("parts", "1"))):
+            name = f"{experiment.names.results}-part-{index}"
+            parts[name] = await experiment.owned(experiment.child("v1", "ConfigMap", name))
+    document = decode_results(head, parts.get)
+    if document.get("experimentUid", experiment.uid) != experiment.uid:
+        raise ResultsUnreadable(f"{results_ref} holds the results of another experiment of this name")
+    return document
+
+
+async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
     try:
-        document = json.loads((stored.get("data") or {})[RESULTS_KEY])
-        levels: list[dict[str, Any]] = document["results"]
-    except (KeyError, ValueError, TypeError):
-        await experiment.fail("ResultsMissing", f"the load Job finished without results in {results_ref}")
+        document = await _read_results(experiment)
+    except ResultsUnreadable as exc:
+        await experiment.fail(
+            "ResultsMissing",
+            f"the load Job finished without readable results ({exc}); Job {experiment.names.load} and its log "
+            "are kept",
+        )
         return
+    levels: list[dict[str, Any]] = document["results"]
     gpu, gpu_condition = await _gpu_figures(experiment, spec, levels)
     slo = spec.slo.p99_latency_ms
     compact = [summary.level_status(level, gpu.get(index), slo) for index, level in enumerate(levels)]
@@ -429,8 +537,6 @@ async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
     )
     await experiment.event("Normal", "Succeeded", f"{len(levels)} levels measured")
     opmetrics.finished(experiment.namespace, experiment.name, "Succeeded", spec, compact)
-    if experiment.delete_server_when_done:
-        await experiment.delete_server()
 
 
 async def _gpu_figures(
@@ -464,14 +570,44 @@ async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP)
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's are noise
+    # a watch or request on a half-open connection must end, so that kopf reconnects
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 10
     memo.kube = await Kube.connect()
     memo.settings = Settings.from_env()
     opmetrics.start_server()
+    # Exactly one operator acts: wait here, before any handler runs, until this process leads.
+    identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    memo.election = leader.Election(memo.kube, memo.settings.lease_namespace, identity, memo.settings.lease_seconds)
+    await memo.election.acquire()
+    memo.renewal = asyncio.create_task(memo.election.keep(_lost_leadership))
+
+
+def _lost_leadership(why: str) -> None:
+    """Another operator may act from now on: stop at once, mid-step if need be (every step is idempotent)."""
+    LOG.critical("%s; exiting so that only one operator acts", why)
+    logging.shutdown()
+    os._exit(70)
 
 
 @kopf.on.cleanup()
 async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
+    memo.renewal.cancel()
+    await memo.election.release()
     await memo.kube.close()
+
+
+def _running(status: kopf.Status, **_: Any) -> bool:
+    """The daemon's filter: not yet finished and cleaned up. Outside it, kopf keeps no finalizer on the
+    object (and removes one left from before), so deleting it needs no operator."""
+    return not status.get("cleanedUpAt")
+
+
+def _sweep_running(status: kopf.Status, **_: Any) -> bool:
+    return not cond.finished(list(status.get("conditions") or []))
 
 
 async def _drive(
@@ -483,10 +619,10 @@ async def _drive(
 ) -> None:
     """Reconcile one object every poll until `step` says it has finished or it is gone."""
     while not stopped:
-        body = await memo.kube.get(ref)
-        if body is None:
-            return
         try:
+            body = await memo.kube.get(ref)
+            if body is None:
+                return
             if await step(body):
                 return
         except KubeError as exc:
@@ -495,7 +631,7 @@ async def _drive(
         await stopped.wait(memo.settings.poll_seconds)
 
 
-@kopf.daemon(API_GROUP, API_VERSION, PLURAL, cancellation_timeout=5.0)
+@kopf.daemon(API_GROUP, API_VERSION, PLURAL, cancellation_timeout=5.0, when=_running)
 async def drive(
     name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
@@ -513,7 +649,7 @@ async def drive(
         await _drive(ref, step, memo, stopped, logger)
 
 
-@kopf.daemon(API_GROUP, API_VERSION, sweeps.SWEEP_PLURAL, cancellation_timeout=5.0)
+@kopf.daemon(API_GROUP, API_VERSION, sweeps.SWEEP_PLURAL, cancellation_timeout=5.0, when=_sweep_running)
 async def drive_sweep(
     name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:

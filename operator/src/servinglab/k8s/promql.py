@@ -5,12 +5,15 @@ used maximum, average power, energy (the increase of the total-energy counter) a
 successful inference. dcgm-exporter labels the workload as `pod`/`namespace`, or as
 `exported_pod`/`exported_namespace` when Prometheus does not honour its labels; both are matched.
 
-`query_text` builds the PromQL (pure); `GpuMetrics` runs it over HTTP and returns None for a figure
-Prometheus has no data for. The operator reports why when every figure is missing.
+`query_text` builds the PromQL (pure); `GpuMetrics` runs it over HTTP (GET /api/v1/query, one instant
+query per figure and level, each within its timeout) and returns None for a figure Prometheus has no
+data for. The operator reports why when every figure is missing; errors name the URL, the HTTP status
+and Prometheus' error type, never the response body.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -54,12 +57,27 @@ class GpuMetrics:
         params = {"query": query, "time": f"{at:.3f}"}
         try:
             async with session.get(f"{self.url}/api/v1/query", params=params) as response:
-                body: dict[str, Any] = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise PrometheusError(f"{self.url}: {exc}") from None
-        if body.get("status") != "success":
-            raise PrometheusError(f"{self.url}: {body.get('error', body)}")
-        series = body["data"]["result"]
+                raw = await response.read()
+                status, content_type = response.status, response.content_type
+        except TimeoutError:
+            raise PrometheusError(f"{self.url}: no answer within {self.timeout.total:g} s") from None
+        except aiohttp.ClientError as exc:
+            raise PrometheusError(f"{self.url}: {type(exc).__name__}: {exc}") from None
+        # Never echo the body: the URL is the user's, and what answers there is not ours to publish in status.
+        try:
+            body: Any = json.loads(raw)
+            result = body["data"]["result"] if body.get("status") == "success" else None
+        except (ValueError, TypeError, KeyError, AttributeError):
+            body, result = None, None
+        if not isinstance(result, list):
+            kind = body.get("errorType") if isinstance(body, dict) and body.get("status") == "error" else None
+            what = (
+                f"Prometheus refused the query ({kind})"
+                if isinstance(kind, str) and kind.isidentifier()
+                else (f"not a Prometheus query API response ({content_type}, {len(raw)} bytes)")
+            )
+            raise PrometheusError(f"{self.url}: HTTP {status}, {what}")
+        series = result
         if not series:
             return None
         value = float(series[0]["value"][1])

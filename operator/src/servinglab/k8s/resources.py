@@ -15,12 +15,14 @@ through the API, as a per-experiment ServiceAccount allowed to patch only that C
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from servinglab import tsconfig
+from servinglab.loadgen import results_sink
 from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec
 
 INFERENCE_PORT = 8080
@@ -81,21 +83,38 @@ def selector(owner: Owner, component: str) -> dict[str, str]:
     return {k: v for k, v in labels(owner, component).items() if k.endswith(("/instance", "/component"))}
 
 
+UID_LABEL = f"{API_GROUP}/experiment-uid"
+
+
+def pod_selector(owner: Owner, component: str) -> str:
+    """Selects the pods of this incarnation of the experiment only (pods carry the experiment's uid)."""
+    chosen = {**selector(owner, component), UID_LABEL: owner.uid}
+    return ",".join(f"{key}={value}" for key, value in chosen.items())
+
+
+def owner_reference(owner: Owner, controller: bool = True) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": controller,
+        "blockOwnerDeletion": controller,
+    }
+
+
+def owned_by(manifest: dict[str, Any], uid: str) -> bool:
+    """Whether this incarnation of the experiment owns the object: after a delete and re-apply under the
+    same name, children of the old one (still being garbage-collected) carry the old uid."""
+    return any(ref.get("uid") == uid for ref in manifest.get("metadata", {}).get("ownerReferences") or [])
+
+
 def _metadata(owner: Owner, name: str, component: str) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": owner.namespace,
         "labels": labels(owner, component),
-        "ownerReferences": [
-            {
-                "apiVersion": f"{API_GROUP}/{API_VERSION}",
-                "kind": KIND,
-                "name": owner.name,
-                "uid": owner.uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ],
+        "ownerReferences": [owner_reference(owner)],
     }
 
 
@@ -154,7 +173,7 @@ def _restricted(read_only_root: bool = True) -> dict[str, Any]:
 def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
     server = spec.server
     names = Names(owner.name)
-    pod_labels = labels(owner, "server")
+    pod_labels = {**labels(owner, "server"), UID_LABEL: owner.uid}
     limits: dict[str, str] = dict(server.resources.limits)
     if server.gpus:
         limits["nvidia.com/gpu"] = str(server.gpus)
@@ -283,20 +302,20 @@ def load_service_account(owner: Owner) -> dict[str, Any]:
 
 
 def load_role(owner: Owner) -> dict[str, Any]:
-    """The load Job may read and patch its own results ConfigMap and nothing else."""
+    """The load Job may read and patch its own results ConfigMap and the parts of a large document,
+    and create ConfigMaps (RBAC cannot restrict a create by name) for those parts."""
+    results = Names(owner.name).results
+    parts = [results_sink.part_name(results, index) for index in range(1, results_sink.MAX_PARTS)]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _metadata(owner, Names(owner.name).load, "load"),
         "rules": [
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps"],
-                "resourceNames": [Names(owner.name).results],
-                "verbs": ["get", "patch"],
-            }
+            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [results, *parts],
+             "verbs": ["get", "patch"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
         ],
-    }
+    }  # fmt: skip
 
 
 def load_role_binding(owner: Owner) -> dict[str, Any]:
@@ -328,7 +347,7 @@ def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[
             "backoffLimit": 0,
             "activeDeadlineSeconds": deadline,
             "template": {
-                "metadata": {"labels": labels(owner, "load")},
+                "metadata": {"labels": {**labels(owner, "load"), UID_LABEL: owner.uid}},
                 "spec": {
                     "restartPolicy": "Never",
                     "serviceAccountName": names.load,
@@ -356,7 +375,11 @@ def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[
                                 {
                                     "name": "POD_NAMESPACE",
                                     "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-                                }
+                                },
+                                {
+                                    "name": results_sink.OWNER_ENV,
+                                    "value": json.dumps(owner_reference(owner, controller=False)),
+                                },
                             ],
                             "terminationMessagePolicy": "FallbackToLogsOnError",
                             "volumeMounts": [{"name": "experiment", "mountPath": EXPERIMENT_DIR, "readOnly": True}],
