@@ -22,6 +22,7 @@ class Operator:
     def start(self) -> Operator:
         metrics, liveness = free_ports(2)
         self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
+        self.health_url = f"http://127.0.0.1:{liveness}/healthz"
         env = {
             **self.cluster.env,
             "SERVINGLAB_METRICS_PORT": str(metrics),

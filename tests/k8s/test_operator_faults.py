@@ -12,6 +12,7 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -222,6 +223,8 @@ def test_two_operators_one_acts_and_a_leader_killed_mid_measurement_is_replaced(
         )
         leader = next(op for op in operators if "leading as" in full_log(op))
         standby = second if leader is operator else operator
+        with urllib.request.urlopen(standby.health_url, timeout=5) as response:  # a standby replica stays live
+            assert response.status == 200
         cluster.kubectl.apply(longer("leads"), namespace=namespace)
         job_uid = wait_for_job(cluster, namespace)["metadata"]["uid"]
         time.sleep(4)  # inside the first measured window

@@ -172,6 +172,14 @@ def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
     assert best_experiment["spec"]["server"]["batchSize"] == best["config"]["batchSize"]
     assert f"batchSize: {best['config']['batchSize']}" in (exported / "model-config.yaml").read_text()
 
+    # finished sweeps and trials carry no finalizer: deleting them needs no operator
+    def finalizers() -> list[str]:
+        objects = [cluster.kubectl.get("servingsweep", "sweep-e2e", "-n", namespace), *trials]
+        objects[1:] = [cluster.kubectl.get("sx", t["metadata"]["name"], "-n", namespace) for t in trials]
+        return [f for o in objects for f in o["metadata"].get("finalizers") or []]
+
+    cluster.kubectl.wait_for(lambda: not finalizers(), 30, "no finalizer on the finished sweep and trials")
+    operator.stop()
     cluster.kubectl.run("delete", "servingsweep", "sweep-e2e", "-n", namespace, "--wait=true", "--timeout=60s")
     cluster.kubectl.wait_for(lambda: not cluster.kubectl.get("sx", "-n", namespace)["items"], 60, "trials deleted")
 

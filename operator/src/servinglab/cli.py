@@ -172,6 +172,7 @@ def operator(namespaces: tuple[str, ...], all_namespaces: bool, liveness: str) -
     if not os.environ.get("SERVINGLAB_LEASE_NAMESPACE"):
         first = min(namespaces) if namespaces else os.environ.get("POD_NAMESPACE", "default")
         os.environ["SERVINGLAB_LEASE_NAMESPACE"] = first
+    os.environ["SERVINGLAB_LIVENESS_URL"] = liveness  # a standby answers it too (servinglab.k8s.leader)
     kopf.run(
         settings=settings,
         standalone=True,  # one replica; no peering objects needed

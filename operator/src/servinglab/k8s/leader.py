@@ -16,10 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from aiohttp import web
 
 from servinglab.k8s.kube import Conflict, Kube, KubeError, Ref
 
@@ -132,3 +136,26 @@ class Election:
             await self.kube.replace(manifest)
         except KubeError as exc:
             LOG.warning("could not release lease %s: %s", self.ref, exc)
+
+
+@asynccontextmanager
+async def standby_health(liveness_url: str | None) -> AsyncIterator[None]:
+    """Answer the liveness probe while standing by: kopf serves it only once this process leads, and a
+    standby replica killed by its probe would restart in a loop. Closed before kopf binds the port."""
+    if not liveness_url:
+        yield
+        return
+    endpoint = urllib.parse.urlsplit(liveness_url)
+
+    async def alive(request: web.Request) -> web.Response:
+        return web.json_response({"standby": "waiting for the leader-election Lease"})
+
+    app = web.Application()
+    app.router.add_get(endpoint.path or "/", alive)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, endpoint.hostname, endpoint.port).start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()

@@ -582,7 +582,8 @@ async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
     # Exactly one operator acts: wait here, before any handler runs, until this process leads.
     identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     memo.election = leader.Election(memo.kube, memo.settings.lease_namespace, identity, memo.settings.lease_seconds)
-    await memo.election.acquire()
+    async with leader.standby_health(os.environ.get("SERVINGLAB_LIVENESS_URL")):
+        await memo.election.acquire()
     memo.renewal = asyncio.create_task(memo.election.keep(_lost_leadership))
 
 

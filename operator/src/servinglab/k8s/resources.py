@@ -9,8 +9,10 @@ Server pod: an init container from the servinglab image builds the model archive
 no downloads) into an emptyDir and drops in the experiment's model-config.yaml; the TorchServe
 container (the spec's pinned image) serves it with the rendered config.properties. Inference and
 metrics listen on all interfaces, management on localhost only. Load Job: the servinglab image
-running `servinglab loadtest`, which writes its results into the experiment's results ConfigMap
-through the API, as a per-experiment ServiceAccount allowed to patch only that ConfigMap.
+running `servinglab loadtest`, which writes its results into the experiment's results ConfigMap (and,
+for a large document, its parts) through the API, as a per-experiment ServiceAccount allowed to patch
+only those and to create ConfigMaps. Pods carry the experiment's uid as a label and the Job passes it
+into the results, so a re-applied experiment of the same name never reads its predecessor's.
 """
 
 from __future__ import annotations
