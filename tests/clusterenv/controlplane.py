@@ -291,18 +291,6 @@ class Kwok:
         kwok = self.group.start("kwok", command, env={"HOME": str(self.workdir), "KWOK_WORKDIR": str(self.workdir)})
         self.group.wait_until(kwok, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), timeout, "/healthz")
 
-    def stop_api_server(self) -> None:
-        """Kill kube-apiserver outright, as a crash or a node failure would (etcd keeps the state)."""
-        os.killpg(self.api.popen.pid, signal.SIGKILL)
-        self.api.popen.wait(timeout=30)
-
-    def start_api_server(self, timeout: float = 120.0) -> None:
-        """Start kube-apiserver again on the same port, with the same state; wait until it is ready."""
-        self.api = self.group.start("kube-apiserver", self.api_command)
-        self.group.wait_until(
-            self.api, lambda: _https_ok(f"{self.server}/readyz", self.admin_context), timeout, "/readyz"
-        )
-
     def stop(self) -> None:
         self.group.stop()
 

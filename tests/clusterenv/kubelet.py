@@ -165,8 +165,12 @@ class LocalKubelet:
                 running.labels = pod["metadata"].get("labels", {})
                 container = pod["spec"]["containers"][0]
                 running.named_ports = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
+                try:
+                    starters[component](pod, running)
+                except Exception:
+                    self._kill(running)  # half started (the API server refused a step): start over next sync
+                    raise
                 self.pods[name] = running
-                starters[component](pod, running)
             running = self.pods.get(name)
             if running is None or running.done:
                 continue

@@ -17,6 +17,11 @@ T4_SELECTOR = {"nvidia.com/gpu.product": "Tesla-T4"}
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
+# Test namespaces enforce the restricted Pod Security Standard; these pods comply.
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def gpu_deployment(name: str, gpus: int) -> dict[str, Any]:
     labels = {"app": name}
     return {
@@ -31,11 +36,13 @@ def gpu_deployment(name: str, gpus: int) -> dict[str, Any]:
                 "spec": {
                     "nodeSelector": T4_SELECTOR,
                     "tolerations": [GPU_TOLERATION],
+                    "securityContext": POD_SECURITY,
                     "containers": [
                         {
                             "name": "server",
                             "image": "pytorch/torchserve:0.12.0-gpu",
                             "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                            "securityContext": CONTAINER_SECURITY,
                         }
                     ],
                 },
@@ -55,7 +62,10 @@ def job(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
                 "metadata": {"annotations": annotations or {}},
                 "spec": {
                     "restartPolicy": "Never",
-                    "containers": [{"name": "load", "image": "servinglab/loadgen:0.1.0"}],
+                    "securityContext": POD_SECURITY,
+                    "containers": [
+                        {"name": "load", "image": "servinglab/loadgen:0.1.0", "securityContext": CONTAINER_SECURITY}
+                    ],
                 },
             },
         },
@@ -237,3 +247,14 @@ def test_pods_with_a_readiness_probe_become_ready_only_when_probed(cluster: Clus
     assert kubectl.get("deployment", "probed", "-n", namespace)["status"].get("availableReplicas") is None
     kubectl.run("annotate", "-n", namespace, "pod", pod["metadata"]["name"], f"{manifests.READY_ANNOTATION}=true")
     kubectl.run("wait", "-n", namespace, "deployment/probed", "--for=condition=Available", "--timeout=60s")
+
+
+def test_test_namespaces_refuse_pods_that_break_the_restricted_standard(cluster: Cluster, namespace: str) -> None:
+    """What makes "every pod the operator creates is compliant" a proof: the API server enforces it here."""
+    loose = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "loose"},
+             "spec": {"containers": [{"name": "c", "image": "servinglab/loadgen:0.1.0"}]}}  # fmt: skip
+    refused = cluster.kubectl.run("apply", "-n", namespace, "-f", "-", stdin=json.dumps(loose), check=False)
+    assert refused.returncode != 0 and 'violates PodSecurity "restricted:latest"' in refused.stderr, refused.stderr
+    compliant = {**loose, "spec": {"securityContext": POD_SECURITY, "containers": [
+        {"name": "c", "image": "servinglab/loadgen:0.1.0", "securityContext": CONTAINER_SECURITY}]}}  # fmt: skip
+    cluster.kubectl.apply(compliant, namespace=namespace)

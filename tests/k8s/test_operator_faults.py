@@ -267,34 +267,34 @@ def test_an_operator_killed_while_its_results_write_is_refused_loses_nothing(
     assert reasons(cluster, namespace, "writes").count("Succeeded") == 1
 
 
+def delete_mid_load(
+    cluster: Cluster, namespace: str, kubelet: LocalKubelet, name: str, component: str, seconds: float
+) -> tuple[str, dict[str, Any]]:
+    """Delete the `component` pod a few seconds into the load; the pod's name and the finished experiment."""
+    cluster.kubectl.apply(longer(name, seconds), namespace=namespace)
+    wait_for_job(cluster, namespace)
+    pod = running_pod(kubelet, component)
+    time.sleep(4)
+    cluster.kubectl.run("delete", "pod", pod, "-n", namespace, "--wait=false")
+    return pod, wait_finished(cluster, namespace, name, lambda: "", timeout=120)
+
+
 def test_a_load_pod_killed_mid_level_fails_the_experiment_without_a_partial_result(
     cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
 ) -> None:
-    kubelet = kubelet_factory()
-    cluster.kubectl.apply(longer("loadgone"), namespace=namespace)
-    job_uid = wait_for_job(cluster, namespace)["metadata"]["uid"]
-    load_pod = running_pod(kubelet, "load")
-    time.sleep(4)
-    cluster.kubectl.run("delete", "pod", load_pod, "-n", namespace, "--wait=false")
-    body = wait_finished(cluster, namespace, "loadgone", operator.log, timeout=120)
+    _, body = delete_mid_load(cluster, namespace, kubelet_factory(), "loadgone", "load", 8)
     failed = condition(body, "Failed")
-    assert failed["reason"] == "LoadJobFailed", failed
+    assert failed["reason"] == "LoadJobFailed", (failed, operator.log())
     assert "results" not in body["status"]  # never a result made of a partial level
-    assert [job["metadata"]["uid"] for job in items(cluster, namespace, "jobs")] == [job_uid]  # kept, for its log
+    assert len(items(cluster, namespace, "jobs")) == 1  # the one Job, kept for its log
 
 
 def test_a_server_pod_deleted_mid_load_fails_with_server_restarted(
     cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
 ) -> None:
-    kubelet = kubelet_factory()
-    cluster.kubectl.apply(longer("replaced", seconds=15), namespace=namespace)
-    wait_for_job(cluster, namespace)
-    server_pod = running_pod(kubelet, "server")
-    time.sleep(3)
-    cluster.kubectl.run("delete", "pod", server_pod, "-n", namespace, "--wait=false")
-    body = wait_finished(cluster, namespace, "replaced", operator.log, timeout=120)
+    server_pod, body = delete_mid_load(cluster, namespace, kubelet_factory(), "replaced", "server", 15)
     failed = condition(body, "Failed")
-    assert failed["reason"] == "ServerRestarted", failed
+    assert failed["reason"] == "ServerRestarted", (failed, operator.log())
     assert f"server pod {server_pod} was deleted during the load test" in failed["message"]
     assert "results" not in body["status"]
     assert len(items(cluster, namespace, "jobs")) <= 1
@@ -377,10 +377,12 @@ def test_a_stopped_api_server_and_a_silent_prometheus_do_not_hang_the_run(
 ) -> None:
     if cluster.control_plane is None:
         pytest.skip("stopping the API server needs --cluster=local (what CI runs)")
-    kubelet_factory()
+    kubelet = kubelet_factory()
     with silent_server() as port:
         cluster.kubectl.apply(longer("outage", 8, f"http://127.0.0.1:{port}"), namespace=namespace)
         job_uid = wait_for_job(cluster, namespace)["metadata"]["uid"]
+        running_pod(kubelet, "load")
+        time.sleep(2)  # into the first level
         cluster.control_plane.stop_api_server()
         time.sleep(10)  # the operator's calls fail meanwhile; the load keeps running
         cluster.control_plane.start_api_server()
