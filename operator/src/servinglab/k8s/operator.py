@@ -41,7 +41,7 @@ from servinglab.k8s import conditions as cond
 from servinglab.k8s import gpuqueue, leader, opmetrics, resources, summary, sweeps
 from servinglab.k8s.kube import Kube, KubeError, Ref
 from servinglab.k8s.promql import GpuMetrics, PrometheusError
-from servinglab.loadgen.results_sink import RESULTS_KEY, ResultsUnreadable, decode_results
+from servinglab.loadgen.results_sink import RESULTS_KEY, ResultsUnreadable, decode_results, part_name
 from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
 from servinglab.sweepspec import SWEEP_KIND
 
@@ -485,7 +485,7 @@ async def _read_results(experiment: Experiment) -> dict[str, Any]:
     parts: dict[str, dict[str, Any] | None] = {}
     if head is not None:
         for index in range(1, int((head.get("data") or {}).get("parts", "1"))):
-            name = f"{experiment.names.results}-part-{index}"
+            name = part_name(experiment.names.results, index)
             parts[name] = await experiment.owned(experiment.child("v1", "ConfigMap", name))
     document = decode_results(head, parts.get)
     if document.get("experimentUid", experiment.uid) != experiment.uid:
