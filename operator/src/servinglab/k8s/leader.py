@@ -113,14 +113,15 @@ class Election:
         """Renew every third of the lease; call `on_lost` once the lease can no longer be trusted."""
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
+            taken = False
             try:
                 if await self.try_acquire():
                     continue
-                problem = "another operator took the lease"
+                taken, problem = True, "another operator took the lease"
             except KubeError as exc:
                 problem = f"cannot renew: {exc}"
             # renew deadline: give up well before the lease could expire for the others
-            if problem.startswith("another") or time.monotonic() - self._renewed_at > self.lease_seconds * 2 / 3:
+            if taken or time.monotonic() - self._renewed_at > self.lease_seconds * 2 / 3:
                 on_lost(f"lost lease {self.ref}: {problem}")
                 return
             LOG.warning("lease %s: %s; retrying", self.ref, problem)

@@ -300,18 +300,26 @@ async def _admitted(experiment: Experiment, spec: ExperimentSpec) -> bool:
         return False
 
 
-async def _predecessor(experiment: Experiment, ref: Ref) -> str | None:
+@dataclass(frozen=True)
+class Obstacle:
+    """An object that stands where a child is to be applied and is not this experiment's."""
+
+    message: str
+    conflict: bool  # True: foreign, never ours to remove; False: a predecessor's, being garbage-collected
+
+
+async def _predecessor(experiment: Experiment, ref: Ref) -> Obstacle | None:
     """What stands in the way of a child: an object of its name that this incarnation of the experiment
     does not own. One owned by an experiment that is gone (deleted, then re-applied under the same name)
-    is the garbage collector's to remove: wait for it. Anything else is a conflict (returned with the
-    prefix "conflict: "): the operator never deletes what it did not create."""
+    is the garbage collector's to remove: wait for it. Anything else is a conflict: the operator never
+    deletes what it did not create."""
     existing = await experiment.kube.get(ref)
     if existing is None or resources.owned_by(existing, experiment.uid):
         return None
     owners = existing["metadata"].get("ownerReferences") or []
     if any(owner.get("kind") == KIND and owner.get("name") == experiment.name for owner in owners):
-        return f"{ref} of a previous experiment named {experiment.name} is still being deleted"
-    return f"conflict: {ref} exists and does not belong to this experiment; delete or rename it"
+        return Obstacle(f"{ref} of a previous experiment named {experiment.name} is still being deleted", False)
+    return Obstacle(f"{ref} exists and does not belong to this experiment; delete or rename it", True)
 
 
 async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> bool | None:
@@ -334,12 +342,12 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> bool | None:
     )
     job = experiment.child("batch/v1", "Job", experiment.names.load)
     for ref in (*(Ref.of(manifest) for manifest in manifests), job):
-        if (problem := await _predecessor(experiment, ref)) is None:
+        if (obstacle := await _predecessor(experiment, ref)) is None:
             continue
-        if problem.startswith("conflict: "):
-            await experiment.fail("NameConflict", problem.removeprefix("conflict: "))
+        if obstacle.conflict:
+            await experiment.fail("NameConflict", obstacle.message)
             return True
-        await experiment.set(cond.SERVER_READY, None, "WaitingForPredecessor", problem)
+        await experiment.set(cond.SERVER_READY, None, "WaitingForPredecessor", obstacle.message)
         return None
     for manifest in manifests:
         await experiment.kube.apply(manifest)

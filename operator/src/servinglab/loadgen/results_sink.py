@@ -135,8 +135,9 @@ class _Api:
         self.base = f"https://{host}:{port}/api/v1/namespaces/{self.namespace}/configmaps"
         self.context = ssl.create_default_context(cafile=str(credentials / "ca.crt"))
 
-    def call(self, method: str, url: str, body: dict[str, Any], content_type: str) -> int:
-        """The HTTP status (2xx on success); raises OSError when the server was not reached."""
+    def call(self, method: str, url: str, body: dict[str, Any], content_type: str) -> tuple[int, str]:
+        """The HTTP status (2xx on success) and, on an error, the start of the API's answer; raises
+        OSError when the server was not reached."""
         request = urllib.request.Request(
             url,
             data=json.dumps(body).encode(),
@@ -149,21 +150,20 @@ class _Api:
         )
         try:
             with urllib.request.urlopen(request, context=self.context, timeout=30) as response:
-                return int(response.status)
+                return int(response.status), ""
         except urllib.error.HTTPError as exc:
-            self.last_error = exc.read().decode(errors="replace")[:300]
-            return int(exc.code)
+            return int(exc.code), exc.read().decode(errors="replace")[:300]
 
-    def put_configmap(self, name: str, content: dict[str, Any]) -> tuple[int, str]:
-        """Merge `content` into ConfigMap `name`, creating it (owned by the experiment) when absent."""
-        self.last_error = ""
-        status = self.call("PATCH", f"{self.base}/{name}", content, "application/merge-patch+json")
-        if status == 404 and name.rsplit("-part-", 1)[-1].isdigit():
+    def put_configmap(self, name: str, content: dict[str, Any], create_missing: bool) -> tuple[int, str]:
+        """Merge `content` into ConfigMap `name`; with `create_missing`, create it (owned by the
+        experiment) when it does not exist yet."""
+        status, detail = self.call("PATCH", f"{self.base}/{name}", content, "application/merge-patch+json")
+        if status == 404 and create_missing:
             metadata: dict[str, Any] = {"name": name}
             if owner := os.environ.get(OWNER_ENV):
                 metadata["ownerReferences"] = [json.loads(owner)]
-            status = self.call("POST", self.base, {"metadata": metadata, **content}, "application/json")
-        return status, self.last_error
+            status, detail = self.call("POST", self.base, {"metadata": metadata, **content}, "application/json")
+        return status, detail
 
 
 def write_results(
@@ -185,7 +185,8 @@ def write_results(
         delay = 1.0
         while True:
             try:
-                status, detail = api.put_configmap(name, content)
+                # the results ConfigMap is the operator's; only the parts are the Job's to create
+                status, detail = api.put_configmap(name, content, create_missing=name != configmap)
                 problem = f"HTTP {status}: {detail}"
             except OSError as exc:
                 status, problem = 0, str(exc)
