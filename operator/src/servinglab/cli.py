@@ -175,7 +175,7 @@ def operator(namespaces: tuple[str, ...], all_namespaces: bool, liveness: str) -
     os.environ["SERVINGLAB_LIVENESS_URL"] = liveness  # a standby answers it too (servinglab.k8s.leader)
     kopf.run(
         settings=settings,
-        standalone=True,  # one replica; no peering objects needed
+        standalone=True,  # no kopf peering: the Lease (servinglab.k8s.leader) elects the one acting replica
         clusterwide=all_namespaces,
         namespaces=list(namespaces),
         liveness_endpoint=liveness,
