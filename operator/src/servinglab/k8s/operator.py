@@ -169,11 +169,13 @@ class Experiment:
             await self.kube.delete(ref)
 
 
+def _true_conditions(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The Job's conditions that hold (Complete, Failed, ...), by type."""
+    return {c["type"]: c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"}
+
+
 def _job_finished(job: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-        for c in job.get("status", {}).get("conditions", [])
-    )
+    return bool(_true_conditions(job).keys() & {"Complete", "Failed"})
 
 
 async def _clean_up(experiment: Experiment) -> None:
@@ -458,7 +460,7 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec) -> bool:
         )  # fmt: skip
         await experiment.event("Normal", "LoadTestStarted", f"Job {experiment.names.load} started")
         return False
-    job_conditions = {c["type"]: c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"}
+    job_conditions = _true_conditions(job)
     if "Failed" in job_conditions:
         message = await _job_message(experiment) or job_conditions["Failed"].get("message", "")
         await experiment.fail("LoadJobFailed", f"Job {experiment.names.load} failed: {message}")
