@@ -27,7 +27,9 @@ from servinglab.local_server import LocalTorchServe, free_ports
 from servinglab.runner import resolve_archive
 from servinglab.spec import parse_experiment
 
-SERVINGLAB = str(Path(sys.executable).with_name("servinglab"))
+_BESIDE = Path(sys.executable).with_name("servinglab")
+#: the CLI beside this interpreter (a venv), else the one on PATH (a machine set up by hack/device-setup.sh)
+SERVINGLAB = str(_BESIDE) if _BESIDE.exists() else (shutil.which("servinglab") or "servinglab")
 
 
 def experiment(name: str, model: str, server: dict[str, Any], load: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""TorchServe entry point: one batched image-classification handler for every servinglab model.
+"""TorchServe entry point: one batched handler for every model servinglab packs.
+
+It serves the built-in image classifiers (a `model.py` with `build_model()` and a state dict) and the
+user's own TorchScript files and exported programs (`model.pt` / `model.pt2`, with the input declared
+in `servinglab-input.json`: an image of a size, or a tensor of a shape and dtype).
 
 TorchServe imports this file by basename and requires exactly one class in it, so the plain
 functions live in `servinglab_imaging.py` (shipped alongside). The handler deliberately does not
@@ -28,14 +32,22 @@ from servinglab_imaging import (
     BadInput,
     apply_precision,
     decode_image,
+    decode_tensor,
     error_response,
     json_response,
+    load_serialized,
     plan_precision,
     request_body,
+    tensor_outputs,
+    tensors_to_batch,
     to_batch,
     top_k,
     warm_up,
+    zeros_sample,
 )
+
+#: Written by servinglab next to a packed TorchScript/.pt2 model: what one request decodes to.
+INPUT_FILE = "servinglab-input.json"
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +60,7 @@ class ServinglabImageHandler:
         self.model: torch.nn.Module | None = None
         self.device = torch.device("cpu")
         self.input_size = 224
+        self.input: dict[str, Any] = {"kind": "image"}
         self.top_k = 5
         self.channels_last = False
 
@@ -68,12 +81,19 @@ class ServinglabImageHandler:
         logger.info("servinglab precision: %s", self.plan.note)
 
         manifest_model = context.manifest["model"]
-        module = _import_file(model_dir / manifest_model["modelFile"], "servinglab_model_definition")
-        self.input_size = int(getattr(module, "INPUT_SIZE", 224))
-        model = module.build_model()
-        state = torch.load(model_dir / manifest_model["serializedFile"], map_location="cpu", weights_only=True)
-        model.load_state_dict(state)
-        model = model.to(self.device).eval()
+        serialized = model_dir / manifest_model["serializedFile"]
+        if manifest_model.get("modelFile"):  # a built-in: its definition and seeded weights
+            module = _import_file(model_dir / manifest_model["modelFile"], "servinglab_model_definition")
+            self.input_size = int(getattr(module, "INPUT_SIZE", 224))
+            model = module.build_model()
+            model.load_state_dict(torch.load(serialized, map_location="cpu", weights_only=True))
+            model = model.to(self.device).eval()
+        else:  # the user's TorchScript or exported program, with its declared input
+            self.input = json.loads((model_dir / INPUT_FILE).read_text())
+            self.input_size = int(self.input.get("size", 224))
+            model = load_serialized(serialized, self.device)
+            if self.input["kind"] != "image":
+                self.channels_last = False  # a memory format for 4-D image batches only
         self.model = apply_precision(model, self.plan, self.channels_last)
         sizes = settings.get("warmupBatchSizes")
         if sizes is None:  # an archive rendered without the list: every power of two up to batch_size
@@ -86,14 +106,17 @@ class ServinglabImageHandler:
     def _forward_zeros(self, size: int) -> None:
         """One forward pass at batch `size`, so the first requests are not measured while
         cuDNN/oneDNN pick kernels and allocators grow."""
-        shape = (size, 3, self.input_size, self.input_size)
-        dummy = torch.zeros(shape, device=self.device, dtype=self.plan.dtype)
-        if self.channels_last:
-            dummy = dummy.contiguous(memory_format=torch.channels_last)
         assert self.model is not None
         with torch.inference_mode():
-            self.model(dummy)
+            self.model(self._zeros(size))
         self._synchronize()
+
+    def _zeros(self, size: int) -> torch.Tensor:
+        if self.input["kind"] == "tensor":
+            sample = zeros_sample(self.input["shape"], self.input["dtype"])
+            return tensors_to_batch([sample] * size, self.device, self.plan.dtype)
+        dummy = torch.zeros((size, 3, self.input_size, self.input_size), device=self.device, dtype=self.plan.dtype)
+        return dummy.contiguous(memory_format=torch.channels_last) if self.channels_last else dummy
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -103,17 +126,28 @@ class ServinglabImageHandler:
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[str]:
         started = time.perf_counter()
-        images: list[Any] = []
+        samples: list[Any] = []
         valid: list[int] = []
         responses: list[str] = [""] * len(data)
+        tensor_input = self.input["kind"] == "tensor"
         for index, row in enumerate(data):
             try:
-                images.append(decode_image(request_body(row), self.input_size))
+                body = request_body(row)
+                if tensor_input:
+                    samples.append(decode_tensor(body, self.input["shape"], self.input["dtype"]))
+                else:
+                    samples.append(decode_image(body, self.input_size))
                 valid.append(index)
             except BadInput as exc:
                 responses[index] = error_response(str(exc))
                 context.set_response_status(400, str(exc), idx=index)
-        batch = to_batch(images, self.device, self.plan.dtype, self.channels_last) if images else None
+        batch = None
+        if samples:
+            batch = (
+                tensors_to_batch(samples, self.device, self.plan.dtype)
+                if tensor_input
+                else to_batch(samples, self.device, self.plan.dtype, self.channels_last)
+            )
         preprocessed = time.perf_counter()
 
         logits = None
@@ -124,7 +158,10 @@ class ServinglabImageHandler:
             self._synchronize()
         inferred = time.perf_counter()
 
-        if logits is not None:
+        if logits is not None and tensor_input:
+            for index, outputs in zip(valid, tensor_outputs(logits), strict=True):
+                responses[index] = json.dumps(outputs, separators=(",", ":"))
+        elif logits is not None:
             for index, predictions in zip(valid, top_k(logits, self.top_k), strict=True):
                 responses[index] = json_response(predictions)
         finished = time.perf_counter()

@@ -39,7 +39,11 @@ def request_body(row: dict[str, Any]) -> bytes:
         value = row.get(key)
         if isinstance(value, bytes | bytearray):
             return bytes(value)
-    raise BadInput("request has no binary body; POST the image bytes (JPEG, PNG or .npy uint8)")
+        if isinstance(value, str):
+            return value.encode()
+        if isinstance(value, list | dict):  # TorchServe parses application/json bodies itself
+            return json.dumps(value).encode()
+    raise BadInput("request has no body; POST the image bytes (JPEG, PNG or .npy uint8) or the tensor (.npy or JSON)")
 
 
 def decode_image(payload: bytes, size: int) -> np.ndarray:
@@ -70,6 +74,67 @@ def decode_image(payload: bytes, size: int) -> np.ndarray:
     if rgb.size != (size, size):
         rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
     return np.asarray(rgb, dtype=np.uint8)
+
+
+_TENSOR_DTYPES = {
+    "float32": np.float32, "float16": np.float16, "bfloat16": np.float32, "int64": np.int64, "int32": np.int32,
+    "uint8": np.uint8,
+}  # fmt: skip
+
+
+def decode_tensor(payload: bytes, shape: Sequence[int], dtype: str) -> np.ndarray:
+    """One sample of a declared tensor input: a .npy array, or a JSON list (or {"inputs": list}).
+
+    The shape must match exactly (no batch dimension); the values are cast to `dtype` (bfloat16
+    travels as float32 and is cast on the device)."""
+    if payload.startswith(_NPY_MAGIC):
+        try:
+            array = np.load(io.BytesIO(payload), allow_pickle=False)
+        except ValueError as exc:
+            raise BadInput(f"unreadable .npy payload: {exc}") from None
+    else:
+        try:
+            value = json.loads(payload)
+        except (UnicodeDecodeError, ValueError):
+            raise BadInput("payload is neither a .npy array nor JSON") from None
+        if isinstance(value, dict):
+            value = value.get("inputs", value.get("data"))
+        try:
+            array = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise BadInput('JSON payload is not a numeric list (nor {"inputs": list})') from None
+    if tuple(array.shape) != tuple(shape):
+        raise BadInput(f"tensor must have shape {list(shape)}, got {list(array.shape)}")
+    return np.ascontiguousarray(array.astype(_TENSOR_DTYPES[dtype], copy=False))
+
+
+def zeros_sample(shape: Sequence[int], dtype: str) -> np.ndarray:
+    """A sample of the declared input, all zeros: what the warm-up runs."""
+    return np.zeros(tuple(shape), dtype=_TENSOR_DTYPES[dtype])
+
+
+def tensors_to_batch(samples: Sequence[np.ndarray], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Stack decoded tensor samples; floating inputs take the precision's dtype, integers stay."""
+    batch = torch.from_numpy(np.stack(samples)).to(device, non_blocking=True)
+    return batch.to(dtype) if batch.is_floating_point() else batch
+
+
+def tensor_outputs(output: Any, limit: int = 64) -> list[dict[str, Any]]:
+    """Per sample of a model's output (a tensor, or the first of a tuple): its shape and first values."""
+    if isinstance(output, tuple | list):
+        output = output[0]
+    rows = output.detach().float().cpu()
+    return [{"shape": list(row.shape), "values": [round(float(v), 6) for v in row.flatten()[:limit].tolist()]}
+            for row in rows]  # fmt: skip
+
+
+def load_serialized(path: Any, device: torch.device) -> torch.nn.Module:
+    """A TorchScript file (torch.jit.save) or an exported program (.pt2, torch.export.save), in eval mode."""
+    if str(path).endswith(".pt2"):
+        module: torch.nn.Module = torch.export.load(str(path)).module()
+        return module.to(device)
+    scripted: torch.nn.Module = torch.jit.load(str(path), map_location=device)
+    return scripted.eval()
 
 
 def to_batch(
@@ -175,7 +240,10 @@ def apply_precision(model: torch.nn.Module, plan: PrecisionPlan, channels_last: 
     model = model.to(dtype=plan.dtype)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return model.eval()
+    try:
+        return model.eval()
+    except NotImplementedError:  # an exported program's module has no train/eval switch: it is traced as is
+        return model
 
 
 def json_response(predictions: list[dict[str, float | int]]) -> str:

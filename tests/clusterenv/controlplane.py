@@ -271,6 +271,7 @@ class Kwok:
         stages = self.workdir / "stages"
         stages.mkdir(parents=True, exist_ok=True)
         (stages / "pod-complete.yaml").write_text(manifests.JOB_POD_COMPLETE_STAGE)
+        (stages / "pod-init-failed.yaml").write_text(manifests.POD_INIT_FAILED_STAGE)
         shipped_pod_ready = (self.binaries.kwok_stages / "pod-ready.yaml").read_text()
         (stages / "pod-ready.yaml").write_text("---\n".join(manifests.probe_aware_pod_stages(shipped_pod_ready)))
         configs = [
@@ -278,6 +279,7 @@ class Kwok:
             self.binaries.kwok_stages / "pod-delete.yaml",
             stages / "pod-ready.yaml",
             stages / "pod-complete.yaml",
+            stages / "pod-init-failed.yaml",
         ]
         (port,) = free_ports(1)
         command = [

@@ -3,11 +3,12 @@
 KWOK moves pods through their phases but runs nothing. For end-to-end tests this harness watches
 one namespace and, for servinglab's pods (by `app.kubernetes.io/component`: the Helm chart's
 `operator` and its `test` hook, the operator's `server` and `load`), does what a kubelet would with
-the very specs stored in the API: mounts the ConfigMaps (as files), runs the init container's
-script, starts the container's command with its args and env, probes the readiness endpoint, and
-reports back through the API — readiness via the `kwok.servinglab.dev/ready` annotation, a finished
-container's exit code and termination message via the completion annotations KWOK turns into pod
-status.
+the very specs stored in the API: mounts the ConfigMaps (as files) and PersistentVolumeClaims (as
+folders), runs the init container's script (a failure is reported as a kubelet would: the pod back
+to Pending, the init container's last termination with its exit code and message), starts the
+container's command with its args and env, probes the readiness endpoint, and reports back through
+the API — readiness via the `kwok.servinglab.dev/ready` annotation, a finished container's exit code
+and termination message via the completion annotations KWOK turns into pod status.
 
 Container paths are mapped into a per-pod folder, container ports onto free loopback ports (listen
 addresses and port numbers in args and env follow), and Service DNS names (`http://<service>:<port>`)
@@ -17,6 +18,7 @@ the load Job run with a real token of their ServiceAccount, so their RBAC is exe
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -65,10 +67,13 @@ class LocalKubelet:
         on_server_started: Callable[[str, int], None] | None = None,
         job_outcome: tuple[int, str] | None = None,
         on_operator_started: Callable[[str, int], None] | None = None,
+        claims_root: Path | None = None,
     ) -> None:
         """`on_server_started(pod, metrics_port)` and `on_operator_started(pod, metrics_port)` let
         monitoring scrape them; `job_outcome` (exit code, message) replaces the real load run, to play
-        a Job that dies (e.g. OOMKilled)."""
+        a Job that dies (e.g. OOMKilled). A PersistentVolumeClaim mounts the folder
+        `claims_root/<claim name>` (default: `workdir/claims`)."""
+        self.claims_root = claims_root or workdir / "claims"
         self.on_server_started = on_server_started
         self.on_operator_started = on_operator_started
         self.job_outcome = job_outcome
@@ -192,6 +197,9 @@ class LocalKubelet:
         for mount in container.get("volumeMounts", []):
             local = root / "v" / mount["name"]
             volume = volumes[mount["name"]]
+            if "persistentVolumeClaim" in volume:  # a claim is a folder shared by every pod that mounts it
+                mapping[mount["mountPath"]] = self.claims_root / volume["persistentVolumeClaim"]["claimName"]
+                continue
             if "configMap" in volume and not local.exists():
                 data = self.kubectl.get("configmap", volume["configMap"]["name"], "-n", self.namespace).get("data", {})
                 items = volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]
@@ -219,6 +227,9 @@ class LocalKubelet:
                 env[variable["name"]] = self._translate(variable["value"], mounts, {})
             elif variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
                 env[variable["name"]] = self.namespace
+            elif reference := variable.get("valueFrom", {}).get("secretKeyRef"):
+                secret = self.kubectl.get("secret", reference["name"], "-n", self.namespace)
+                env[variable["name"]] = base64.b64decode(secret["data"][reference["key"]]).decode()
         return env
 
     def _spawn(
@@ -274,10 +285,20 @@ class LocalKubelet:
         spec = pod["spec"]
         for init in spec.get("initContainers", []):
             mounts = self._mounts(pod, init, running.root)
-            script = [self._translate(part, mounts, {}) for part in [*init["command"], *init.get("args", [])]]
+            termination = running.root / f"init-{init['name']}.termination-log"
+            mounts_and_log = {**mounts, "/dev/termination-log": termination}
+            script = [self._translate(part, mounts_and_log, {}) for part in [*init["command"], *init.get("args", [])]]
             init_process = self._spawn(running, f"init-{init['name']}", script, self._env(init, mounts, {}))
-            if init_process.wait(timeout=300) != 0:
-                raise RuntimeError(f"init container {init['name']} of {running.name} failed")
+            code = init_process.wait(timeout=300)
+            message = termination.read_text() if termination.exists() else ""
+            if code != 0:  # reported as a kubelet would; the pod is not started (nor retried here)
+                message = message or (running.log.read_text(errors="replace")[-400:] if running.log else "")
+                self._annotate(running.name, {manifests.INIT_EXIT_CODE_ANNOTATION: str(code),
+                                              manifests.INIT_MESSAGE_ANNOTATION: message})  # fmt: skip
+                running.done = True
+                return
+            if message:
+                self._annotate(running.name, {manifests.INIT_MESSAGE_ANNOTATION: message})
         container = spec["containers"][0]
         mounts = self._mounts(pod, container, running.root)
         ports = [p["containerPort"] for p in container.get("ports", [])] + [8081, 7070, 7071]
@@ -298,6 +319,10 @@ class LocalKubelet:
         self._spawn(running, container["name"], command, env)
         if self.on_server_started is not None:
             self.on_server_started(running.name, running.ports[8082])
+
+    def _annotate(self, pod: str, annotations: dict[str, str]) -> None:
+        pairs = [f"{key}={value}" for key, value in annotations.items()]
+        self.kubectl.run("annotate", "pod", pod, "-n", self.namespace, *pairs, "--overwrite")
 
     def _probe(self, pod: dict[str, Any], running: RunningPod) -> bool:
         probe = pod["spec"]["containers"][0].get("readinessProbe", {}).get("httpGet")

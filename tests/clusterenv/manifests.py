@@ -21,6 +21,9 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 EXIT_CODE_ANNOTATION = "kwok.servinglab.dev/exit-code"
 MESSAGE_ANNOTATION = "kwok.servinglab.dev/message"
 REASON_ANNOTATION = "kwok.servinglab.dev/reason"
+#: An init container's exit code and termination message, as the stand-in kubelet reports them.
+INIT_EXIT_CODE_ANNOTATION = "kwok.servinglab.dev/init-exit-code"
+INIT_MESSAGE_ANNOTATION = "kwok.servinglab.dev/init-message"
 
 
 def node(name: str, gpus: int = 0, product: str = "Tesla-T4", cpu: str = "8", memory: str = "32Gi") -> dict[str, Any]:
@@ -134,6 +137,76 @@ spec:
 """
 
 
+POD_INIT_FAILED_STAGE = f"""\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-init-failed
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.metadata.annotations["{INIT_EXIT_CODE_ANNOTATION}"]'
+      operator: 'Exists'
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      {{{{ $ann := .metadata.annotations }}}}
+      {{{{ $exitCode := index $ann "{INIT_EXIT_CODE_ANNOTATION}" }}}}
+      {{{{ $message := or ( index $ann "{INIT_MESSAGE_ANNOTATION}" ) "" }}}}
+      initContainerStatuses:
+      {{{{ range $index, $item := .spec.initContainers }}}}
+      - image: {{{{ $item.image | Quote }}}}
+        name: {{{{ $item.name | Quote }}}}
+        ready: false
+        restartCount: 1
+        started: false
+        state:
+          waiting:
+            reason: CrashLoopBackOff
+            message: back-off restarting failed container
+        lastState:
+          terminated:
+            exitCode: {{{{ $exitCode }}}}
+            reason: Error
+            message: {{{{ $message | Quote }}}}
+            startedAt: {{{{ $now | Quote }}}}
+            finishedAt: {{{{ $now | Quote }}}}
+      {{{{ end }}}}
+      containerStatuses:
+      {{{{ range $index, $item := .spec.containers }}}}
+      - image: {{{{ $item.image | Quote }}}}
+        name: {{{{ $item.name | Quote }}}}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          waiting:
+            reason: PodInitializing
+      {{{{ end }}}}
+      conditions:
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        type: Initialized
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        type: Ready
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "False"
+        type: ContainersReady
+      phase: Pending
+"""
+"""A kubelet's report of an init container that failed: the pod is back to Pending, the init container
+waits to be restarted, and its last termination carries the exit code and message."""
+
+
 def kubeconfig(server: str, ca_cert: Path, client_cert: Path, client_key: Path, name: str = "servinglab-test") -> str:
     """A kubeconfig with the CA and client credentials embedded (JSON is valid YAML)."""
 
@@ -169,6 +242,10 @@ def probe_aware_pod_stages(shipped_pod_ready: str) -> list[str]:
     — which the test harness does after probing the real process it started for the pod.
     """
     base = yaml.safe_load(shipped_pod_ready)
+    # a pod whose init container failed stays Pending (see POD_INIT_FAILED_STAGE)
+    base["spec"]["selector"]["matchExpressions"].append(
+        {"key": f'.metadata.annotations["{INIT_EXIT_CODE_ANNOTATION}"]', "operator": "DoesNotExist"}
+    )
     stages = []
 
     without_probe = copy.deepcopy(base)
@@ -209,6 +286,15 @@ def probe_aware_pod_stages(shipped_pod_ready: str) -> list[str]:
                     "conditions:\n"
                     '- lastTransitionTime: {{ $now | Quote }}\n  status: "True"\n  type: Ready\n'
                     '- lastTransitionTime: {{ $now | Quote }}\n  status: "True"\n  type: ContainersReady\n'
+                    f'{{{{ $init := or ( index .metadata.annotations "{INIT_MESSAGE_ANNOTATION}" ) "" }}}}\n'
+                    "initContainerStatuses:\n"
+                    "{{ range .status.initContainerStatuses }}\n"
+                    "- name: {{ .name | Quote }}\n  image: {{ .image | Quote }}\n  ready: true\n"
+                    "  restartCount: {{ .restartCount }}\n"
+                    "  state:\n    terminated:\n      exitCode: 0\n      reason: Completed\n"
+                    "      message: {{ $init | Quote }}\n"
+                    "      startedAt: {{ $now | Quote }}\n      finishedAt: {{ $now | Quote }}\n"
+                    "{{ end }}\n"
                     "containerStatuses:\n"
                     "{{ range .status.containerStatuses }}\n"
                     "- name: {{ .name | Quote }}\n  image: {{ .image | Quote }}\n  ready: true\n"

@@ -251,6 +251,43 @@ def build_model(name: str, force: bool, build_dir: Path | None, quiet: bool) -> 
         click.echo(f"{'built' if rebuilt else 'up to date'}: {archive}")
 
 
+@main.command("prepare-model")
+@click.option("--spec-file", type=click.Path(path_type=Path, exists=True), required=True)
+@click.option("--into", type=click.Path(path_type=Path), required=True, help="The model's folder in the model store.")
+@click.option("--mounted", type=click.Path(path_type=Path), help="Where a pvc source's claim is mounted.")
+@click.option("--termination-log", type=click.Path(path_type=Path), default=Path("/dev/termination-log"),
+              show_default=True, help="Where the outcome goes for Kubernetes (skipped if absent).")  # fmt: skip
+def prepare_model(spec_file: Path, into: Path, mounted: Path | None, termination_log: Path) -> None:
+    """Fetch, check and pack the experiment's own model into the model store (the server pod's init
+    container). On success the termination message is the model's description (JSON, for the
+    operator's status); on failure it is "<Reason>: <message>" and the exit code is 3."""
+    import shutil
+    import tempfile
+
+    from servinglab import modelprobe, modelsource
+
+    def report(message: str) -> None:
+        if termination_log.parent.is_dir():
+            termination_log.write_text(message[:4000])
+
+    experiment = load_experiment(spec_file)
+    model = experiment.spec.model
+    if model.source is None:
+        _fail("prepare-model is for a model.source; built-in models are built by build-model", code=1)
+    workdir = Path(tempfile.mkdtemp(prefix="prepare-"))
+    try:
+        prepared = modelsource.prepare(model, experiment.spec.server.precision, workdir, mounted=mounted)
+    except modelsource.ModelSourceError as exc:
+        report(f"{exc.reason}: {exc}")
+        _fail(f"{exc.reason}: {exc}", code=3)
+    info = dict(prepared.info)
+    if "input" in info:
+        info.update(modelprobe.count(prepared.directory))
+    shutil.copytree(prepared.directory, into, dirs_exist_ok=True)
+    report(json.dumps({k: v for k, v in info.items() if k != "input"}, separators=(",", ":")))
+    click.echo(json.dumps(info))
+
+
 @main.command()
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the results JSON here.")
@@ -307,6 +344,13 @@ def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, t
     show_default=True,
     help="Where a one-line outcome is written for Kubernetes (skipped if the folder does not exist).",
 )
+@click.option(
+    "--payload-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("."),
+    show_default=True,
+    help="Folder the spec's payload files/records are relative to (a mounted ConfigMap or claim).",
+)
 def loadtest(
     target: str,
     model_name: str,
@@ -317,12 +361,13 @@ def loadtest(
     results_configmap: str | None,
     ready_timeout: float,
     termination_log: Path,
+    payload_dir: Path,
 ) -> None:
     """Run only the load levels of an experiment against a running server (the Job's command)."""
     from servinglab import ceiling, models, tsmetrics
     from servinglab.loadgen import levels, results_sink
     from servinglab.loadgen.hooks import LevelHooks
-    from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
+    from servinglab.loadgen.payloads import PayloadError, request_payloads
     from servinglab.results import level_entries
 
     def finish(message: str, code: int) -> None:
@@ -336,12 +381,12 @@ def loadtest(
     except SpecError as exc:
         finish(str(exc), 1)
     load = experiment.spec.load
-    size = image_size or load.payload.image_size
-    if size is None:
-        size = models.model_info(experiment.spec.model.name).input_size
-    payloads = make_payloads(load.payload.format, size, load.payload.variants, load.payload.seed)
-    content_type = CONTENT_TYPES[load.payload.format]
-    destination = levels.Target(target.rstrip("/"), f"/predictions/{model_name}", payloads, content_type)
+    size = image_size or models.request_image_size(experiment.spec.model, load.payload)
+    try:
+        payloads = request_payloads(load.payload, size, payload_dir)
+    except PayloadError as exc:
+        finish(str(exc), 1)
+    destination = levels.Target(target.rstrip("/"), f"/predictions/{model_name}", payloads, load.payload.check)
     answered_at, problem = levels.wait_until_serving(destination, load.request_timeout_seconds, ready_timeout)
     if problem is not None:
         finish(problem, 5)

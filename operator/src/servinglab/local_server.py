@@ -77,6 +77,12 @@ class WorkerStatus:
         }
 
 
+#: What a TorchServe worker logs when the handler's initialize() raised.
+_LOAD_FAILED = "Failed to load model "
+#: Attempts seen before giving up (TorchServe retries a failed worker with a growing back-off).
+_LOAD_ATTEMPTS = 2
+
+
 class LocalTorchServe:
     """One TorchServe serving one model from a no-archive directory, configured from a ServerSpec."""
 
@@ -216,8 +222,11 @@ class LocalTorchServe:
     def _wait_workers(self, since: float, timeout_seconds: float) -> float:
         deadline = since + timeout_seconds
         last_error = "no answer yet"
+        model_log = self.workdir / "logs" / "model_log.log"
+        log_offset = model_log.stat().st_size if model_log.exists() else 0
         while time.monotonic() < deadline:
             self.check_alive()
+            self._check_model_loads(model_log, log_offset)
             try:
                 status = self.status()
                 if status.ready_workers >= self.server.workers:
@@ -230,6 +239,21 @@ class LocalTorchServe:
             f"TorchServe was not ready within {timeout_seconds:.0f} s ({last_error}); "
             f"logs in {self.workdir / 'logs'}"
         )
+
+    def _check_model_loads(self, model_log: Path, offset: int) -> None:
+        """Fail at once when the workers cannot load the model: TorchServe would retry for ever."""
+        if not model_log.exists():
+            return
+        with model_log.open("rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+        failures = [line.split(_LOAD_FAILED, 1)[1] for line in text.splitlines() if _LOAD_FAILED in line]
+        if len(failures) >= _LOAD_ATTEMPTS:
+            cause = failures[-1].split(", exception ", 1)[-1].strip()
+            raise ServerError(
+                f"ModelLoadFailed: TorchServe's workers could not load {self.model_name} "
+                f"({len(failures)} attempts): {cause}; logs in {self.workdir / 'logs'}"
+            )
 
     def check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:

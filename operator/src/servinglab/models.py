@@ -23,6 +23,7 @@ from pathlib import Path
 from types import ModuleType
 
 from servinglab import paths
+from servinglab.spec import ModelInput, ModelRef, PayloadSpec
 from servinglab.tsconfig import ARCHIVE_VERSION
 
 HANDLER_FILE = "servinglab_image_handler.py"
@@ -202,3 +203,12 @@ def ensure_built(name: str, build_root: Path | None = None) -> Path:
         command += ["--build-dir", str(build_root)]
     subprocess.run(command, check=True)
     return archive_dir(name, build_root)
+
+
+def request_image_size(model: ModelRef, payload: PayloadSpec) -> int:
+    """The side of the images the load generates: as the payload says, else what the model takes."""
+    if payload.image_size is not None:
+        return payload.image_size
+    if model.source is None:
+        return model_info(model.name).input_size
+    return model.input.size if model.input is not None else ModelInput().size

@@ -17,17 +17,16 @@ import platform
 import shutil
 import signal
 import tempfile
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servinglab import ceiling, models, rawprobe, results, tsmetrics
+from servinglab import ceiling, modelprobe, models, modelsource, rawprobe, results, tsmetrics
 from servinglab.loadgen import levels
 from servinglab.loadgen.hooks import LevelHooks, ProgressFn
-from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
+from servinglab.loadgen.payloads import PayloadError, request_payloads
 from servinglab.local_server import LocalTorchServe, ServerError
 from servinglab.rawprobe import RawCache
 from servinglab.spec import ServingExperiment
@@ -45,27 +44,33 @@ class RunHooks:
     progress: ProgressFn | None = None
 
 
-def resolve_archive(experiment: ServingExperiment, workdir: Path) -> tuple[Path, int]:
-    """(no-archive model directory, image size) for the experiment's model."""
-    model = experiment.spec.model
-    payload_size = experiment.spec.load.payload.image_size
-    if model.archive is None:
-        archive = models.ensure_built(model.name)
-        return archive, payload_size or models.model_info(model.name).input_size
-    if payload_size is None:
-        raise RunError("spec.load.payload.imageSize: required when spec.model.archive is set")
-    source = Path(model.archive.removeprefix("file://")).expanduser()
-    if source.is_dir():
-        return source, payload_size
-    if source.is_file() and zipfile.is_zipfile(source):
-        target = workdir / "unpacked" / model.name
-        with zipfile.ZipFile(source) as archive_zip:
-            archive_zip.extractall(target)
-        return target, payload_size
-    raise RunError(
-        f"spec.model.archive: {model.archive!r} is not a local .mar file or model directory "
-        "(URLs are fetched by the operator on Kubernetes, not by the local runner)"
-    )
+@dataclass
+class ServedModel:
+    """What the local TorchServe serves: a no-archive folder, the image side the load generates, and
+    (for the user's own model) where it came from and what it is, for the results."""
+
+    directory: Path
+    image_size: int
+    info: dict[str, Any] | None = None
+
+
+def resolve_archive(experiment: ServingExperiment, workdir: Path) -> ServedModel:
+    """The built-in model's archive (built once), or the user's model fetched, checked and packed.
+
+    A bad source fails with its reason first (ModelDownloadFailed, ModelChecksumMismatch,
+    ModelNotRecognized, PrecisionNotSupported), before any server starts."""
+    spec = experiment.spec
+    size = models.request_image_size(spec.model, spec.load.payload)
+    if spec.model.source is None:
+        return ServedModel(models.ensure_built(spec.model.name), size)
+    try:
+        prepared = modelsource.prepare(spec.model, spec.server.precision, workdir)
+    except modelsource.ModelSourceError as exc:
+        raise RunError(f"{exc.reason}: {exc}") from None
+    info = dict(prepared.info)
+    if info.get("handler") == models.HANDLER_FILE and "input" in info:  # packed here: count it
+        info.update(modelprobe.count(prepared.directory))
+    return ServedModel(prepared.directory, size, info)
 
 
 def _worker_statements(logs: Path, marker: str) -> list[str]:
@@ -137,7 +142,7 @@ class ServerSlot:
         self.hooks = hooks
         self.reuse = reuse
         self.server: LocalTorchServe | None = None
-        self.image_size = 0
+        self.model: ServedModel | None = None
         self.failed = False
 
     def serve(self, experiment: ServingExperiment) -> tuple[LocalTorchServe, float, bool]:
@@ -149,8 +154,8 @@ class ServerSlot:
             return self.server, seconds, True
         self.stop_server()
         self.hooks.phase(f"Preparing model {spec.model.name}")
-        archive, self.image_size = resolve_archive(experiment, self.workdir)
-        server = LocalTorchServe(spec.model.name, archive, spec.server, self.workdir, spec.load, self.reuse)
+        self.model = model = resolve_archive(experiment, self.workdir)
+        server = LocalTorchServe(spec.model.name, model.directory, spec.server, self.workdir, spec.load, self.reuse)
         self.server = server
         self.hooks.phase("Starting TorchServe")
         server.start()
@@ -191,7 +196,8 @@ def run_in(slot: ServerSlot, experiment: ServingExperiment, raw_cache: RawCache 
     started_at = results.now_iso()
     try:
         server, ready_seconds, reconfigured = slot.serve(experiment)
-        document = _measure(experiment, server, slot.image_size, ready_seconds, hooks)
+        assert slot.model is not None
+        document = _measure(experiment, server, slot.model, ready_seconds, hooks)
         if reconfigured:
             document["reconfiguredSeconds"] = document.pop("coldStartSeconds")
         if not slot.reuse:
@@ -232,16 +238,18 @@ def _ceiling(
 def _measure(
     experiment: ServingExperiment,
     server: LocalTorchServe,
-    image_size: int,
+    model: ServedModel,
     cold_start: float,
     hooks: RunHooks,
 ) -> dict[str, Any]:
     spec = experiment.spec
-    payload = spec.load.payload
-    payloads = make_payloads(payload.format, image_size, payload.variants, payload.seed)
-    content_type = CONTENT_TYPES[payload.format]
+    try:
+        payloads = request_payloads(spec.load.payload, model.image_size, Path.cwd())
+    except PayloadError as exc:
+        raise RunError(str(exc)) from None
 
-    status, answer = server.predict(payloads[0], content_type, timeout=spec.load.request_timeout_seconds)
+    first = payloads[0]
+    status, answer = server.predict(first.body, first.content_type, timeout=spec.load.request_timeout_seconds)
     if status != 200:
         raise RunError(f"TorchServe answered a test request with HTTP {status}: {answer}")
     effective = server.status()
@@ -259,7 +267,7 @@ def _measure(
 
     windows = tsmetrics.WindowReader(fetch_metrics, server.model_name)
 
-    target = levels.Target(server.addresses.inference, server.predictions_path, payloads, content_type)
+    target = levels.Target(server.addresses.inference, server.predictions_path, payloads, spec.load.payload.check)
     hooks.phase(f"Load: {spec.load.describe()}")
     level_hooks = LevelHooks(hooks.progress, windows.window_start, windows.window_end)
     slo = spec.slo.p99_latency_ms
@@ -285,4 +293,6 @@ def _measure(
         peak_rate=outcome.peak,
     )
     document["warmupSeconds"] = warmup["seconds"] if warmup else None
+    if model.info is not None:
+        document["modelInfo"] = model.info
     return document

@@ -57,23 +57,135 @@ class PayloadFormat(StrEnum):
     RAW = "raw"
 
 
-class ModelRef(SpecModel):
-    """Which model to serve: a built-in demo model, or an existing archive."""
+class ModelFormat(StrEnum):
+    """What a model source holds. `auto` decides from the file name, then from the content."""
 
-    name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
-    archive: str | None = Field(
+    AUTO = "auto"
+    MAR = "mar"  # a TorchServe archive (.mar), served with its own handler
+    DIRECTORY = "directory"  # a TorchServe no-archive directory (MAR-INF/MANIFEST.json inside)
+    TORCHSCRIPT = "torchscript"  # torch.jit.save output, packed with servinglab's handler
+    EXPORTED = "exported"  # torch.export.save output (.pt2), packed with servinglab's handler
+
+
+class SecretKeyRef(SpecModel):
+    """One key of a Secret in the experiment's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+
+
+def _relative_path(value: str) -> str:
+    if value.startswith("/") or ".." in value.split("/"):
+        raise ValueError(f"'{value}' must be a relative path inside the volume (no leading '/', no '..')")
+    return value
+
+
+class VolumePath(SpecModel):
+    """A file or folder on a PersistentVolumeClaim of the experiment's namespace, mounted read-only."""
+
+    claim_name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+    path: Annotated[str, Field(min_length=1, max_length=1024)]
+
+    @field_validator("path")
+    @classmethod
+    def _inside(cls, value: str) -> str:
+        return _relative_path(value)
+
+
+class ModelSource(SpecModel):
+    """Where a model that is not built in comes from: exactly one of url, path and pvc."""
+
+    url: str | None = Field(default=None, description="http(s) URL of the model file, archive or tarless folder.")
+    path: str | None = Field(default=None, description="Local runs only: a file or no-archive folder on this machine.")
+    pvc: VolumePath | None = Field(default=None, description="Kubernetes only: a file or folder on a claim.")
+    sha256: str | None = Field(
         default=None,
-        description="Path or URL of a TorchServe archive (.mar or no-archive directory). "
-        "Unset: `name` must be a built-in model.",
+        pattern=r"^[0-9a-f]{64}$",
+        description="Expected sha256 of the file (lowercase hex), checked before serving; unset: recorded only.",
+    )
+    format: ModelFormat = ModelFormat.AUTO
+    authorization_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="url only: a Secret key whose value is sent as the Authorization header "
+        "(mounted only into the fetching init container).",
     )
 
     @model_validator(mode="after")
-    def _builtin_or_archive(self) -> ModelRef:
-        if self.archive is None and self.name not in BUILTIN_MODELS:
+    def _exactly_one(self) -> ModelSource:
+        given = [name for name in ("url", "path", "pvc") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"set exactly one of url, path, pvc (got {', '.join(given) or 'none'})")
+        if self.url is not None and not re.match(r"^https?://[^/\s]+", self.url):
+            raise ValueError(f"url: '{self.url}' is not an http(s) URL")
+        if self.authorization_secret is not None and self.url is None:
+            raise ValueError("authorizationSecret: only a url source sends credentials")
+        if self.sha256 is not None and self.format is ModelFormat.DIRECTORY:
+            raise ValueError("sha256: a folder has no single digest; give it for a file (.mar, .pt, .pt2)")
+        return self
+
+    def describe(self) -> str:
+        if self.url is not None:
+            return self.url
+        if self.pvc is not None:
+            return f"pvc://{self.pvc.claim_name}/{self.pvc.path}"
+        return str(self.path)
+
+
+class ModelInput(SpecModel):
+    """What one request decodes to for a model packed with servinglab's handler (TorchScript, .pt2)."""
+
+    kind: Literal["image", "tensor"] = Field(
+        default="image",
+        description="image: an encoded image, decoded and resized to size x size RGB; "
+        "tensor: a .npy array or JSON list of `shape`, cast to `dtype`.",
+    )
+    size: int = Field(default=224, ge=8, le=4096, description="image: the side length the model takes.")
+    shape: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=list, max_length=6, description="tensor: the shape of one sample (no batch dimension)."
+    )
+    dtype: Literal["float32", "float16", "bfloat16", "int64", "int32", "uint8"] = Field(
+        default="float32", description="tensor: the element type the model takes at fp32 (floats follow precision)."
+    )
+
+    @model_validator(mode="after")
+    def _tensor_has_shape(self) -> ModelInput:
+        if self.kind == "tensor" and not self.shape:
+            raise ValueError("kind tensor needs shape (one sample's dimensions, e.g. [16])")
+        if self.kind == "image" and self.shape:
+            raise ValueError("shape is for kind tensor; an image input takes size")
+        return self
+
+
+class ModelRef(SpecModel):
+    """Which model to serve: a built-in demo model, or the user's own from a source."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
+    source: ModelSource | None = Field(default=None, description="Unset: `name` must be a built-in model.")
+    input: ModelInput | None = Field(
+        default=None, description="TorchScript and exported programs: what a request decodes to. Default: image 224."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _archive_was_renamed(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "archive" in data:
+            raise ValueError(
+                f"archive: replaced by source (url, path or pvc); write source: {{path: {data['archive']!r}}} "
+                f"or source: {{url: ...}}"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _builtin_or_source(self) -> ModelRef:
+        if self.source is None and self.name not in BUILTIN_MODELS:
             raise ValueError(
                 f"'{self.name}' is not a built-in model ({', '.join(BUILTIN_MODELS)}); "
-                "set model.archive to serve another model"
+                "set model.source to serve your own"
             )
+        if self.source is None and self.input is not None:
+            raise ValueError("input: built-in models declare their own input; it is for a model.source")
+        if self.source is not None and self.source.format in (ModelFormat.MAR, ModelFormat.DIRECTORY) and self.input:
+            raise ValueError("input: an archive's own handler decodes requests; input is for TorchScript and .pt2")
         return self
 
 
@@ -146,13 +258,56 @@ class ServerSpec(SpecModel):
         return value
 
 
+class ResponseCheck(SpecModel):
+    """What a good answer looks like beyond a 2xx status; a failed check counts as an error of its kind."""
+
+    status: int = Field(default=200, ge=100, le=599, description="The status every answer must have.")
+    json_body: bool = Field(
+        default=False, alias="json", description="The body must parse as JSON (errors: `malformed_json`)."
+    )
+
+
 class PayloadSpec(SpecModel):
-    """What each request carries. Image size defaults to the model's input size."""
+    """What each request carries: generated images (the default), or the user's own bodies.
+
+    Own bodies are `files` (each sent whole; content type from the extension) or `records`, a
+    JSON-lines file of `{"body": <JSON or text>, "contentType": ...}` or `{"bodyFile": <path>,
+    "contentType": ...}` records; they are sent in an order shuffled by `seed`. Locally, paths are
+    relative to the current directory; on Kubernetes, to the `configMap` or `pvc` folder they are
+    mounted from (a ConfigMap's keys are its file names)."""
 
     format: PayloadFormat = PayloadFormat.JPEG
     image_size: int | None = Field(default=None, ge=8, le=4096)
     variants: int = Field(default=8, ge=1, le=256, description="Distinct generated images, sent in turn.")
     seed: int = Field(default=0, ge=0)
+    files: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
+        default_factory=list, max_length=10_000, description="Request bodies, one file each."
+    )
+    records: str | None = Field(default=None, min_length=1, max_length=1024, description="A JSON-lines file of bodies.")
+    config_map: str | None = Field(
+        default=None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Kubernetes: where files/records live."
+    )
+    pvc: VolumePath | None = Field(default=None, description="Kubernetes: the folder on a claim files/records are in.")
+    check: ResponseCheck | None = None
+
+    @property
+    def own_bodies(self) -> bool:
+        return bool(self.files) or self.records is not None
+
+    @model_validator(mode="after")
+    def _one_kind_of_body(self) -> PayloadSpec:
+        if self.files and self.records is not None:
+            raise ValueError("files and records: give one of them")
+        if self.config_map is not None and self.pvc is not None:
+            raise ValueError("configMap and pvc: the bodies come from one of them")
+        if (self.config_map is not None or self.pvc is not None) and not self.own_bodies:
+            raise ValueError("configMap/pvc: name the bodies in files or records")
+        for name in [*self.files, *([self.records] if self.records else [])]:
+            if self.config_map is not None and "/" in name:
+                raise ValueError(f"'{name}': a ConfigMap holds flat file names (its keys), no '/'")
+            if self.pvc is not None:
+                _relative_path(name)
+        return self
 
 
 class StabilitySpec(SpecModel):

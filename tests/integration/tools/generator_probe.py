@@ -17,6 +17,7 @@ import time
 import gevent
 
 from servinglab.loadgen import closed_loop, open_loop
+from servinglab.loadgen.payloads import Payload
 
 
 def hog() -> None:
@@ -38,8 +39,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.starve:
         gevent.spawn(hog)
-    common = {"target": args.url, "path": "/predict", "payloads": [b"x" * 64],
-              "content_type": "application/octet-stream", "request_timeout_seconds": 30.0}  # fmt: skip
+    common = {"target": args.url, "path": "/predict", "payloads": [Payload(b"x" * 64, "application/octet-stream")],
+              "request_timeout_seconds": 30.0}  # fmt: skip
     if args.mode == "closed":
         (stats,) = closed_loop.run_levels(closed_loop.LoadPlan(**common), [int(args.level)], 0.5, args.seconds)
     else:

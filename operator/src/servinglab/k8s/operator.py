@@ -26,6 +26,7 @@ Run with `servinglab operator` (kopf's runner), in the cluster or against a kube
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -223,10 +224,8 @@ async def _advance(experiment: Experiment, body: dict[str, Any], deploy: bool) -
     except SpecError as exc:
         await experiment.fail("InvalidSpec", "; ".join(exc.problems))
         return True
-    if spec.model.archive is not None:
-        await experiment.fail(
-            "InvalidSpec", "spec.model.archive: not supported on Kubernetes yet; use a built-in model"
-        )
+    if problems := cluster_problems(spec):
+        await experiment.fail("InvalidSpec", "; ".join(problems))
         return True
 
     if "startedAt" not in experiment.status and spec.server.gpus > 0 and not await _admitted(experiment, spec):
@@ -385,6 +384,64 @@ def _container_problem(pod: dict[str, Any]) -> str | None:
     return None
 
 
+#: Reasons `servinglab prepare-model` ends with (its termination message starts "<Reason>: ").
+MODEL_REASONS = ("ModelDownloadFailed", "ModelChecksumMismatch", "ModelNotRecognized", "PrecisionNotSupported")
+
+
+def cluster_problems(spec: ExperimentSpec) -> list[str]:
+    """What a valid spec cannot do on Kubernetes: paths of the operator's machine mean nothing to a pod."""
+    problems = []
+    source, payload = spec.model.source, spec.load.payload
+    if source is not None and source.path is not None:
+        problems.append(f"spec.model.source.path: {source.path!r} is a local path; on Kubernetes use url or pvc")
+    if payload.own_bodies and payload.config_map is None and payload.pvc is None:
+        problems.append("spec.load.payload: files/records on Kubernetes come from a configMap or a pvc; name one")
+    return problems
+
+
+def _init_terminated(pod: dict[str, Any], name: str) -> tuple[dict[str, Any], bool] | None:
+    """The model init container's last termination and whether it succeeded, if it ended."""
+    for container in pod.get("status", {}).get("initContainerStatuses", []):
+        if container.get("name") != name:
+            continue
+        state, last = container.get("state", {}), container.get("lastState", {})
+        terminated = state.get("terminated") or last.get("terminated")
+        if terminated:
+            return terminated, terminated.get("exitCode") == 0 and "terminated" in state
+    return None
+
+
+def model_init_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(reason, message) when the model could not be put in place: the init container failed. Its
+    own reason (a download, a checksum, ...) when it says one, else ModelPreparationFailed."""
+    for pod in pods:
+        ended = _init_terminated(pod, "model")
+        if ended is None or ended[1]:
+            continue
+        terminated = ended[0]
+        message = str(terminated.get("message") or terminated.get("reason") or "").strip()
+        reason, _, rest = message.partition(": ")
+        if reason in MODEL_REASONS:
+            return reason, rest
+        return "ModelPreparationFailed", (
+            f"server pod {pod['metadata']['name']}: init container model exited with code "
+            f"{terminated.get('exitCode', '?')}: {message}"
+        ).strip()
+    return None
+
+
+def model_description(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """What `servinglab prepare-model` said of the model it put in place (its termination message)."""
+    ended = _init_terminated(pod, "model")
+    if ended is None or not ended[1]:
+        return None
+    try:
+        described = json.loads(ended[0].get("message") or "")
+    except ValueError:
+        return None
+    return described if isinstance(described, dict) else None
+
+
 def crash_reason(pods: list[dict[str, Any]]) -> str | None:
     """Why the server died, if it did: its pod ended, or a container restarted or terminated."""
     for pod in pods:
@@ -405,13 +462,17 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
     if (deployment.get("status", {}).get("availableReplicas") or 0) >= 1:
         ready = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
         pod_name = ready[0]["metadata"]["name"] if ready else ""
+        model = model_description(ready[0]) if ready and spec.model.source is not None else None
         await experiment.set(
             cond.SERVER_READY, True, "Available", f"TorchServe is ready in pod {pod_name}",
             coldStartSeconds=round(elapsed, 3), serverReadyAt=cond.now(), serverPod=pod_name,
-            summary={"state": "Ready"},
+            summary={"state": "Ready"}, **({"model": model} if model else {}),
         )  # fmt: skip
         await experiment.event("Normal", "ServerReady", f"TorchServe ready after {elapsed:.1f} s")
         return False
+    if (model_failure := model_init_failure(pods)) is not None:
+        await experiment.fail(*model_failure)
+        return True
     if (crash := crash_reason(pods)) is not None:
         await experiment.fail("ServerCrashed", crash)
         return True

@@ -5,8 +5,10 @@ dict; nothing here talks to the API. Children have deterministic names (`names`)
 reference to the experiment, so a repeated reconcile finds instead of duplicates them and deleting
 the experiment garbage-collects them.
 
-Server pod: an init container from the servinglab image builds the model archive (seeded weights,
-no downloads) into an emptyDir and drops in the experiment's model-config.yaml; the TorchServe
+Server pod: an init container from the servinglab image builds the built-in model's archive (seeded
+weights, no downloads) or fetches, checks and packs the user's (`servinglab prepare-model`: a URL, with
+credentials from a Secret mounted into it alone, or a claim mounted read-only into it alone) into an
+emptyDir and drops in the experiment's model-config.yaml; the TorchServe
 container (the spec's pinned image) serves it with the rendered config.properties. Inference and
 metrics listen on all interfaces, management on localhost only. Load Job: the servinglab image
 running `servinglab loadtest`, which writes its results into the experiment's results ConfigMap (and,
@@ -23,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from servinglab import tsconfig
+from servinglab import modelsource, tsconfig
 from servinglab.loadgen import results_sink
 from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec
 
@@ -172,6 +174,75 @@ def _restricted(read_only_root: bool = True) -> dict[str, Any]:
     }
 
 
+#: Where a pvc model source's claim is mounted, in the init container only.
+MODEL_SOURCE_DIR = "/model-source"
+#: Where the load Job finds the user's request bodies (a ConfigMap or a claim).
+PAYLOAD_DIR = "/etc/servinglab/payload"
+
+
+def model_init_container(spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
+    """The init container that puts the model into the model store: a built-in one is built from its
+    seeded code; the user's is fetched, checked and packed by `servinglab prepare-model`, whose
+    termination message is the model's description (or the reason it could not be served). Credentials
+    for a URL come from the spec's Secret into this container alone."""
+    model = spec.model.name
+    mounts: list[dict[str, Any]] = [
+        {"name": "model-store", "mountPath": MODEL_STORE},
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    env: list[dict[str, Any]] = []
+    source = spec.model.source
+    if source is None:
+        script = (
+            f"servinglab build-model {model} --build-dir /tmp/build\n"
+            f"cp -r /tmp/build/{model}/{model} {MODEL_STORE}/{model}\n"
+        )
+    else:
+        mounted = ""
+        if source.pvc is not None:
+            mounts.append({"name": "model-source", "mountPath": MODEL_SOURCE_DIR, "readOnly": True})
+            mounted = f" --mounted {MODEL_SOURCE_DIR}"
+        if source.authorization_secret is not None:
+            secret = source.authorization_secret
+            env.append({"name": modelsource.AUTHORIZATION_ENV,
+                        "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})  # fmt: skip
+        env.append({"name": "SERVINGLAB_MODEL_CACHE", "value": "/tmp/model-cache"})
+        script = (
+            f"servinglab prepare-model --spec-file {CONFIG_DIR}/experiment.yaml --into {MODEL_STORE}/{model}"
+            f"{mounted} --termination-log /dev/termination-log\n"
+        )
+    script += f"cp {CONFIG_DIR}/model-config.yaml {MODEL_STORE}/{model}/model-config.yaml\n"
+    container: dict[str, Any] = {
+        "name": "model",
+        "image": servinglab_image,
+        "command": ["sh", "-ec"],
+        "args": [script],
+        "volumeMounts": mounts,
+        "securityContext": _restricted(),
+    }
+    if env:
+        container["env"] = env
+    return container
+
+
+def _model_source_volumes(spec: ExperimentSpec) -> list[dict[str, Any]]:
+    source = spec.model.source
+    if source is None or source.pvc is None:
+        return []
+    return [{"name": "model-source",
+             "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True}}]  # fmt: skip
+
+
+def _payload_volumes(spec: ExperimentSpec) -> list[dict[str, Any]]:
+    payload = spec.load.payload
+    if payload.config_map is not None:
+        return [{"name": "payload", "configMap": {"name": payload.config_map}}]
+    if payload.pvc is not None:
+        return [{"name": "payload", "persistentVolumeClaim": {"claimName": payload.pvc.claim_name, "readOnly": True}}]
+    return []
+
+
 def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
     server = spec.server
     names = Names(owner.name)
@@ -182,7 +253,6 @@ def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dic
     resources: dict[str, Any] = {"limits": limits} if limits else {}
     if server.resources.requests:
         resources["requests"] = dict(server.resources.requests)
-    model = spec.model.name
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -203,24 +273,7 @@ def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dic
                         "fsGroup": TORCHSERVE_UID,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
-                    "initContainers": [
-                        {
-                            "name": "model",
-                            "image": servinglab_image,
-                            "command": ["sh", "-ec"],
-                            "args": [
-                                f"servinglab build-model {model} --build-dir /tmp/build\n"
-                                f"cp -r /tmp/build/{model}/{model} {MODEL_STORE}/{model}\n"
-                                f"cp {CONFIG_DIR}/model-config.yaml {MODEL_STORE}/{model}/model-config.yaml\n"
-                            ],
-                            "volumeMounts": [
-                                {"name": "model-store", "mountPath": MODEL_STORE},
-                                {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-                                {"name": "tmp", "mountPath": "/tmp"},
-                            ],
-                            "securityContext": _restricted(),
-                        }
-                    ],
+                    "initContainers": [model_init_container(spec, servinglab_image)],
                     "containers": [
                         {
                             "name": "torchserve",
@@ -267,6 +320,7 @@ def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dic
                     ],
                     "volumes": [
                         {"name": "config", "configMap": {"name": names.config}},
+                        *_model_source_volumes(spec),
                         {"name": "model-store", "emptyDir": {}},
                         {"name": "logs", "emptyDir": {}},
                         {"name": "tmp", "emptyDir": {}},
@@ -331,6 +385,17 @@ def load_role_binding(owner: Owner) -> dict[str, Any]:
     }
 
 
+def _payload_args(spec: ExperimentSpec) -> list[str]:
+    payload = spec.load.payload
+    if payload.pvc is not None:
+        return ["--payload-dir", f"{PAYLOAD_DIR}/{payload.pvc.path}"]
+    return ["--payload-dir", PAYLOAD_DIR] if payload.config_map is not None else []
+
+
+def _payload_mounts(spec: ExperimentSpec) -> list[dict[str, Any]]:
+    return [{"name": "payload", "mountPath": PAYLOAD_DIR, "readOnly": True}] if _payload_volumes(spec) else []
+
+
 def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
     names = Names(owner.name)
     load = spec.load
@@ -372,6 +437,7 @@ def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[
                                 str(spec.server.startup_timeout_seconds),
                                 "--results-configmap",
                                 names.results,
+                                *_payload_args(spec),
                             ],  # fmt: skip
                             "env": [
                                 {
@@ -384,7 +450,10 @@ def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[
                                 },
                             ],
                             "terminationMessagePolicy": "FallbackToLogsOnError",
-                            "volumeMounts": [{"name": "experiment", "mountPath": EXPERIMENT_DIR, "readOnly": True}],
+                            "volumeMounts": [
+                                {"name": "experiment", "mountPath": EXPERIMENT_DIR, "readOnly": True},
+                                *_payload_mounts(spec),
+                            ],
                             "securityContext": _restricted(read_only_root=False),
                         }
                     ],
@@ -395,7 +464,8 @@ def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[
                                 "name": names.config,
                                 "items": [{"key": "experiment.yaml", "path": "experiment.yaml"}],
                             },
-                        }
+                        },
+                        *_payload_volumes(spec),
                     ],
                 },
             },

@@ -21,6 +21,7 @@ from locust.env import Environment
 
 import dataclasses
 import functools
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any
 import gevent
 
 from servinglab.loadgen.hooks import LevelHooks
+from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.stats import (
     CpuMeter,
     LevelStats,
@@ -37,7 +39,7 @@ from servinglab.loadgen.stats import (
     judge_stability,
     summarise,
 )
-from servinglab.spec import GeneratorLimits, StabilitySpec
+from servinglab.spec import GeneratorLimits, ResponseCheck, StabilitySpec
 
 _TICK_SECONDS = 0.25
 _MAX_SPAWN_RATE = 100
@@ -49,9 +51,9 @@ class LoadPlan:
 
     target: str
     path: str
-    payloads: Sequence[bytes]
-    content_type: str
+    payloads: Sequence[Payload]
     request_timeout_seconds: float
+    check: ResponseCheck | None = None
     stability: StabilitySpec = field(default_factory=StabilitySpec)
     generator_limits: GeneratorLimits = field(default_factory=GeneratorLimits)
     sending: bool = False
@@ -87,6 +89,20 @@ def error_kind(status: int, exception: BaseException | None) -> str | None:
     return f"http_{status}"
 
 
+def check_answer(status: int, body: bytes, check: ResponseCheck | None) -> str | None:
+    """A 2xx answer that fails the response check: `unexpected_status_<n>` or `malformed_json`."""
+    if check is None:
+        return None
+    if status != check.status:
+        return f"unexpected_status_{status}"
+    if check.json_body:
+        try:
+            json.loads(body)
+        except ValueError:
+            return "malformed_json"
+    return None
+
+
 class InferenceUser(FastHttpUser):
     """POSTs one generated image per request to TorchServe's prediction endpoint, back to back."""
 
@@ -112,25 +128,26 @@ class InferenceUser(FastHttpUser):
             gevent.sleep(0.01)
             self.free_since = None
             return
-        body = plan.payloads[self.next_payload % len(plan.payloads)]
+        payload = plan.payloads[self.next_payload % len(plan.payloads)]
         self.next_payload += 1
         plan.in_flight += 1
         sent_at = time.time()
         started = time.perf_counter()
         if self.free_since is not None:
             plan.record_gap((started - self.free_since) * 1000.0)
-        status, failure = 0, None
+        status, failure, checked = 0, None, None
         try:
             with self.client.post(
                 plan.path,
-                data=body,  # type: ignore[arg-type]  # bytes work; locust's hint is too narrow
-                headers={"Content-Type": plan.content_type},
+                data=payload.body,  # type: ignore[arg-type]  # bytes work; locust's hint is too narrow
+                headers={"Content-Type": payload.content_type},
                 catch_response=True,
                 name="predictions",
             ) as response:
                 status = response.status_code or 0
-                failure = response.error
+                failure = getattr(response, "error", None)  # set by Locust on failed requests only
                 if 200 <= status < 300:
+                    checked = check_answer(status, response.content or b"", plan.check)
                     response.success()
                 else:
                     response.failure(f"HTTP {status}")
@@ -140,7 +157,7 @@ class InferenceUser(FastHttpUser):
             self.free_since = time.perf_counter()
             latency_ms = (self.free_since - started) * 1000.0
             plan.in_flight -= 1
-            plan.record(sent_at, latency_ms, error_kind(status, failure))
+            plan.record(sent_at, latency_ms, error_kind(status, failure) or checked)
 
 
 def run_levels(

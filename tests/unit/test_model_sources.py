@@ -1,0 +1,185 @@
+"""The user's model and bodies without a server: what a source is recognised as, the checksum, the cache
+by digest, the pod that fetches it on Kubernetes, and the request bodies read from files and records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servinglab import modelsource
+from servinglab.k8s import resources
+from servinglab.k8s.operator import cluster_problems, model_description, model_init_failure
+from servinglab.loadgen.payloads import PayloadError, own_payloads
+from servinglab.spec import ModelRef, ModelSource, PayloadSpec, Precision, SpecError, parse_experiment
+from usermodels import file_server
+
+OWNER = resources.Owner("mine", "team", "uid-1")
+
+
+def document(model: dict[str, Any], payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": "mine"},
+        "spec": {"model": model, "load": {"payload": payload or {}}},
+    }  # fmt: skip
+
+
+def zip_with(path: Path, names: list[str]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name in names:
+            archive.writestr(name, "x")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["MAR-INF/MANIFEST.json", "handler.py"], "mar"),
+        (["m/code/__torch__/m.py", "m/constants.pkl", "m/data.pkl"], "torchscript"),
+        (["serialized_exported_program.json", "serialized_state_dict.pt"], "exported"),
+    ],
+)
+def test_a_file_is_recognised_by_its_content_not_its_name(tmp_path: Path, names: list[str], expected: str) -> None:
+    path = zip_with(tmp_path / "model.bin", names)
+    fetched = modelsource.Fetched(path, None, 1)
+    assert modelsource.recognise(ModelSource(path=str(path)), fetched) == expected
+
+
+def test_a_declared_format_that_the_file_contradicts_is_refused(tmp_path: Path) -> None:
+    path = zip_with(tmp_path / "model.pt", ["MAR-INF/MANIFEST.json"])
+    with pytest.raises(modelsource.ModelSourceError) as refused:
+        modelsource.recognise(ModelSource(path=str(path), format="torchscript"), modelsource.Fetched(path, None, 1))
+    assert refused.value.reason == "ModelNotRecognized" and "the file is mar" in str(refused.value)
+
+
+def test_a_plain_state_dict_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    path = zip_with(tmp_path / "weights.pt", ["weights/data.pkl", "weights/data/0", "weights/version"])
+    with pytest.raises(modelsource.ModelSourceError) as refused:
+        modelsource.recognise(ModelSource(path=str(path)), modelsource.Fetched(path, None, 1))
+    assert "torch.jit.save or torch.export.save" in str(refused.value)
+
+
+def test_a_download_is_checked_and_then_served_from_the_cache_by_digest(tmp_path: Path) -> None:
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "model.pt").write_bytes(b"model bytes")
+    digest = hashlib.sha256(b"model bytes").hexdigest()
+    cache = tmp_path / "cache"
+    with file_server(served) as files:
+        source = ModelSource(url=f"{files.url}/model.pt", sha256=digest)
+        first = modelsource.download(source, cache)
+        second = modelsource.download(source, cache)
+        with pytest.raises(modelsource.ModelSourceError) as mismatch:
+            modelsource.download(ModelSource(url=f"{files.url}/model.pt", sha256="f" * 64), cache)
+    assert first.downloaded and not second.downloaded and first.path == second.path == cache / digest / "model.pt"
+    assert files.requests == ["/model.pt", "/model.pt"], "the cached digest is not fetched again; the wrong one is"
+    assert mismatch.value.reason == "ModelChecksumMismatch" and digest in str(mismatch.value)
+    assert not list(cache.glob(".download-*")), "a rejected download leaves nothing behind"
+
+
+def test_precision_cannot_be_claimed_for_an_archive_with_its_own_handler(tmp_path: Path) -> None:
+    path = tmp_path / "own.mar"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "own", "handler": "mine.py"}}))
+        archive.writestr("mine.py", "def handle(data, context): return data\n")
+    model = ModelRef(name="own", source=ModelSource(path=str(path)))
+    prepared = modelsource.prepare(model, Precision.FP32, tmp_path / "work", cache=tmp_path / "cache")
+    manifest = json.loads((prepared.directory / "MAR-INF" / "MANIFEST.json").read_text())
+    assert manifest["model"]["configFile"] == "model-config.yaml", "the experiment's batching must apply"
+    with pytest.raises(modelsource.ModelSourceError) as refused:
+        modelsource.prepare(model, Precision.FP16, tmp_path / "work", cache=tmp_path / "cache")
+    assert refused.value.reason == "PrecisionNotSupported" and "mine.py" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("model", "field"),
+    [
+        ({"name": "m", "archive": "m.mar"}, "archive: replaced by source"),
+        ({"name": "m", "source": {"url": "http://h/m.pt", "path": "m.pt"}}, "exactly one of url, path, pvc"),
+        ({"name": "m", "source": {"path": "m.pt", "authorizationSecret": {"name": "s", "key": "k"}}}, "only a url"),
+        ({"name": "m", "source": {"pvc": {"claimName": "c", "path": "/abs/m.pt"}}}, "relative path"),
+        ({"name": "m", "source": {"url": "http://h/m.pt"}, "input": {"kind": "tensor"}}, "needs shape"),
+        ({"name": "m", "source": {"url": "http://h/m.mar", "format": "mar"}, "input": {"size": 64}}, "own handler"),
+        ({"name": "resnet50", "input": {"size": 64}}, "built-in models declare their own input"),
+    ],
+)
+def test_bad_model_fields_are_named(model: dict[str, Any], field: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        parse_experiment(document(model))
+    assert field in str(refused.value)
+
+
+def test_kubernetes_refuses_what_only_a_local_run_can_read() -> None:
+    local = parse_experiment(document({"name": "m", "source": {"path": "m.pt"}}, {"files": ["a.json"]})).spec
+    assert cluster_problems(local) == [
+        "spec.model.source.path: 'm.pt' is a local path; on Kubernetes use url or pvc",
+        "spec.load.payload: files/records on Kubernetes come from a configMap or a pvc; name one",
+    ]
+
+
+def test_the_fetching_init_container_alone_sees_the_credentials_and_the_claim() -> None:
+    model = {"name": "m", "source": {"url": "https://models.example/m.pt",
+                                     "authorizationSecret": {"name": "registry", "key": "token"}}}  # fmt: skip
+    spec = parse_experiment(document(model)).spec
+    pod = resources.deployment(OWNER, spec, "servinglab:1")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert "servinglab prepare-model" in init["args"][0]
+    assert init["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "registry", "key": "token"}
+    assert not any("env" in c and "secretKeyRef" in json.dumps(c["env"]) for c in pod["containers"])
+    on_claim = parse_experiment(document({"name": "m", "source": {"pvc": {"claimName": "models", "path": "m.pt"}}}))
+    pod = resources.deployment(OWNER, on_claim.spec, "servinglab:1")["spec"]["template"]["spec"]
+    assert {"name": "model-source", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod[
+        "volumes"
+    ]
+    assert "--mounted /model-source" in pod["initContainers"][0]["args"][0]
+    assert all(m["name"] != "model-source" for c in pod["containers"] for m in c["volumeMounts"])
+
+
+def test_the_load_job_reads_bodies_from_the_configmap_it_mounts() -> None:
+    payload = {"records": "requests.jsonl", "configMap": "bodies", "check": {"json": True}}
+    spec = parse_experiment(document({"name": "resnet50"}, payload)).spec
+    pod = resources.load_job(OWNER, spec, "servinglab:1")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--payload-dir") + 1] == resources.PAYLOAD_DIR
+    assert {"name": "payload", "configMap": {"name": "bodies"}} in pod["volumes"]
+
+
+def pod_with_init(state: dict[str, Any], last: dict[str, Any] | None = None) -> dict[str, Any]:
+    status = {"name": "model", "state": state, "lastState": last or {}, "restartCount": 1 if last else 0}
+    return {"metadata": {"name": "mine-server-x"}, "status": {"initContainerStatuses": [status]}}
+
+
+def test_the_init_containers_word_becomes_the_reason_or_the_model_description() -> None:
+    last = {"terminated": {"exitCode": 3, "message": "ModelChecksumMismatch: u: sha256 is a"}}
+    crashed = pod_with_init({"waiting": {"reason": "CrashLoopBackOff"}}, last)
+    assert model_init_failure([crashed]) == ("ModelChecksumMismatch", "u: sha256 is a")
+    odd = pod_with_init({"terminated": {"exitCode": 1, "message": "sh: servinglab: not found"}})
+    reason, message = model_init_failure([odd]) or ("", "")
+    assert reason == "ModelPreparationFailed" and "not found" in message and "exit" in message
+    done = pod_with_init({"terminated": {"exitCode": 0, "message": json.dumps({"sha256": "ab", "parameters": 3})}})
+    assert model_init_failure([done]) is None and model_description(done) == {"sha256": "ab", "parameters": 3}
+
+
+def test_records_are_sent_in_a_seeded_order_with_their_content_types(tmp_path: Path) -> None:
+    (tmp_path / "cat.png").write_bytes(b"\x89PNG fake")
+    lines = [
+        {"body": {"text": "hi"}},
+        {"body": "plain"},
+        {"bodyFile": "cat.png"},
+        {"body": [1, 2], "contentType": "x/y"},
+    ]
+    (tmp_path / "r.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    bodies = own_payloads(PayloadSpec(records="r.jsonl", seed=3), tmp_path)
+    assert sorted((p.content_type, p.body) for p in bodies) == sorted([
+        ("application/json", b'{"text": "hi"}'), ("text/plain", b"plain"), ("image/png", b"\x89PNG fake"),
+        ("x/y", b"[1, 2]"),
+    ])  # fmt: skip
+    assert bodies == own_payloads(PayloadSpec(records="r.jsonl", seed=3), tmp_path)
+    (tmp_path / "bad.jsonl").write_text('{"body": 1}\n{"bodyFile": "missing.bin"}\n')
+    with pytest.raises(PayloadError) as refused:
+        own_payloads(PayloadSpec(records="bad.jsonl"), tmp_path)
+    assert "line 2" in str(refused.value) and "missing.bin" in str(refused.value)

@@ -1,0 +1,151 @@
+"""Users' models, made at test time, and an HTTP file server to fetch them from.
+
+- `torchscript_classifier`: a small CNN (image in, 10 logits out) saved with torch.jit.save;
+- `exported_regressor`: an MLP over a 16-float tensor, saved with torch.export.save (.pt2);
+- `echo_mar`: a .mar archive with its own handler (no servinglab code in it) that answers JSON;
+- `broken_mar`: a .mar whose handler raises while loading;
+- `state_dict`: what torch.save of a state dict gives (a zip, but not a servable model);
+- `not_a_model`: a text file.
+
+`FileServer` serves a folder on 127.0.0.1 and can insist on an Authorization header.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+ECHO_HANDLER = '''
+import json
+
+
+def handle(data, context):
+    """Answers each request with its body's length: a handler that knows nothing of servinglab."""
+    if data is None:
+        return None
+    answers = []
+    for row in data:
+        body = row.get("body") or row.get("data") or b""
+        if isinstance(body, (bytes, bytearray, str)) and body[:5] in (b"plain", "plain"):  # TorchServe decodes text/*
+            answers.append("this answer is not JSON")  # what a response check must catch
+        else:
+            answers.append(json.dumps({"bytes": len(body) if isinstance(body, (bytes, bytearray)) else len(str(body))}))
+    return answers
+'''
+
+BROKEN_HANDLER = """
+def handle(data, context):
+    raise RuntimeError("this handler cannot load its model: weights.bin is missing")
+"""
+
+
+class TinyCnn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1)
+        )
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+class TinyMlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+@dataclass(frozen=True)
+class UserModels:
+    folder: Path
+    torchscript_classifier: Path
+    exported_regressor: Path
+    echo_mar: Path
+    broken_mar: Path
+    state_dict: Path
+    not_a_model: Path
+
+    def sha256(self, path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _mar(folder: Path, name: str, handler_source: str) -> Path:
+    handler = folder / f"{name}_handler.py"
+    handler.write_text(textwrap.dedent(handler_source))
+    archiver = Path(sys.executable).with_name("torch-model-archiver")
+    subprocess.run([str(archiver), "--model-name", name, "--version", "1.0", "--handler", str(handler),
+                    "--export-path", str(folder), "--force"], check=True)  # fmt: skip
+    return folder / f"{name}.mar"
+
+
+def make_user_models(folder: Path) -> UserModels:
+    torch.manual_seed(0)
+    cnn = TinyCnn().eval()
+    torch.jit.save(torch.jit.script(cnn), str(folder / "classifier.pt"))
+    mlp = TinyMlp().eval()
+    program = torch.export.export(mlp, (torch.zeros(2, 16),),
+                                  dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=1024)}})  # fmt: skip
+    torch.export.save(program, str(folder / "regressor.pt2"))
+    torch.save(cnn.state_dict(), str(folder / "weights-only.pt"))
+    (folder / "notes.txt").write_text("not a model\n")
+    return UserModels(
+        folder=folder,
+        torchscript_classifier=folder / "classifier.pt",
+        exported_regressor=folder / "regressor.pt2",
+        echo_mar=_mar(folder, "echo", ECHO_HANDLER),
+        broken_mar=_mar(folder, "broken", BROKEN_HANDLER),
+        state_dict=folder / "weights-only.pt",
+        not_a_model=folder / "notes.txt",
+    )
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    required_authorization: str | None = None
+    requests_seen: list[str]
+
+    def do_GET(self) -> None:
+        self.requests_seen.append(self.path)
+        if self.required_authorization and self.headers.get("Authorization") != self.required_authorization:
+            self.send_error(401, "Unauthorized")
+            return
+        super().do_GET()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        pass
+
+
+@dataclass
+class FileServer:
+    url: str
+    requests: list[str]
+
+
+@contextmanager
+def file_server(folder: Path, authorization: str | None = None, host: str = "127.0.0.1") -> Iterator[FileServer]:
+    """`folder` over HTTP at `FileServer.url`; `requests` lists every path asked for."""
+    seen: list[str] = []
+    handler = type("Handler", (_Handler,), {"required_authorization": authorization, "requests_seen": seen})
+    server = http.server.ThreadingHTTPServer((host, 0), partial(handler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield FileServer(f"http://{host}:{server.server_address[1]}", seen)
+    finally:
+        server.shutdown()
+        server.server_close()
