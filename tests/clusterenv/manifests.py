@@ -75,6 +75,19 @@ def node(name: str, gpus: int = 0, product: str = "Tesla-T4", cpu: str = "8", me
     }
 
 
+def bound_claim(namespace: str, name: str, access: str = "ReadWriteMany") -> list[dict[str, Any]]:
+    """A PersistentVolumeClaim and the volume it binds to (the stand-in kubelet mounts it as a folder)."""
+    volume = f"{namespace}-{name}"
+    return [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": [access], "storageClassName": "",
+                  "hostPath": {"path": f"/srv/{volume}"}, "persistentVolumeReclaimPolicy": "Retain"}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
+         "spec": {"accessModes": [access], "storageClassName": "", "volumeName": volume,
+                  "resources": {"requests": {"storage": "1Gi"}}}},
+    ]  # fmt: skip
+
+
 def default_nodes() -> list[dict[str, Any]]:
     """Two single-T4 GPU nodes and one CPU-only node."""
     return [node("gpu-t4-0", gpus=1), node("gpu-t4-1", gpus=1), node("cpu-0")]

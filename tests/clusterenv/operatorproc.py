@@ -15,8 +15,11 @@ SERVINGLAB = str(Path(sys.executable).with_name("servinglab"))
 class Operator:
     """`servinglab operator` as a child process watching one namespace."""
 
-    def __init__(self, cluster: Cluster, namespace: str, workdir: Path) -> None:
+    def __init__(
+        self, cluster: Cluster, namespace: str, workdir: Path, extra_env: dict[str, str] | None = None
+    ) -> None:
         self.cluster, self.namespace, self.workdir = cluster, namespace, workdir
+        self.extra_env = extra_env or {}
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Operator:
@@ -30,6 +33,7 @@ class Operator:
             "SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS": "3",
             # a killed leader's Lease runs out in 4 s (renewed every 1.3 s), so a standby or restart takes over soon
             "SERVINGLAB_LEASE_SECONDS": "4",
+            **self.extra_env,
         }
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = (self.workdir / "operator.log").open("ab")

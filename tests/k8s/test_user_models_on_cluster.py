@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clusterenv import manifests
 from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
@@ -37,24 +39,17 @@ def own_model_experiment(name: str, model: dict[str, Any], payload: dict[str, An
 
 
 def claim(cluster: Cluster, namespace: str, name: str) -> None:
-    """A PersistentVolumeClaim bound to a volume of its own (the stand-in kubelet mounts it as a folder)."""
-    volume = f"{namespace}-{name}"
-    cluster.kubectl.apply({
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
-                 "hostPath": {"path": f"/srv/{volume}"}, "persistentVolumeReclaimPolicy": "Retain"},
-    }, {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
-        "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": volume,
-                 "resources": {"requests": {"storage": "1Gi"}}},
-    })  # fmt: skip
+    cluster.kubectl.apply(*manifests.bound_claim(namespace, name, "ReadOnlyMany"))
 
 
 def test_an_exported_program_from_a_url_with_credentials_and_bodies_from_a_configmap(
-    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet],
+    cluster: Cluster, namespace: str, crd: None, tmp_path: Path, kubelet_factory: Callable[..., LocalKubelet],
     user_models: UserModels, monitoring: tuple[DcgmExporter, Prometheus],
 ) -> None:  # fmt: skip
     kubelet = kubelet_factory()
+    cluster.kubectl.apply(*manifests.bound_claim(namespace, "model-cache"))
+    operator = Operator(cluster, namespace, tmp_path / "operator", {"SERVINGLAB_MODEL_CACHE_CLAIM": "model-cache"})
+    operator.start()
     records = [json.dumps({"body": {"inputs": [i / 10] * 16}}) for i in range(4)]
     cluster.kubectl.apply(
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry", "namespace": namespace},
@@ -62,24 +57,30 @@ def test_an_exported_program_from_a_url_with_credentials_and_bodies_from_a_confi
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bodies", "namespace": namespace},
          "data": {"requests.jsonl": "\n".join(records) + "\n"}},
     )  # fmt: skip
-    with file_server(user_models.folder, authorization="Bearer s3cret") as files:
-        url = f"{files.url}/{user_models.exported_regressor.name}"
-        digest = user_models.sha256(user_models.exported_regressor)
-        model = {"name": "regressor", "input": {"kind": "tensor", "shape": [16]},
-                 "source": {"url": url, "sha256": digest,
-                            "authorizationSecret": {"name": "registry", "key": "authorization"}}}  # fmt: skip
-        payload = {"records": "requests.jsonl", "configMap": "bodies", "check": {"json": True}}
-        cluster.kubectl.apply(own_model_experiment("regressor", model, payload, "bf16"), namespace=namespace)
-        body = wait_finished(cluster, namespace, "regressor", operator.log)
-    status = body["status"]
-    assert condition(body, "Succeeded")["status"] == "True", (status, operator.log(), kubelet.errors)
-    described = status["model"]
+    try:
+        with file_server(user_models.folder, authorization="Bearer s3cret") as files:
+            url = f"{files.url}/{user_models.exported_regressor.name}"
+            digest = user_models.sha256(user_models.exported_regressor)
+            model = {"name": "regressor", "input": {"kind": "tensor", "shape": [16]},
+                     "source": {"url": url, "sha256": digest,
+                                "authorizationSecret": {"name": "registry", "key": "authorization"}}}  # fmt: skip
+            payload = {"records": "requests.jsonl", "configMap": "bodies", "check": {"json": True}}
+            bodies = {}
+            for name in ("regressor", "regressor-again"):
+                cluster.kubectl.apply(own_model_experiment(name, model, payload, "bf16"), namespace=namespace)
+                bodies[name] = wait_finished(cluster, namespace, name, operator.log)
+    finally:
+        operator.stop()
+    for body in bodies.values():
+        assert condition(body, "Succeeded")["status"] == "True", (body["status"], operator.log(), kubelet.errors)
+        (level,) = body["status"]["results"]
+        assert level["errors"] == 0 and level["requests"] > 0
+    described = bodies["regressor"]["status"]["model"]
     assert described["source"] == url and described["sha256"] == digest and described["format"] == "exported"
     assert described["parameters"] == 16 * 32 + 32 + 32 * 4 + 4
     assert described["flopsPerInference"] == 2 * (16 * 32 + 32 * 4)
-    (level,) = status["results"]
-    assert level["errors"] == 0 and level["requests"] > 0
-    assert files.requests == [f"/{user_models.exported_regressor.name}"], "one fetch, by the init container"
+    assert described["downloaded"] is True and bodies["regressor-again"]["status"]["model"]["downloaded"] is False
+    assert files.requests == [f"/{user_models.exported_regressor.name}"], "fetched once; the repeat hits the cache"
 
 
 def test_a_torchscript_model_and_image_bodies_from_claims(

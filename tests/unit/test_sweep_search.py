@@ -112,6 +112,9 @@ def test_patience_and_max_trials_stop_the_search_and_say_why() -> None:
     flat = lambda config: Outcome(config, 100.0)  # noqa: E731 - nothing ever improves
     history, stop = run(sweep("search", stop={"patience": 4}), flat)
     assert stop == "no improvement of 2% in the last 4 trials" and len(history) == 5
+    infeasible = lambda config: Outcome(config, None)  # noqa: E731 - nothing meets the SLO (seen on an H100)
+    history, stop = run(sweep("search", stop={"patience": 4}), infeasible)
+    assert stop == "none of the 4 trials met the objective (see the Pareto front for the closest)"
 
 
 def test_the_search_is_a_function_of_its_history_so_a_restart_resumes_it() -> None:

@@ -12,6 +12,7 @@ torch is never imported into the load-generating process.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import shutil
@@ -151,8 +152,19 @@ def build(name: str, build_root: Path | None = None, force: bool = False) -> tup
     target = archive_dir(name, build_root)
     if not force and is_current(name, build_root):
         return target, False
-    digest = input_digest(model)
     target.parent.mkdir(parents=True, exist_ok=True)
+    # Server pods that share a model cache claim may build the same model at once: one builds, the
+    # others wait and find it current.
+    with (target.parent / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and is_current(name, build_root):
+            return target, False
+        return _build_locked(model, target), True
+
+
+def _build_locked(model: BuiltinModel, target: Path) -> Path:
+    name = model.name
+    digest = input_digest(model)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as scratch:
         work = Path(scratch)
         _make_weights(model, work / WEIGHTS_FILE)
@@ -181,7 +193,7 @@ def build(name: str, build_root: Path | None = None, force: bool = False) -> tup
             shutil.rmtree(target)
         (export / name).rename(target)
     (target.parent / STAMP_FILE).write_text(digest + "\n")
-    return target, True
+    return target
 
 
 def _archiver_command() -> list[str]:

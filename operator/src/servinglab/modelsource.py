@@ -292,10 +292,13 @@ def prepare(model: ModelRef, precision: Precision, workdir: Path, authorization:
         if not (directory / INFO_FILE).is_file():
             staging = Path(tempfile.mkdtemp(dir=_ensure(cache / "packed"), prefix=".staging-"))
             _stage(fetched, fmt, staging / "model", model.name, model.input)
-            shutil.rmtree(directory, ignore_errors=True)
-            os.replace(staging / "model", directory)
+            (staging / "model" / INFO_FILE).write_text(json.dumps(info, indent=2))
+            try:
+                os.replace(staging / "model", directory)
+            except OSError:  # another pod sharing the cache packed it first: the same content
+                if not (directory / INFO_FILE).is_file():
+                    raise
             shutil.rmtree(staging, ignore_errors=True)
-            (directory / INFO_FILE).write_text(json.dumps(info, indent=2))
         info["input"] = json.loads((directory / INPUT_FILE).read_text())
         return PreparedModel(directory, info)
     directory = workdir / "unpacked" / model.name

@@ -67,6 +67,9 @@ class Settings:
     """Where the leader-election Lease lives (SERVINGLAB_LEASE_NAMESPACE; the CLI sets it)."""
     lease_seconds: float = 15.0
     """How long a silent leader keeps the Lease before a standby takes over (SERVINGLAB_LEASE_SECONDS)."""
+    model_cache_claim: str | None = None
+    """A ReadWriteMany claim, in each watched namespace, where server pods keep models by digest
+    (SERVINGLAB_MODEL_CACHE_CLAIM; the chart's modelCache.claimName)."""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -80,6 +83,7 @@ class Settings:
             ),
             lease_namespace=env.get("SERVINGLAB_LEASE_NAMESPACE") or cls.lease_namespace,
             lease_seconds=float(env.get("SERVINGLAB_LEASE_SECONDS", cls.lease_seconds)),
+            model_cache_claim=env.get("SERVINGLAB_MODEL_CACHE_CLAIM") or None,
         )
 
 
@@ -338,7 +342,7 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> bool | None:
         resources.load_service_account(owner),
         resources.load_role(owner),
         resources.load_role_binding(owner),
-        resources.deployment(owner, spec, image),
+        resources.deployment(owner, spec, image, experiment.settings.model_cache_claim),
         resources.service(owner),
     )
     job = experiment.child("batch/v1", "Job", experiment.names.load)

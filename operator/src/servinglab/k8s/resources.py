@@ -176,27 +176,33 @@ def _restricted(read_only_root: bool = True) -> dict[str, Any]:
 
 #: Where a pvc model source's claim is mounted, in the init container only.
 MODEL_SOURCE_DIR = "/model-source"
+#: Where the operator's model cache claim is mounted, in the init container only.
+MODEL_CACHE_DIR = "/model-cache"
 #: Where the load Job finds the user's request bodies (a ConfigMap or a claim).
 PAYLOAD_DIR = "/etc/servinglab/payload"
 
 
-def model_init_container(spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
+def model_init_container(spec: ExperimentSpec, servinglab_image: str, cached: bool = False) -> dict[str, Any]:
     """The init container that puts the model into the model store: a built-in one is built from its
     seeded code; the user's is fetched, checked and packed by `servinglab prepare-model`, whose
     termination message is the model's description (or the reason it could not be served). Credentials
-    for a URL come from the spec's Secret into this container alone."""
+    for a URL come from the spec's Secret into this container alone. With `cached`, builds, downloads
+    and packed models are kept on the model cache claim (mounted here only) and reused by digest."""
     model = spec.model.name
     mounts: list[dict[str, Any]] = [
         {"name": "model-store", "mountPath": MODEL_STORE},
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    cache = MODEL_CACHE_DIR if cached else "/tmp/model-cache"
+    if cached:
+        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
     env: list[dict[str, Any]] = []
     source = spec.model.source
     if source is None:
         script = (
-            f"servinglab build-model {model} --build-dir /tmp/build\n"
-            f"cp -r /tmp/build/{model}/{model} {MODEL_STORE}/{model}\n"
+            f"servinglab build-model {model} --build-dir {cache}/builtin --quiet\n"
+            f"cp -r {cache}/builtin/{model}/{model} {MODEL_STORE}/{model}\n"
         )
     else:
         mounted = ""
@@ -207,7 +213,7 @@ def model_init_container(spec: ExperimentSpec, servinglab_image: str) -> dict[st
             secret = source.authorization_secret
             env.append({"name": modelsource.AUTHORIZATION_ENV,
                         "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})  # fmt: skip
-        env.append({"name": "SERVINGLAB_MODEL_CACHE", "value": "/tmp/model-cache"})
+        env.append({"name": "SERVINGLAB_MODEL_CACHE", "value": cache})
         script = (
             f"servinglab prepare-model --spec-file {CONFIG_DIR}/experiment.yaml --into {MODEL_STORE}/{model}"
             f"{mounted} --termination-log /dev/termination-log\n"
@@ -226,12 +232,15 @@ def model_init_container(spec: ExperimentSpec, servinglab_image: str) -> dict[st
     return container
 
 
-def _model_source_volumes(spec: ExperimentSpec) -> list[dict[str, Any]]:
+def _model_volumes(spec: ExperimentSpec, cache_claim: str | None) -> list[dict[str, Any]]:
+    volumes = []
     source = spec.model.source
-    if source is None or source.pvc is None:
-        return []
-    return [{"name": "model-source",
-             "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True}}]  # fmt: skip
+    if source is not None and source.pvc is not None:
+        claim = {"claimName": source.pvc.claim_name, "readOnly": True}
+        volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
+    if cache_claim:
+        volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": cache_claim}})
+    return volumes
 
 
 def _payload_volumes(spec: ExperimentSpec) -> list[dict[str, Any]]:
@@ -243,7 +252,9 @@ def _payload_volumes(spec: ExperimentSpec) -> list[dict[str, Any]]:
     return []
 
 
-def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
+def deployment(
+    owner: Owner, spec: ExperimentSpec, servinglab_image: str, model_cache_claim: str | None = None
+) -> dict[str, Any]:
     server = spec.server
     names = Names(owner.name)
     pod_labels = {**labels(owner, "server"), UID_LABEL: owner.uid}
@@ -273,7 +284,7 @@ def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dic
                         "fsGroup": TORCHSERVE_UID,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
-                    "initContainers": [model_init_container(spec, servinglab_image)],
+                    "initContainers": [model_init_container(spec, servinglab_image, bool(model_cache_claim))],
                     "containers": [
                         {
                             "name": "torchserve",
@@ -320,7 +331,7 @@ def deployment(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dic
                     ],
                     "volumes": [
                         {"name": "config", "configMap": {"name": names.config}},
-                        *_model_source_volumes(spec),
+                        *_model_volumes(spec, model_cache_claim),
                         {"name": "model-store", "emptyDir": {}},
                         {"name": "logs", "emptyDir": {}},
                         {"name": "tmp", "emptyDir": {}},

@@ -109,8 +109,11 @@ def propose(sweep: SweepSpec, history: list[Outcome], running: list[TrialConfig]
     if limit is not None and len(done) + len(busy) >= limit:
         return Proposal(stop_reason=None if busy else f"maxTrials ({limit}) reached")
     if sweep.strategy == "search" and history and _patience_spent(sweep, history):
-        return Proposal(stop_reason=None if busy else f"no improvement of {sweep.stop.min_improvement:.0%} "
-                        f"in the last {sweep.stop.patience} trials")  # fmt: skip
+        if best(history) is None:  # nothing to improve on: say that, not "no improvement"
+            why = f"none of the {len(history)} trials met the objective (see the Pareto front for the closest)"
+        else:
+            why = f"no improvement of {sweep.stop.min_improvement:.0%} in the last {sweep.stop.patience} trials"
+        return Proposal(stop_reason=None if busy else why)
     room = slots if limit is None else min(slots, limit - len(done) - len(busy))
     if sweep.strategy == "search":
         candidates = _SearchState(sweep, history).candidates()
