@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/stack_cpu.py [--seconds 20]
     python3 benchmarks/stack_cpu.py --gpu [--precisions fp32,tf32,fp16,bf16] [--batch 64] [--workers 2]
-                                          [--users 256] [--format jpeg|npy]
+                                          [--users 256] [--format jpeg|raw]
 
 Runs `servinglab run` (local TorchServe) with ResNet-50. On the CPU: the configuration that served
 the most on this 2-core machine in the configuration sweep (batch 4, max delay 20 ms, 1 worker, fp32;
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--delay", type=int, default=10)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--users", type=int, default=64)
-    parser.add_argument("--format", default="jpeg", choices=["jpeg", "png", "npy"])
+    parser.add_argument("--format", default="jpeg", choices=["jpeg", "png", "raw"])
     args = parser.parse_args()
     users = [args.users] if args.gpu else [4]
     rows = []

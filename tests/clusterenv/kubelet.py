@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class RunningPod:
     log: Path | None = None  # output of the last process started
     ready: bool = False
     done: bool = False
+    init_seconds: float = 0.0  # how long the init containers ran
 
 
 class LocalKubelet:
@@ -288,8 +290,10 @@ class LocalKubelet:
             termination = running.root / f"init-{init['name']}.termination-log"
             mounts_and_log = {**mounts, "/dev/termination-log": termination}
             script = [self._translate(part, mounts_and_log, {}) for part in [*init["command"], *init.get("args", [])]]
+            begun = time.monotonic()
             init_process = self._spawn(running, f"init-{init['name']}", script, self._env(init, mounts, {}))
             code = init_process.wait(timeout=300)
+            running.init_seconds += time.monotonic() - begun
             message = termination.read_text() if termination.exists() else ""
             if code != 0:  # reported as a kubelet would; the pod is not started (nor retried here)
                 message = message or (running.log.read_text(errors="replace")[-400:] if running.log else "")

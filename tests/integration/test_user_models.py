@@ -42,7 +42,7 @@ def model_cache(tmp_path: Path) -> Iterator[Path]:
 
 
 def experiment(name: str, model: dict[str, Any], precision: str = "fp32", payload: dict[str, Any] | None = None,
-               levels: tuple[int, ...] = (2,)) -> dict[str, Any]:  # fmt: skip
+               levels: tuple[int, ...] = (2,), ceiling: bool = False) -> dict[str, Any]:  # fmt: skip
     return {
         "apiVersion": "servinglab.dev/v1alpha1",
         "kind": "ServingExperiment",
@@ -53,7 +53,7 @@ def experiment(name: str, model: dict[str, Any], precision: str = "fp32", payloa
                        "startupTimeoutSeconds": 120},
             "load": {"concurrency": list(levels), "warmupSeconds": 1, "durationSeconds": 2,
                      "payload": payload or {"format": "png"}},
-            "ceiling": {"enabled": False},
+            "ceiling": {"enabled": ceiling, "rawSeconds": 1},
         },
     }  # fmt: skip
 
@@ -81,7 +81,7 @@ def test_torchscript_from_a_url_at_bf16_with_the_users_image_files(
         model = {"name": "classifier", "source": {"url": f"{files.url}/{model_file.name}", "sha256": digest},
                  "input": {"kind": "image", "size": 32}}  # fmt: skip
         payload = {"files": [f"photo-{i}.png" for i in range(3)], "check": {"json": True}}
-        completed, results = run(servinglab_cmd, experiment("ts", model, "bf16", payload), tmp_path)
+        completed, results = run(servinglab_cmd, experiment("ts", model, "bf16", payload, ceiling=True), tmp_path)
         assert completed.returncode == 0, completed.stderr[-3000:]
         again, second = run(servinglab_cmd, experiment("ts", model, "bf16", payload), tmp_path)
         assert again.returncode == 0, again.stderr[-3000:]
@@ -96,6 +96,10 @@ def test_torchscript_from_a_url_at_bf16_with_the_users_image_files(
     assert "bf16" in results["runtime"]["precisionNote"]
     level = results["results"][0]
     assert level["requests"] > 0 and level["errors"] == 0
+    # the model alone, loaded and converted as served: the ceiling works for the user's model too
+    ceiling = results["ceiling"]
+    assert ceiling["flopsPerInference"] == info["flopsPerInference"]
+    assert ceiling["rawAtFormedBatchRps"] > 0 and ceiling["servedOverRaw"] > 0
 
 
 def test_exported_program_with_json_lines_records_and_a_response_check(
@@ -108,7 +112,7 @@ def test_exported_program_with_json_lines_records_and_a_response_check(
     model = {"name": "regressor", "source": {"path": str(user_models.exported_regressor)},
              "input": {"kind": "tensor", "shape": [16]}}  # fmt: skip
     payload = {"records": "requests.jsonl", "check": {"json": True}}
-    completed, results = run(servinglab_cmd, experiment("pt2", model, "fp16", payload), tmp_path)
+    completed, results = run(servinglab_cmd, experiment("pt2", model, "fp16", payload, ceiling=True), tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert results is not None
     assert results["modelInfo"]["format"] == "exported"
@@ -116,6 +120,7 @@ def test_exported_program_with_json_lines_records_and_a_response_check(
     assert "fp16" in results["runtime"]["precisionNote"]
     level = results["results"][0]
     assert level["requests"] > 0 and level["errors"] == 0
+    assert results["ceiling"]["rawAtFormedBatchRps"] > 0, "a tensor input is measured alone as well"
 
 
 def test_an_archive_with_its_own_handler_behind_credentials(

@@ -24,6 +24,8 @@ pinned to, the raw figure needing the GPU it does not run on.
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -165,12 +167,13 @@ def for_experiment(
     entries: list[dict[str, Any]],
     figures: Any | None = None,
     device_kind: str | None = None,
+    flops: float | None = None,
 ) -> dict[str, Any] | None:
     """The ceiling block for a finished run. `figures` are the raw probe's (local runs, measured at
     :func:`plan` 's sizes on `device_kind` "cpu"/"cuda"); without them (the load Job) the accelerator
     comes from the server's node selector."""
-    if spec.model.name not in models.BUILTINS:
-        return None  # FLOPs are counted from the built-in models' code
+    if spec.model.name not in models.BUILTINS and flops is None:
+        return None  # FLOPs are counted from the built-in models' code, or given for the user's
     level = served_level(entries, spec.slo.p99_latency_ms)
     formed, mean = formed_batch_size(level, spec.server.batch_size)
     if figures is not None:
@@ -179,7 +182,8 @@ def for_experiment(
         accelerator = accelerator_from_spec(spec.server)
     served = float(level["throughputRps"]) if level is not None else None
     raw = raw_block(mean, formed, figures, spec.ceiling.raw_seconds)
-    return ceiling_report(served, count_flops(spec.model.name), raw, accelerator, str(spec.server.precision))
+    counted = count_flops(spec.model.name) if flops is None else flops
+    return ceiling_report(served, counted, raw, accelerator, str(spec.server.precision))
 
 
 def plan(spec: ExperimentSpec, entries: list[dict[str, Any]]) -> list[int]:
@@ -210,6 +214,18 @@ def network(model_name: str, weights: bool = False) -> tuple[Any, int]:
         archive = models.ensure_built(model_name)
         built.load_state_dict(torch.load(archive / models.WEIGHTS_FILE, map_location="cpu", weights_only=True))
     return built.eval(), int(source.INPUT_SIZE)
+
+
+def packed_network(directory: str) -> tuple[Any, dict[str, Any]]:
+    """A model servinglab packed (TorchScript or .pt2) on the CPU, and its declared input."""
+    import torch
+
+    from servinglab.modelsource import INPUT_FILE
+
+    folder = Path(directory)
+    serialized = next(p for p in (folder / "model.pt", folder / "model.pt2") if p.exists())
+    declared: dict[str, Any] = json.loads((folder / INPUT_FILE).read_text())
+    return handler_imaging().load_serialized(serialized, torch.device("cpu")), declared
 
 
 @functools.cache

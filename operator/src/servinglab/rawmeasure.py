@@ -102,15 +102,29 @@ class Probe:
         self.device = torch.device(device_name)
         imaging = ceiling.handler_imaging()
         self.plan = imaging.plan_precision(precision, self.device)
-        network, self.size = ceiling.network(model, weights=True)
-        self.channels_last = self.device.type == "cuda"  # the handler's default
+        self.input: dict[str, Any] = {"kind": "image"}
+        if os.path.isdir(model):  # the user's model as servinglab packed it, with its declared input
+            network, self.input = ceiling.packed_network(model)
+            self.size = int(self.input.get("size", 224))
+        else:
+            network, self.size = ceiling.network(model, weights=True)
+        # the handler's default: channels-last for image batches on a GPU
+        self.channels_last = self.device.type == "cuda" and self.input["kind"] == "image"
         self.network = imaging.apply_precision(network.to(self.device), self.plan, self.channels_last)
         self.generator = torch.Generator().manual_seed(0)
-        self.per_sample_bytes = ACTIVATION_FACTOR * largest_activation_bytes(self.network, self.batch(1))
+        try:
+            self.per_sample_bytes = ACTIVATION_FACTOR * largest_activation_bytes(self.network, self.batch(1))
+        except RuntimeError:  # a TorchScript module takes no Python hooks: no memory estimate, no skip for it
+            self.per_sample_bytes = 0
         self.device_label = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
 
     def batch(self, batch_size: int) -> Any:
         torch = self.torch
+        if self.input["kind"] == "tensor":
+            shape = (batch_size, *self.input["shape"])
+            if self.input["dtype"].startswith(("float", "bfloat")):
+                return torch.randn(*shape, generator=self.generator).to(device=self.device, dtype=self.plan.dtype)
+            return torch.zeros(shape, dtype=getattr(torch, self.input["dtype"]), device=self.device)
         shape = (batch_size, 3, self.size, self.size)
         batch = torch.randn(*shape, generator=self.generator).to(device=self.device, dtype=self.plan.dtype)
         return batch.contiguous(memory_format=torch.channels_last) if self.channels_last else batch

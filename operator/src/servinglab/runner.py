@@ -202,7 +202,9 @@ def run_in(slot: ServerSlot, experiment: ServingExperiment, raw_cache: RawCache 
             document["reconfiguredSeconds"] = document.pop("coldStartSeconds")
         if not slot.reuse:
             slot.stop_server()  # then the model alone has the machine to itself
-        if spec.ceiling.enabled and (figures := _ceiling(experiment, document, server.gpus > 0, hooks, raw_cache)):
+        if spec.ceiling.enabled and (
+            figures := _ceiling(experiment, document, slot.model, server.gpus > 0, hooks, raw_cache)
+        ):
             document["ceiling"] = figures
     except ServerError as exc:
         slot.failed = True
@@ -217,11 +219,21 @@ def run_in(slot: ServerSlot, experiment: ServingExperiment, raw_cache: RawCache 
 
 
 def _ceiling(
-    experiment: ServingExperiment, document: dict[str, Any], gpu: bool, hooks: RunHooks, cache: RawCache | None
+    experiment: ServingExperiment,
+    document: dict[str, Any],
+    served: ServedModel,
+    gpu: bool,
+    hooks: RunHooks,
+    cache: RawCache | None,
 ) -> dict[str, Any] | None:
     spec = experiment.spec
-    if spec.model.name not in models.BUILTINS:
-        return None
+    info = served.info or {}
+    if spec.model.source is None:
+        target, flops = spec.model.name, None
+    elif "input" in info:  # packed with servinglab's handler: measurable alone, as served
+        target, flops = str(served.directory), float(info.get("flopsPerInference") or 0)
+    else:
+        return None  # an archive's own handler: servinglab cannot run its model alone
     sizes = ceiling.plan(spec, document["results"])
     precision, seconds, device = str(spec.server.precision), spec.ceiling.raw_seconds, "cuda" if gpu else "cpu"
     hooks.phase(
@@ -229,10 +241,10 @@ def _ceiling(
         f"and the best of {sorted(sizes)}, within {seconds:g} s"
     )
     try:
-        figures = rawprobe.measure(spec.model.name, precision, device, sizes, seconds, hooks.phase, cache)
+        figures = rawprobe.measure(target, precision, device, sizes, seconds, hooks.phase, cache)
     except rawprobe.RawProbeError as exc:
         raise RunError(str(exc)) from None
-    return ceiling.for_experiment(spec, document["results"], figures, device)
+    return ceiling.for_experiment(spec, document["results"], figures, device, flops)
 
 
 def _measure(
