@@ -104,7 +104,7 @@ def main() -> None:
         register_nodes(kubectl, manifests.default_nodes())
         cluster = Cluster(control_plane.kubeconfig, kubectl, control_plane.binaries, control_plane)
         kubectl.apply(crd_manifest())
-        kubectl.run("wait", "--for=condition=Established", f"crd/{crd_manifest()['metadata']['name']}")
+        kubectl.wait_established(crd_manifest()["metadata"]["name"])
         namespace = f"bench-{uuid.uuid4().hex[:6]}"
         kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         kubectl.apply(*manifests.bound_claim(namespace, "model-cache"))

@@ -321,6 +321,19 @@ class Kubectl:
         extra = [f"--namespace={namespace}"] if namespace else []
         self.run("apply", *extra, "-f", "-", stdin=json.dumps(document))
 
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """Until the CRD serves its kind. (`kubectl wait --for=condition=Established` errors out instead
+        of waiting when it reads the CRD before the API server has written any condition.)"""
+
+        def established() -> bool:
+            found = self.run("get", "crd", crd, "-o", "json", check=False)
+            conditions = (
+                json.loads(found.stdout).get("status", {}).get("conditions") or [] if found.returncode == 0 else []
+            )
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+        self.wait_for(established, timeout, f"CRD {crd} to be established")
+
     def wait_for(self, check: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

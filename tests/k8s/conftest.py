@@ -115,7 +115,7 @@ def monitoring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DcgmE
 def crd(cluster: Cluster) -> None:
     for manifest in (crd_manifest(), sweep_crd_manifest()):
         cluster.kubectl.apply(manifest)
-        cluster.kubectl.run("wait", "--for=condition=Established", f"crd/{manifest['metadata']['name']}")
+        cluster.kubectl.wait_established(manifest["metadata"]["name"])
 
 
 @pytest.fixture()

@@ -70,7 +70,7 @@ def monitoring_crds(cluster: Cluster) -> None:
     for crd in sorted(directory.glob("*.yaml")):
         cluster.kubectl.run("apply", "--server-side", "-f", str(crd))
     for name in ("servicemonitors", "podmonitors"):
-        cluster.kubectl.run("wait", "--for=condition=Established", f"crd/{name}.monitoring.coreos.com")
+        cluster.kubectl.wait_established(f"{name}.monitoring.coreos.com")
 
 
 # -- rendering and validation -----------------------------------------------------------------------

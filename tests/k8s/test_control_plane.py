@@ -206,7 +206,7 @@ CRD = {
 def test_crd_is_served_and_schema_violations_are_rejected_with_the_field(cluster: Cluster, namespace: str) -> None:
     kubectl = cluster.kubectl
     kubectl.apply(CRD)
-    kubectl.run("wait", "--for=condition=Established", "crd/widgets.test.servinglab.dev", "--timeout=60s")
+    kubectl.wait_established("widgets.test.servinglab.dev")
 
     def widget(batch_size: int) -> dict[str, Any]:
         return {

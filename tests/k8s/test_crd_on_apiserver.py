@@ -24,9 +24,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def crd_installed(cluster: Cluster) -> None:
     for manifest in (crd_manifest(), sweep_crd_manifest()):
         cluster.kubectl.apply(manifest)
-        cluster.kubectl.run(
-            "wait", "--for=condition=Established", f"crd/{manifest['metadata']['name']}", "--timeout=60s"
-        )
+        cluster.kubectl.wait_established(manifest["metadata"]["name"])
     cluster.kubectl.wait_for(
         lambda: cluster.kubectl.run("get", "sx", check=False).returncode == 0, 30, "servingexperiments served"
     )

@@ -137,3 +137,26 @@ def test_a_model_that_cannot_be_served_fails_with_its_reason_and_frees_the_node(
     assert refused["reason"] == "InvalidSpec" and "spec.model.source.path" in refused["message"]
     children = cluster.kubectl.get("configmaps", "-n", namespace, "-l", "servinglab.dev/experiment=local-path")
     assert not children["items"], "a refused experiment creates nothing"
+
+
+def test_an_archive_with_its_own_handler_and_text_bodies_from_a_configmap(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet],
+    user_models: UserModels, monitoring: tuple[DcgmExporter, Prometheus],
+) -> None:  # fmt: skip
+    kubelet = kubelet_factory()
+    cluster.kubectl.apply(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "texts", "namespace": namespace},
+         "data": {"hello.json": '{"text": "hello"}', "note.txt": "plain text, answered with no JSON"}}
+    )  # fmt: skip
+    with file_server(user_models.folder) as files:
+        model = {"name": "echo", "source": {"url": f"{files.url}/{user_models.echo_mar.name}"}}
+        payload = {"files": ["hello.json", "note.txt"], "configMap": "texts", "check": {"json": True}}
+        cluster.kubectl.apply(own_model_experiment("echo", model, payload, "fp32"), namespace=namespace)
+        body = wait_finished(cluster, namespace, "echo", operator.log)
+    status = body["status"]
+    assert condition(body, "Succeeded")["status"] == "True", (status, operator.log(), kubelet.errors)
+    assert status["model"]["handler"] == "echo_handler.py" and status["model"]["format"] == "mar"
+    stored = cluster.kubectl.get("configmap", status["resultsRef"]["name"], "-n", namespace)
+    (level,) = json.loads(stored["data"]["results.json"])["results"]
+    assert set(level["errorsByKind"]) == {"malformed_json"}, "the text answers fail the check, the JSON ones pass"
+    assert 0 < level["errorsByKind"]["malformed_json"] < level["requests"]

@@ -139,6 +139,14 @@ def test_the_fetching_init_container_alone_sees_the_credentials_and_the_claim() 
     assert all(m["name"] != "model-source" for c in pod["containers"] for m in c["volumeMounts"])
 
 
+def test_the_load_job_is_handed_the_flops_counted_where_the_model_was_prepared() -> None:
+    spec = parse_experiment(document({"name": "resnet50"})).spec
+    args = resources.load_job(OWNER, spec, "servinglab:1", 8.18e9)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--flops-per-inference") + 1] == "8180000000"
+    unknown = resources.load_job(OWNER, spec, "servinglab:1")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--flops-per-inference" not in unknown
+
+
 def test_the_load_job_reads_bodies_from_the_configmap_it_mounts() -> None:
     payload = {"records": "requests.jsonl", "configMap": "bodies", "check": {"json": True}}
     spec = parse_experiment(document({"name": "resnet50"}, payload)).spec

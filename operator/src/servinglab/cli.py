@@ -239,7 +239,9 @@ def crd(kind: str) -> None:
 @click.option("--force", is_flag=True, help="Rebuild even if the inputs are unchanged.")
 @click.option("--build-dir", type=click.Path(path_type=Path), help="Where archives go.")
 @click.option("--quiet", is_flag=True, help="Print nothing when the archive is already current.")
-def build_model(name: str, force: bool, build_dir: Path | None, quiet: bool) -> None:
+@click.option("--termination-log", type=click.Path(path_type=Path),
+              help="Write the model's description (JSON: parameters, FLOPs) here (the init container's).")  # fmt: skip
+def build_model(name: str, force: bool, build_dir: Path | None, quiet: bool, termination_log: Path | None) -> None:
     """Build the TorchServe archive of a built-in model (rebuilt only when its inputs change)."""
     from servinglab import models
 
@@ -249,6 +251,8 @@ def build_model(name: str, force: bool, build_dir: Path | None, quiet: bool) -> 
         _fail(str(exc), code=1)
     if rebuilt or not quiet:
         click.echo(f"{'built' if rebuilt else 'up to date'}: {archive}")
+    if termination_log is not None and termination_log.parent.is_dir():
+        termination_log.write_text(json.dumps(models.description(name, archive), separators=(",", ":")))
 
 
 @main.command("prepare-model")
@@ -345,6 +349,11 @@ def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, t
     help="Where a one-line outcome is written for Kubernetes (skipped if the folder does not exist).",
 )
 @click.option(
+    "--flops-per-inference",
+    type=float,
+    help="The model's FLOPs per inference, as counted where it was prepared (spares counting them here).",
+)
+@click.option(
     "--payload-dir",
     type=click.Path(path_type=Path, file_okay=False),
     default=Path("."),
@@ -361,6 +370,7 @@ def loadtest(
     results_configmap: str | None,
     ready_timeout: float,
     termination_log: Path,
+    flops_per_inference: float | None,
     payload_dir: Path,
 ) -> None:
     """Run only the load levels of an experiment against a running server (the Job's command)."""
@@ -404,7 +414,9 @@ def loadtest(
     document: dict[str, Any] = {"serverAnsweredAt": answered_at, "results": entries}
     if outcome.peak is not None:
         document["peakRate"] = outcome.peak
-    if experiment.spec.ceiling.enabled and (figures := ceiling.for_experiment(experiment.spec, entries, None)):
+    if experiment.spec.ceiling.enabled and (
+        figures := ceiling.for_experiment(experiment.spec, entries, flops=flops_per_inference)
+    ):
         document["ceiling"] = figures
     _write_json(document, output)
     if results_configmap:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-COUNTS_FILE = "servinglab-counts.json"
+from servinglab.models import COUNTS_FILE
 
 
 def count(directory: Path, timeout: float = 300.0) -> dict[str, Any]:

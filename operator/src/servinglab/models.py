@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from servinglab import paths
 from servinglab.spec import ModelInput, ModelRef, PayloadSpec
@@ -31,6 +33,8 @@ HANDLER_FILE = "servinglab_image_handler.py"
 HANDLER_HELPERS = ("servinglab_imaging.py",)
 STAMP_FILE = "inputs.sha256"
 WEIGHTS_FILE = "weights.pt"
+#: Parameters and FLOPs per inference, counted when the archive is built (same name as a user model's).
+COUNTS_FILE = "servinglab-counts.json"
 CONFIG_FILE = "model-config.yaml"
 #: Bumped whenever the way archives are produced changes, so old builds are rebuilt.
 RECIPE_VERSION = "1"
@@ -192,8 +196,27 @@ def _build_locked(model: BuiltinModel, target: Path) -> Path:
         if target.exists():
             shutil.rmtree(target)
         (export / name).rename(target)
+    write_counts(name, target)
     (target.parent / STAMP_FILE).write_text(digest + "\n")
     return target
+
+
+def write_counts(name: str, archive: Path) -> dict[str, Any]:
+    """Parameters and FLOPs of a built-in model, counted once (torch) and kept in its archive."""
+    from servinglab import ceiling
+
+    network, _ = ceiling.network(name)
+    counts = {"parameters": sum(p.numel() for p in network.parameters()),
+              "flopsPerInference": int(ceiling.count_flops(name))}  # fmt: skip
+    (archive / COUNTS_FILE).write_text(json.dumps(counts))
+    return counts
+
+
+def description(name: str, archive: Path) -> dict[str, Any]:
+    """What status.model says of a built-in model: its counts, computed when missing (an older build)."""
+    counts_file = archive / COUNTS_FILE
+    counts = json.loads(counts_file.read_text()) if counts_file.is_file() else write_counts(name, archive)
+    return {"name": name, "source": f"built-in:{name}", "format": "builtin", **counts}
 
 
 def _archiver_command() -> list[str]:

@@ -466,7 +466,7 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
     if (deployment.get("status", {}).get("availableReplicas") or 0) >= 1:
         ready = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
         pod_name = ready[0]["metadata"]["name"] if ready else ""
-        model = model_description(ready[0]) if ready and spec.model.source is not None else None
+        model = model_description(ready[0]) if ready else None
         await experiment.set(
             cond.SERVER_READY, True, "Available", f"TorchServe is ready in pod {pod_name}",
             coldStartSeconds=round(elapsed, 3), serverReadyAt=cond.now(), serverPod=pod_name,
@@ -517,7 +517,8 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec) -> bool:
     if job is not None and not resources.owned_by(job, experiment.uid):
         return False  # a predecessor's Job, still being garbage-collected: never read it as ours
     if job is None:
-        await kube.apply(resources.load_job(experiment.owner, spec, experiment.settings.servinglab_image))
+        flops = (experiment.status.get("model") or {}).get("flopsPerInference")
+        await kube.apply(resources.load_job(experiment.owner, spec, experiment.settings.servinglab_image, flops))
         await experiment.set(
             cond.LOAD_TEST_COMPLETE, False, "Running",
             f"load ({spec.load.describe()}) running in Job {experiment.names.load}",

@@ -201,7 +201,8 @@ def model_init_container(spec: ExperimentSpec, servinglab_image: str, cached: bo
     source = spec.model.source
     if source is None:
         script = (
-            f"servinglab build-model {model} --build-dir {cache}/builtin --quiet\n"
+            f"servinglab build-model {model} --build-dir {cache}/builtin --quiet"
+            " --termination-log /dev/termination-log\n"
             f"cp -r {cache}/builtin/{model}/{model} {MODEL_STORE}/{model}\n"
         )
     else:
@@ -396,6 +397,10 @@ def load_role_binding(owner: Owner) -> dict[str, Any]:
     }
 
 
+def _flops_args(flops_per_inference: float | None) -> list[str]:
+    return ["--flops-per-inference", str(int(flops_per_inference))] if flops_per_inference else []
+
+
 def _payload_args(spec: ExperimentSpec) -> list[str]:
     payload = spec.load.payload
     if payload.pvc is not None:
@@ -407,7 +412,10 @@ def _payload_mounts(spec: ExperimentSpec) -> list[dict[str, Any]]:
     return [{"name": "payload", "mountPath": PAYLOAD_DIR, "readOnly": True}] if _payload_volumes(spec) else []
 
 
-def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
+def load_job(
+    owner: Owner, spec: ExperimentSpec, servinglab_image: str, flops_per_inference: float | None = None
+) -> dict[str, Any]:
+    """The load Job; `flops_per_inference` (from status.model) spares it importing torch to count them."""
     names = Names(owner.name)
     load = spec.load
     # Generous bound: every level's warm-up and longest measurement, plus stragglers and start-up.
@@ -449,6 +457,11 @@ def load_job(owner: Owner, spec: ExperimentSpec, servinglab_image: str) -> dict[
                                 "--results-configmap",
                                 names.results,
                                 *_payload_args(spec),
+                                *(
+                                    ["--flops-per-inference", str(int(flops_per_inference))]
+                                    if flops_per_inference
+                                    else []
+                                ),
                             ],  # fmt: skip
                             "env": [
                                 {
