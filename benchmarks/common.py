@@ -46,7 +46,7 @@ def torchserve(document: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """A local TorchServe for the experiment's model and server settings: (inference URL, model)."""
     parsed = parse_experiment(document)
     workdir = Path(tempfile.mkdtemp(prefix="bench-ts-"))
-    archive, _ = resolve_archive(parsed, workdir)
+    archive = resolve_archive(parsed, workdir).directory
     server = LocalTorchServe(parsed.spec.model.name, archive, parsed.spec.server, workdir)
     try:
         server.start()
@@ -104,7 +104,7 @@ def payload_file(document: dict[str, Any], folder: Path) -> tuple[Path, str]:
     """The experiment's first payload on disk, for wrk's Lua script; (path, content type)."""
     spec = parse_experiment(document).spec
     load = spec.load
-    size = load.payload.image_size or models.model_info(spec.model.name).input_size
+    size = models.request_image_size(spec.model, load.payload)
     body = make_payloads(load.payload.format, size, 1, load.payload.seed)[0]
     path = folder / "payload.bin"
     path.write_bytes(body)

@@ -49,6 +49,12 @@ def test_a_file_is_recognised_by_its_content_not_its_name(tmp_path: Path, names:
     assert modelsource.recognise(ModelSource(path=str(path)), fetched) == expected
 
 
+def test_the_handler_reads_the_input_declaration_the_packer_writes() -> None:
+    import servinglab_image_handler  # shipped into the archive, so it cannot import servinglab's constant
+
+    assert servinglab_image_handler.INPUT_FILE == modelsource.INPUT_FILE
+
+
 def test_a_declared_format_that_the_file_contradicts_is_refused(tmp_path: Path) -> None:
     path = zip_with(tmp_path / "model.pt", ["MAR-INF/MANIFEST.json"])
     with pytest.raises(modelsource.ModelSourceError) as refused:

@@ -228,14 +228,22 @@ def packed_network(directory: str) -> tuple[Any, dict[str, Any]]:
     return handler_imaging().load_serialized(serialized, torch.device("cpu")), declared
 
 
+def flops_of(module: Any, batch: Any) -> int:
+    """FLOPs PyTorch's counter sees in one forward pass (matrix products and convolutions, 2 per
+    multiply-add); raises what the forward pass raises."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:  # (inference_mode hides the ops from the counter)
+        module(batch)
+    return int(counter.get_total_flops())
+
+
 @functools.cache
 def count_flops(model_name: str) -> float:
     """FLOPs of one inference (batch 1, fp32) of a built-in model."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     built, size = network(model_name)
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:  # (inference_mode hides the ops from the counter)
-        built(torch.zeros(1, 3, size, size))
-    return float(counter.get_total_flops())
+    return float(flops_of(built, torch.zeros(1, 3, size, size)))

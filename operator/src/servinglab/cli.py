@@ -268,7 +268,7 @@ def prepare_model(spec_file: Path, into: Path, mounted: Path | None, termination
     import shutil
     import tempfile
 
-    from servinglab import modelprobe, modelsource
+    from servinglab import modelsource
 
     def report(message: str) -> None:
         if termination_log.parent.is_dir():
@@ -284,12 +284,9 @@ def prepare_model(spec_file: Path, into: Path, mounted: Path | None, termination
     except modelsource.ModelSourceError as exc:
         report(f"{exc.reason}: {exc}")
         _fail(f"{exc.reason}: {exc}", code=3)
-    info = dict(prepared.info)
-    if "input" in info:
-        info.update(modelprobe.count(prepared.directory))
     shutil.copytree(prepared.directory, into, dirs_exist_ok=True)
-    report(json.dumps({k: v for k, v in info.items() if k != "input"}, separators=(",", ":")))
-    click.echo(json.dumps(info))
+    report(json.dumps({k: v for k, v in prepared.info.items() if k != "input"}, separators=(",", ":")))
+    click.echo(json.dumps(prepared.info))
 
 
 @main.command()

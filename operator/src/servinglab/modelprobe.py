@@ -45,15 +45,11 @@ def count(directory: Path, timeout: float = 300.0) -> dict[str, Any]:
 
 def _measure(directory: Path) -> dict[str, Any]:
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     from servinglab import ceiling
-    from servinglab.modelsource import INPUT_FILE
 
     imaging = ceiling.handler_imaging()
-    declared = json.loads((directory / INPUT_FILE).read_text())
-    serialized = next(p for p in (directory / "model.pt", directory / "model.pt2") if p.exists())
-    model = imaging.load_serialized(serialized, torch.device("cpu"))
+    model, declared = ceiling.packed_network(str(directory))
     parameters = sum(p.numel() for p in model.parameters())
     if declared["kind"] == "tensor":
         sample = imaging.zeros_sample(declared["shape"], declared["dtype"])
@@ -62,10 +58,7 @@ def _measure(directory: Path) -> dict[str, Any]:
         batch = torch.zeros((1, 3, int(declared["size"]), int(declared["size"])))
     note = None
     try:
-        counter = FlopCounterMode(display=False)
-        with counter, torch.no_grad():  # under inference_mode the counter sees nothing (torch 2.4)
-            model(batch)
-        flops: int | None = int(counter.get_total_flops())
+        flops: int | None = ceiling.flops_of(model, batch)
     except Exception as exc:  # a counter gap must not stop the experiment: say so instead
         flops, note = None, f"FLOPs not counted: {type(exc).__name__}: {exc}"
     if flops == 0:

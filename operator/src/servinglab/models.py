@@ -106,14 +106,18 @@ def _archiver_version() -> str:
     return version("torch-model-archiver")
 
 
+def handler_paths() -> list[Path]:
+    """servinglab's handler and its helper module: packed into every archive servinglab makes."""
+    return [paths.handlers_dir() / name for name in (HANDLER_FILE, *HANDLER_HELPERS)]
+
+
 def input_digest(model: BuiltinModel) -> str:
     """sha256 over everything that ends up in the archive, plus the recipe that makes it."""
     digest = hashlib.sha256()
     for part in (RECIPE_VERSION, _archiver_version(), model.name, str(model.seed)):
         digest.update(part.encode() + b"\0")
     digest.update(f"{model.calibration_batches}x{model.calibration_batch_size}".encode() + b"\0")
-    handler_files = [HANDLER_FILE, *HANDLER_HELPERS]
-    for path in [model.source, *(paths.handlers_dir() / f for f in handler_files)]:
+    for path in [model.source, *handler_paths()]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -203,11 +207,13 @@ def _build_locked(model: BuiltinModel, target: Path) -> Path:
 
 def write_counts(name: str, archive: Path) -> dict[str, Any]:
     """Parameters and FLOPs of a built-in model, counted once (torch) and kept in its archive."""
+    import torch
+
     from servinglab import ceiling
 
-    network, _ = ceiling.network(name)
+    network, size = ceiling.network(name)
     counts = {"parameters": sum(p.numel() for p in network.parameters()),
-              "flopsPerInference": int(ceiling.count_flops(name))}  # fmt: skip
+              "flopsPerInference": ceiling.flops_of(network, torch.zeros(1, 3, size, size))}  # fmt: skip
     (archive / COUNTS_FILE).write_text(json.dumps(counts))
     return counts
 

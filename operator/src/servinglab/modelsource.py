@@ -2,8 +2,8 @@
 out as a TorchServe no-archive directory ready to serve.
 
 Called by the local runner (`servinglab run`/`sweep`) and, on Kubernetes, by `servinglab
-prepare-model` in the server pod's init container. No torch here: counting parameters and FLOPs of a
-packed model happens in :mod:`servinglab.modelprobe`, a child process.
+prepare-model` in the server pod's init container. No torch here: a packed model's parameters and
+FLOPs are counted by :mod:`servinglab.modelprobe`, a child process, and kept with it.
 
 - An archive (`.mar`, or a no-archive folder) is served with its own handler, as it is.
 - A TorchScript file (`torch.jit.save`) or an exported program (`torch.export.save`, `.pt2`) is packed
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servinglab import models, paths
+from servinglab import modelprobe, models
 from servinglab.spec import ModelFormat, ModelInput, ModelRef, ModelSource, Precision
 
 #: Written into every folder this module lays out: what was served and where it came from.
@@ -198,12 +198,19 @@ def recognise(source: ModelSource, fetched: Fetched) -> ModelFormat:
     return found
 
 
-def _manifest_handler(directory: Path) -> str:
+def _adopt_archive(directory: Path) -> tuple[str, str | None]:
+    """(the archive's handler, the config file it named) after pointing its manifest at
+    model-config.yaml, which the runner renders from the experiment (batch size, delay, workers,
+    precision): TorchServe reads batching settings only from the file the manifest names."""
+    manifest_path = directory / "MAR-INF" / "MANIFEST.json"
     try:
-        manifest = json.loads((directory / "MAR-INF" / "MANIFEST.json").read_text())
-        return str(manifest["model"]["handler"])
+        manifest = json.loads(manifest_path.read_text())
+        handler, own = str(manifest["model"]["handler"]), manifest["model"].get("configFile")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelSourceError("ModelNotRecognized", f"{directory}: unreadable MAR-INF/MANIFEST.json ({exc})") from None
+    manifest["model"]["configFile"] = "model-config.yaml"
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+    return handler, str(own) if own else None
 
 
 def _stage(fetched: Fetched, fmt: ModelFormat, target: Path, name: str, model_input: ModelInput | None) -> None:
@@ -218,8 +225,8 @@ def _stage(fetched: Fetched, fmt: ModelFormat, target: Path, name: str, model_in
     target.mkdir(parents=True)
     serialized = _SERIALIZED[fmt]
     shutil.copyfile(fetched.path, target / serialized)
-    for helper in (models.HANDLER_FILE, *models.HANDLER_HELPERS):
-        shutil.copyfile(paths.handlers_dir() / helper, target / helper)
+    for helper in models.handler_paths():
+        shutil.copyfile(helper, target / helper.name)
     (target / "MAR-INF").mkdir()
     manifest = {
         "runtime": "python",
@@ -237,28 +244,17 @@ def _stage(fetched: Fetched, fmt: ModelFormat, target: Path, name: str, model_in
     (target / INPUT_FILE).write_text(json.dumps({"format": str(fmt), **declared}, indent=2))
 
 
-def _use_experiment_config(directory: Path) -> str | None:
-    """Point the archive's manifest at model-config.yaml, which the runner renders from the experiment
-    (batch size, delay, workers, precision): TorchServe reads batching settings only from the file
-    the manifest names. Returns the name of the archive's own config file it replaces, if any."""
-    manifest_path = directory / "MAR-INF" / "MANIFEST.json"
-    manifest = json.loads(manifest_path.read_text())
-    own = manifest["model"].get("configFile")
-    manifest["model"]["configFile"] = "model-config.yaml"
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-    return str(own) if own else None
-
-
 def _handler_digest() -> str:
     digest = hashlib.sha256()
-    for helper in (models.HANDLER_FILE, *models.HANDLER_HELPERS):
-        digest.update((paths.handlers_dir() / helper).read_bytes())
+    for helper in models.handler_paths():
+        digest.update(helper.read_bytes())
     return digest.hexdigest()[:16]
 
 
 def prepare(model: ModelRef, precision: Precision, workdir: Path, authorization: str | None = None,
             mounted: Path | None = None, cache: Path | None = None) -> PreparedModel:  # fmt: skip
-    """Fetch, check, recognise and lay out the model; raises :class:`ModelSourceError`.
+    """Fetch, check, recognise and lay out the model (a packed one with its parameters and FLOPs);
+    raises :class:`ModelSourceError`.
 
     An archive is unpacked under `workdir`; `mounted` is where a pvc source's claim is mounted (the
     init container); `cache` defaults to :func:`cache_dir`. A packed folder is reused when the file
@@ -300,12 +296,14 @@ def prepare(model: ModelRef, precision: Precision, workdir: Path, authorization:
                     raise
             shutil.rmtree(staging, ignore_errors=True)
         info["input"] = json.loads((directory / INPUT_FILE).read_text())
+        info.update(modelprobe.count(directory))
         return PreparedModel(directory, info)
     directory = workdir / "unpacked" / model.name
     shutil.rmtree(directory, ignore_errors=True)
     _stage(fetched, fmt, directory, model.name, None)
-    info["handler"] = handler = _manifest_handler(directory)
-    if replaced := _use_experiment_config(directory):
+    handler, replaced = _adopt_archive(directory)
+    info["handler"] = handler
+    if replaced:
         info["archiveConfigReplaced"] = replaced
     if handler != models.HANDLER_FILE and precision is not Precision.FP32:
         raise ModelSourceError(

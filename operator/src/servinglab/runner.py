@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servinglab import ceiling, modelprobe, models, modelsource, rawprobe, results, tsmetrics
+from servinglab import ceiling, models, modelsource, rawprobe, results, tsmetrics
 from servinglab.loadgen import levels
 from servinglab.loadgen.hooks import LevelHooks, ProgressFn
 from servinglab.loadgen.payloads import PayloadError, request_payloads
@@ -67,10 +67,7 @@ def resolve_archive(experiment: ServingExperiment, workdir: Path) -> ServedModel
         prepared = modelsource.prepare(spec.model, spec.server.precision, workdir)
     except modelsource.ModelSourceError as exc:
         raise RunError(f"{exc.reason}: {exc}") from None
-    info = dict(prepared.info)
-    if info.get("handler") == models.HANDLER_FILE and "input" in info:  # packed here: count it
-        info.update(modelprobe.count(prepared.directory))
-    return ServedModel(prepared.directory, size, info)
+    return ServedModel(prepared.directory, size, prepared.info)
 
 
 def _worker_statements(logs: Path, marker: str) -> list[str]:
