@@ -6,9 +6,10 @@ one namespace and, for servinglab's pods (by `app.kubernetes.io/component`: the 
 the very specs stored in the API: mounts the ConfigMaps (as files) and PersistentVolumeClaims (as
 folders), runs the init container's script (a failure is reported as a kubelet would: the pod back
 to Pending, the init container's last termination with its exit code and message), starts the
-container's command with its args and env, probes the readiness endpoint, and reports back through
-the API — readiness via the `kwok.servinglab.dev/ready` annotation, a finished container's exit code
-and termination message via the completion annotations KWOK turns into pod status.
+container's command with its args and env, runs its readiness probe (HTTP or exec), and reports
+back through the API — readiness via the `kwok.servinglab.dev/ready` annotation, a Job container's
+exit code and termination message via the completion annotations KWOK turns into pod status, a
+server container that ended as a terminated container status.
 
 Container paths are mapped into a per-pod folder, container ports onto free loopback ports (listen
 addresses and port numbers in args and env follow), and Service DNS names (`http://<service>:<port>`)
@@ -42,6 +43,10 @@ from servinglab.local_server import free_ports
 VENV_BIN = Path(sys.executable).parent
 
 
+class PodNotStartable(Exception):
+    """Not yet: the pod needs another pod that is not running yet."""
+
+
 @dataclass
 class RunningPod:
     name: str
@@ -54,6 +59,8 @@ class RunningPod:
     ready: bool = False
     done: bool = False
     init_seconds: float = 0.0  # how long the init containers ran
+    mounts: dict[str, Path] = field(default_factory=dict)  # the container's mount paths -> local folders
+    dns: str = ""  # `<hostname>.<subdomain>` when the pod has both (the pods of an indexed Job)
 
 
 class LocalKubelet:
@@ -107,25 +114,30 @@ class LocalKubelet:
             if pod.ports and not pod.done:
                 self._kill(pod)
                 pod.done = True
-                status = {
-                    "status": {
-                        "phase": "Failed",
-                        "message": "container torchserve exited",
-                        "containerStatuses": [
-                            {
-                                "name": "torchserve",
-                                "image": "pytorch/torchserve:0.12.0-gpu",
-                                "ready": False,
-                                "restartCount": 0,
-                                "state": {"terminated": {"exitCode": 137, "reason": "Error", "message": "killed"}},
-                            }
-                        ],
+                self._report_server_terminated(pod, 137, "Error", "killed")
+
+    def _report_server_terminated(self, pod: RunningPod, code: int, reason: str, message: str) -> None:
+        """The server container's end, in the pod's status (KWOK's stages leave a Failed pod alone)."""
+        terminated = {"exitCode": code, "reason": reason, "message": message}
+        status = {
+            "status": {
+                "phase": "Failed",
+                "message": "container torchserve exited",
+                "containerStatuses": [
+                    {
+                        "name": "torchserve",
+                        "image": "pytorch/torchserve:0.12.0-gpu",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": terminated},
                     }
-                }
-                self.kubectl.run(
-                    "patch", "pod", pod.name, "-n", self.namespace, "--subresource=status", "--type=merge",
-                    "-p", json.dumps(status),
-                )  # fmt: skip
+                ],
+            }
+        }
+        self.kubectl.run(
+            "patch", "pod", pod.name, "-n", self.namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps(status),
+        )  # fmt: skip
 
     @staticmethod
     def _kill(pod: RunningPod) -> None:
@@ -174,6 +186,9 @@ class LocalKubelet:
                 running.named_ports = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
                 try:
                     starters[component](pod, running)
+                except PodNotStartable:
+                    shutil.rmtree(running.root, ignore_errors=True)
+                    continue
                 except Exception:
                     self._kill(running)  # half started (the API server refused a step): start over next sync
                     raise
@@ -189,6 +204,8 @@ class LocalKubelet:
                 running.ready = True
             if component in ("load", "test"):
                 self._finish_job_if_exited(running)
+            if component == "server":
+                self._report_server_if_exited(running)
 
     # -- translation -----------------------------------------------------------------------------
 
@@ -222,13 +239,23 @@ class LocalKubelet:
         pattern = "|".join(re.escape(key) for key in sorted(replacements, key=len, reverse=True))
         return re.sub(pattern, lambda match: replacements[match.group(0)], text)
 
-    def _env(self, container: dict[str, Any], mounts: dict[str, Path], extra: dict[str, str]) -> dict[str, str]:
+    def _env(
+        self,
+        container: dict[str, Any],
+        mounts: dict[str, Path],
+        extra: dict[str, str],
+        pod: dict[str, Any] | None = None,
+    ) -> dict[str, str]:
         env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", **extra}
+        metadata = (pod or {}).get("metadata", {})
         for variable in container.get("env", []):
+            field_path = variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
             if "value" in variable:
                 env[variable["name"]] = self._translate(variable["value"], mounts, {})
-            elif variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+            elif field_path == "metadata.namespace":
                 env[variable["name"]] = self.namespace
+            elif key := re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", field_path):  # e.g. a Job's index
+                env[variable["name"]] = metadata.get(key.group(1), {}).get(key.group(2), "")
             elif reference := variable.get("valueFrom", {}).get("secretKeyRef"):
                 secret = self.kubectl.get("secret", reference["name"], "-n", self.namespace)
                 env[variable["name"]] = base64.b64decode(secret["data"][reference["key"]]).decode()
@@ -249,9 +276,11 @@ class LocalKubelet:
         return process
 
     def _command(self, container: dict[str, Any], mounts: dict[str, Path], urls: dict[str, str]) -> list[str]:
-        """The container's command and args, translated; its program is the one in this venv."""
+        """The container's command and args, translated; its program is the one in this venv, if there is
+        one by that name (`sh` is the system's)."""
         command = [self._translate(part, mounts, urls) for part in [*container["command"], *container.get("args", [])]]
-        command[0] = str(VENV_BIN / command[0])
+        if (VENV_BIN / command[0]).exists():
+            command[0] = str(VENV_BIN / command[0])
         return command
 
     def _service_urls(self) -> dict[str, str]:
@@ -274,6 +303,15 @@ class LocalKubelet:
                         f"http://127.0.0.1:{targets[0].ports[remote]}"
                     )
         return urls
+
+    def _pod_addresses(self) -> dict[str, str]:
+        """`<hostname>.<subdomain>:<port>` of running pods -> the local address of that port."""
+        return {
+            f"{pod.dns}:{remote}": f"127.0.0.1:{local}"
+            for pod in self.pods.values()
+            if pod.dns and not pod.done
+            for remote, local in pod.ports.items()
+        }
 
     def _token(self, pod: dict[str, Any]) -> str:
         """A real token of the pod's ServiceAccount, as the kubelet would project it."""
@@ -304,7 +342,7 @@ class LocalKubelet:
             if message:
                 self._annotate(running.name, {manifests.INIT_MESSAGE_ANNOTATION: message})
         container = spec["containers"][0]
-        mounts = self._mounts(pod, container, running.root)
+        mounts = running.mounts = self._mounts(pod, container, running.root)
         ports = [p["containerPort"] for p in container.get("ports", [])] + [8081, 7070, 7071]
         running.ports = dict(zip(ports, free_ports(len(ports)), strict=True))
         # config files the container reads are the ConfigMap's, with listen addresses made local
@@ -319,17 +357,32 @@ class LocalKubelet:
         text = re.sub(r"^number_of_gpu=.*$", "number_of_gpu=0", text, flags=re.MULTILINE)
         properties.write_text(text)
         env = self._env(container, mounts, {"TMPDIR": str(mounts["/tmp"])})
-        command = self._command(container, mounts, {})
+        command = self._command(container, {**mounts, "/dev/termination-log": running.root / "termination-log"}, {})
         self._spawn(running, container["name"], command, env)
         if self.on_server_started is not None:
             self.on_server_started(running.name, running.ports[8082])
+
+    def _report_server_if_exited(self, running: RunningPod) -> None:
+        """A server container that ended on its own (e.g. it gave up on its model), with its message."""
+        code = running.processes[-1].poll() if running.processes else None
+        if code is None:
+            return
+        log = running.root / "termination-log"
+        message = log.read_text() if log.exists() else ""
+        self._report_server_terminated(running, code, "Error" if code else "Completed", message)
+        self._kill(running)
+        running.done = True
 
     def _annotate(self, pod: str, annotations: dict[str, str]) -> None:
         pairs = [f"{key}={value}" for key, value in annotations.items()]
         self.kubectl.run("annotate", "pod", pod, "-n", self.namespace, *pairs, "--overwrite")
 
     def _probe(self, pod: dict[str, Any], running: RunningPod) -> bool:
-        probe = pod["spec"]["containers"][0].get("readinessProbe", {}).get("httpGet")
+        readiness = pod["spec"]["containers"][0].get("readinessProbe", {})
+        if "exec" in readiness:  # run in the container's file system (its mounts)
+            command = [self._translate(part, running.mounts, {}) for part in readiness["exec"]["command"]]
+            return subprocess.run(command, cwd=running.root, capture_output=True, check=False).returncode == 0
+        probe = readiness.get("httpGet")
         if not probe:
             return True
         port = running.ports[running.named_ports.get(probe["port"], probe["port"])]
@@ -342,10 +395,21 @@ class LocalKubelet:
     # -- the load Job's pod ------------------------------------------------------------------------
 
     def _start_job(self, pod: dict[str, Any], running: RunningPod) -> None:
-        running.root.mkdir(parents=True, exist_ok=True)
+        """A Job's pod; an indexed Job's pods find each other by `<hostname>.<subdomain>:<port>`, so a pod
+        naming one that is not running yet is not started (tried again next sync)."""
         container = pod["spec"]["containers"][0]
+        remote_ports = [p["containerPort"] for p in container.get("ports", [])]
+        running.ports = dict(zip(remote_ports, free_ports(len(remote_ports)), strict=True))
+        if pod["spec"].get("hostname") and pod["spec"].get("subdomain"):
+            running.dns = f"{pod['spec']['hostname']}.{pod['spec']['subdomain']}"
+        urls = {**self._service_urls(), **self._pod_addresses()}
+        urls.update({f"0.0.0.0:{remote}": f"127.0.0.1:{local}" for remote, local in running.ports.items()})
+        for part in container.get("args", []):
+            for name in re.findall(r"\b([a-z][a-z0-9-]*-\d+\.[a-z][a-z0-9-]*):\d+", part):
+                if not any(address.startswith(f"{name}:") for address in urls) and name != running.dns:
+                    raise PodNotStartable(f"{running.name} names {name}, not running yet")
+        running.root.mkdir(parents=True, exist_ok=True)
         mounts = self._mounts(pod, container, running.root)
-        urls = self._service_urls()
         credentials = running.root / "serviceaccount"
         credentials.mkdir()
         (credentials / "token").write_text(self._token(pod))
@@ -360,6 +424,7 @@ class LocalKubelet:
                 "KUBERNETES_SERVICE_HOST": host,
                 "KUBERNETES_SERVICE_PORT": port,
             },
+            pod,
         )
         command = self._command(container, mounts, urls)
         command += ["--termination-log", str(running.root / "termination-log")]

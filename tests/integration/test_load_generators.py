@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from servinglab.loadgen.stats import Sample, summarise
 from servinglab.local_server import free_ports
 
 TOOLS = Path(__file__).parent / "tools"
@@ -146,3 +147,21 @@ def test_a_starved_generator_flags_its_results(slow_endpoint: str, mode: str) ->
     assert_on_time_or_flagged(calm, quiet_host)
     assert starved["generator"]["saturated"] is True, starved["generator"]
     assert "generator CPU" in starved["generator"]["reason"] or "send gap" in starved["generator"]["reason"]
+
+
+@pytest.mark.parametrize(("mode", "level"), [("closed", 8), ("open", 60)])
+def test_two_generator_processes_measure_one_level_as_one_would(parallel_endpoint: str, mode: str, level: int) -> None:
+    entry = measure(parallel_endpoint, mode, level, 3, "--generators", "2")
+    samples = [Sample(sent_at, latency_ms, error) for sent_at, latency_ms, error in entry["samples"]]
+    alone = summarise(None, samples)
+    assert entry["requests"] == len(samples) > 0 and entry["errors"] == 0
+    assert entry["latencyMs"] == {name: round(value, 3) for name, value in alone.latency_ms.items()}
+    assert entry["throughputRps"] == round(alone.throughput_rps, 3)
+    per_generator = entry["generator"]["perGenerator"]
+    assert entry["generator"]["generators"] == 2 and all(g["cpuPercent"] > 0 for g in per_generator), per_generator
+    if mode == "open":
+        # two processes at 30 rps each keep the full rate
+        assert entry["openLoop"]["sentRps"] == pytest.approx(60, rel=0.05), entry["openLoop"]
+    else:
+        # every user of both shares was busy: 8 users of a 20 ms endpoint
+        assert entry["throughputRps"] > 0.5 * 8 / (alone.latency_ms["p50"] / 1000)

@@ -117,6 +117,25 @@ def test_emulated_precision_is_reported(servinglab_cmd: list[str], tmp_path: Pat
     assert document["results"][0]["errors"] == 0
 
 
+def test_two_generator_processes_against_torchserve_count_what_the_server_served(
+    servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float
+) -> None:
+    experiment = yaml.safe_load(SMOKE.read_text())
+    experiment["spec"]["load"].update(concurrency=[2, 6], durationSeconds=3, generators=2)
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(experiment))
+    output = tmp_path / "r.json"
+    run = run_experiment(servinglab_cmd, path, output)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for level in json.loads(output.read_text())["results"]:
+        assert level["errors"] == 0 and level["requests"] > 0
+        assert level["generator"]["generators"] == 2 and len(level["generator"]["perGenerator"]) == 2
+        # the merged count is the server's: TorchServe's own counter over the same window agrees with it
+        # (up to the requests in flight at the window's edges)
+        served = level["server"]["serverRequests"]
+        assert abs(served - level["requests"]) <= 2 * level["concurrency"], (served, level["requests"])
+
+
 def test_open_loop_run_with_peak_search_ceiling_and_report(
     servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float
 ) -> None:

@@ -289,3 +289,28 @@ def test_open_loop_experiment_reports_rates_and_trust_flags_in_status(
     # the same table a local run prints, keyed by rate
     shown = results_table(cluster, namespace, "open-e2e")
     assert "20 rps" in shown and "40 rps" in shown
+
+
+def test_two_load_pods_drive_one_level_and_their_requests_merge_into_one_result(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet],
+    monitoring: tuple[DcgmExporter, Prometheus],
+) -> None:  # fmt: skip
+    _, prometheus = monitoring
+    kubelet = kubelet_factory()
+    document = experiment("two-pods", prometheus.url)
+    document["spec"]["load"].update(concurrency=[6], durationSeconds=3, generators=2)
+    cluster.kubectl.apply(document, namespace=namespace)
+    body = wait_finished(cluster, namespace, "two-pods", operator.log)
+    status = body["status"]
+    assert condition(body, "Succeeded")["status"] == "True", (status["conditions"], kubelet.errors)
+    job = cluster.kubectl.get("job", "two-pods-load", "-n", namespace)
+    assert job["spec"]["completionMode"] == "Indexed" and job["status"]["succeeded"] == 2
+    stored = cluster.kubectl.get("configmap", status["resultsRef"]["name"], "-n", namespace)
+    (level,) = json.loads(stored["data"]["results.json"])["results"]
+    generator = level["generator"]
+    assert generator["generators"] == 2 and all(g["cpuPercent"] > 0 for g in generator["perGenerator"]), generator
+    assert level["errors"] == 0 and level["concurrency"] == 6
+    # one count for both pods, and TorchServe's own counter over the same window agrees with it (up to
+    # the requests in flight at the window's edges)
+    served = level["server"]["serverRequests"]
+    assert abs(served - level["requests"]) <= 2 * 6, (served, level["requests"])

@@ -114,7 +114,7 @@ def test_a_model_that_cannot_be_served_fails_with_its_reason_and_frees_the_node(
     cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet],
     user_models: UserModels, monitoring: tuple[DcgmExporter, Prometheus],
 ) -> None:  # fmt: skip
-    kubelet_factory()
+    kubelet = kubelet_factory()
     with file_server(user_models.folder) as files:
         url = f"{files.url}/{user_models.torchscript_classifier.name}"
         model = {"name": "classifier", "source": {"url": url, "sha256": "0" * 64}, "input": {"size": 32}}
@@ -122,10 +122,22 @@ def test_a_model_that_cannot_be_served_fails_with_its_reason_and_frees_the_node(
         cluster.kubectl.apply(mismatch, namespace=namespace)
         started = time.monotonic()
         body = wait_finished(cluster, namespace, "mismatch", operator.log, timeout=120)
+        failed = condition(body, "Failed")
+        assert failed["status"] == "True" and failed["reason"] == "ModelChecksumMismatch", failed
+        assert url in failed["message"] and "0" * 64 in failed["message"]
+        assert time.monotonic() - started < 90
+        cluster.kubectl.wait_for(
+            lambda: not cluster.kubectl.get("deployments", "-n", namespace)["items"], 60, "the server to be removed"
+        )
+
+        # the archive is fine but its handler raises in initialize(): TorchServe would retry for ever
+        broken = {"name": "broken", "source": {"url": f"{files.url}/{user_models.broken_mar.name}"}}
+        cluster.kubectl.apply(own_model_experiment("broken", broken, {"format": "png"}, "fp32"), namespace=namespace)
+        # well inside the 600 s start-up timeout, which would end it as ServerNotReady
+        body = wait_finished(cluster, namespace, "broken", operator.log, timeout=180)
     failed = condition(body, "Failed")
-    assert failed["status"] == "True" and failed["reason"] == "ModelChecksumMismatch", failed
-    assert url in failed["message"] and "0" * 64 in failed["message"]
-    assert time.monotonic() - started < 90
+    assert failed["reason"] == "ModelLoadFailed", (failed, kubelet.errors)
+    assert "could not load broken" in failed["message"] and "weights.bin is missing" in failed["message"], failed
     cluster.kubectl.wait_for(
         lambda: not cluster.kubectl.get("deployments", "-n", namespace)["items"], 60, "the server to be removed"
     )

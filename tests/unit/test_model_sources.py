@@ -13,7 +13,7 @@ import pytest
 
 from servinglab import modelsource
 from servinglab.k8s import resources
-from servinglab.k8s.operator import cluster_problems, model_description, model_init_failure
+from servinglab.k8s.operator import cluster_problems, model_description, model_init_failure, model_load_failure
 from servinglab.loadgen.payloads import PayloadError, own_payloads
 from servinglab.spec import ModelRef, ModelSource, PayloadSpec, Precision, SpecError, parse_experiment
 from usermodels import file_server
@@ -176,6 +176,16 @@ def test_the_init_containers_word_becomes_the_reason_or_the_model_description() 
     assert reason == "ModelPreparationFailed" and "not found" in message and "exit" in message
     done = pod_with_init({"terminated": {"exitCode": 0, "message": json.dumps({"sha256": "ab", "parameters": 3})}})
     assert model_init_failure([done]) is None and model_description(done) == {"sha256": "ab", "parameters": 3}
+
+
+def test_a_server_container_that_gave_up_on_its_model_is_model_load_failed() -> None:
+    gave_up = {"exitCode": 3, "message": "ModelLoadFailed: could not load m (2 attempts): boom"}
+    restarted = {"name": "torchserve", "state": {"waiting": {}}, "lastState": {"terminated": gave_up}}
+    pod = {"metadata": {"name": "mine-server-x"}, "status": {"containerStatuses": [restarted]}}
+    expected = ("ModelLoadFailed", "server pod mine-server-x: could not load m (2 attempts): boom")
+    assert model_load_failure([pod]) == expected
+    crashed = {"name": "torchserve", "state": {"terminated": {"exitCode": 137, "message": "killed"}}}
+    assert model_load_failure([{"metadata": {"name": "p"}, "status": {"containerStatuses": [crashed]}}]) is None
 
 
 def test_records_are_sent_in_a_seeded_order_with_their_content_types(tmp_path: Path) -> None:

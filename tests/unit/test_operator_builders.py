@@ -52,7 +52,8 @@ def test_server_pod_asks_for_the_gpu_on_a_t4_and_runs_restricted() -> None:
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert server["securityContext"]["allowPrivilegeEscalation"] is False
-    assert server["readinessProbe"]["httpGet"]["path"] == "/ping"
+    assert server["readinessProbe"]["exec"]["command"] == ["test", "-f", resources.SERVER_READY_FILE]
+    assert server["command"][:2] == ["sh", "-c"] and server["args"][:2] == ["torchserve", "--foreground"]
     assert pod["automountServiceAccountToken"] is False
 
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import time
+from pathlib import Path
 
 import yaml
 
@@ -72,3 +76,61 @@ def test_the_handler_warms_up_only_the_batches_the_load_can_form() -> None:
     sizes = tsconfig.model_config(ServerSpec(batch_size=12), open_loop)["handler"]["warmupBatchSizes"]
     assert sizes == [1, 2, 4, 8, 12]
     assert tsconfig.model_config(ServerSpec(batch_size=12, warmup_seconds=0))["handler"]["warmupBatchSizes"] == []
+
+
+def run_launcher(tmp_path: Path, fake_torchserve: str, workers: int = 1) -> tuple[int, str, float]:
+    """The server container's launcher under the system sh, with a stand-in `torchserve` on PATH that
+    writes TorchServe's logs into $LOGS; what an earlier start logged is there already."""
+    bin_dir, logs = tmp_path / "bin", tmp_path / "logs"
+    bin_dir.mkdir()
+    logs.mkdir()
+    (bin_dir / "torchserve").write_text("#!/bin/sh\n" + fake_torchserve)
+    (bin_dir / "torchserve").chmod(0o755)
+    (logs / "model_log.log").write_text("Failed to load model m, exception from an earlier start\n")
+    (logs / "ts_log.log").write_text(f"{LOADED.format(9000)}\n{LOADED.format(9001)}\n")
+    termination = tmp_path / "termination-log"
+    script = tsconfig.server_launcher("m", workers, str(logs), str(tmp_path / "ready"), str(termination))
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "LOGS": str(logs)}
+    started = time.monotonic()
+    process = subprocess.run(["sh", "-c", script, "torchserve", "--foreground"], env=env, start_new_session=True,
+                             timeout=60, capture_output=True, check=False)  # fmt: skip
+    message = termination.read_text() if termination.exists() else ""
+    return process.returncode, message, time.monotonic() - started
+
+
+#: TorchServe 0.12's log line for a worker that has loaded its model (logged twice in ts_log.log).
+LOADED = (
+    "[DEBUG] W-{0}-m_1.0 org.pytorch.serve.wlm.WorkerThread - W-{0}-m_1.0 "
+    "State change WORKER_STARTED -> WORKER_MODEL_LOADED"
+)
+
+
+def test_the_server_launcher_ends_the_container_when_the_model_cannot_load(tmp_path: Path) -> None:
+    failing = (
+        "for attempt in 1 2 3; do "
+        'echo "W-9000 Failed to load model m, exception boom $attempt" >> "$LOGS/model_log.log"; sleep 0.3; '
+        "done; sleep 300\n"
+    )
+    code, message, seconds = run_launcher(tmp_path, failing)
+    assert code == tsconfig.LOAD_FAILED_EXIT_CODE and seconds < 30, "it does not wait out the retries"
+    assert message.startswith("ModelLoadFailed: TorchServe's workers could not load m ("), message
+    attempts = int(message.split("(", 1)[1].split(" ", 1)[0])
+    assert 2 <= attempts <= 3, "the failure logged before this start is not counted"
+    assert message.endswith((": boom 2", ": boom 3")), "the cause is the handler's last exception"
+    assert not (tmp_path / "ready").exists()
+
+
+def test_the_server_is_ready_once_every_worker_has_loaded_the_model(tmp_path: Path) -> None:
+    # readiness seen by the stand-in itself: it exits 0 only if the ready file appears after both loads
+    loading = (
+        f'sleep 1.2; [ -f "$READY" ] && exit 1; echo "{LOADED.format(9000)}" >> "$LOGS/ts_log.log"; '
+        f'echo "{LOADED.format(9000)}" >> "$LOGS/ts_log.log"; sleep 1.2; [ -f "$READY" ] && exit 2; '
+        f'echo "{LOADED.format(9001)}" >> "$LOGS/ts_log.log"; sleep 1.2; [ -f "$READY" ] || exit 3; exit 0\n'
+    )
+    code, message, _ = run_launcher(tmp_path, loading.replace("$READY", str(tmp_path / "ready")), workers=2)
+    assert code == 0 and message == "", f"stand-in exit {code}: 1 ready too early, 2 one worker counted twice, 3 never"
+
+
+def test_the_server_launcher_passes_on_torchserves_exit(tmp_path: Path) -> None:
+    code, message, _ = run_launcher(tmp_path, 'test "$1" = --foreground && exit 7\n')
+    assert code == 7 and message == "", "the args reach torchserve and its exit code is the container's"

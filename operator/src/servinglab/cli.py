@@ -7,6 +7,7 @@ work (spec, models, runner, loadgen). Commands that generate load are entered th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -357,6 +358,16 @@ def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, t
     show_default=True,
     help="Folder the spec's payload files/records are relative to (a mounted ConfigMap or claim).",
 )
+@click.option(
+    "--generators-listen",
+    metavar="HOST:PORT",
+    help="With spec.load.generators > 1, the first load pod takes the others' generators here.",
+)
+@click.option(
+    "--generators-join",
+    metavar="HOST:PORT",
+    help="Where the other load pods join the first (their index comes from JOB_COMPLETION_INDEX).",
+)
 def loadtest(
     target: str,
     model_name: str,
@@ -369,13 +380,14 @@ def loadtest(
     termination_log: Path,
     flops_per_inference: float | None,
     payload_dir: Path,
+    generators_listen: str | None,
+    generators_join: str | None,
 ) -> None:
     """Run only the load levels of an experiment against a running server (the Job's command)."""
-    from servinglab import ceiling, models, tsmetrics
-    from servinglab.loadgen import levels, results_sink
+    from servinglab import models, tsmetrics
+    from servinglab.loadgen import generators, levels, results_sink
     from servinglab.loadgen.hooks import LevelHooks
     from servinglab.loadgen.payloads import PayloadError, request_payloads
-    from servinglab.results import level_entries
 
     def finish(message: str, code: int) -> None:
         if termination_log.parent.is_dir():
@@ -388,6 +400,14 @@ def loadtest(
     except SpecError as exc:
         finish(str(exc), 1)
     load = experiment.spec.load
+    # pods of one indexed Job share the spec file: its digest keeps other connections out
+    authkey = hashlib.sha256(spec_file.read_bytes()).digest()
+    index = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
+    if index > 0 and generators_join:  # one of the other load pods: a generator for the first
+        # the first pod waits for the server (up to ready_timeout) before it takes generators
+        problem = _generate_for(generators_join, authkey, ready_timeout + 120)
+        finish(problem or f"load generator {index + 1} done", 6 if problem else 0)
+        return
     size = image_size or models.request_image_size(experiment.spec.model, load.payload)
     try:
         payloads = request_payloads(load.payload, size, payload_dir)
@@ -400,9 +420,31 @@ def loadtest(
     windows = tsmetrics.WindowReader(tsmetrics.http_fetcher(metrics_url), model_name) if metrics_url else None
     hooks = LevelHooks(window_start=windows.window_start, window_end=windows.window_end) if windows else None
     try:
-        outcome = levels.run_load(load, experiment.spec.slo.p99_latency_ms, destination, hooks)
+        remote = _other_generators(load, generators_listen, authkey, ready_timeout)
+        outcome = levels.run_load(load, experiment.spec.slo.p99_latency_ms, destination, hooks, remote)
+    except generators.GeneratorError as exc:
+        finish(str(exc), 6)
     except OSError as exc:
         finish(f"reading TorchServe metrics failed: {exc}", 3)
+    document = _load_document(experiment.spec, outcome, windows, answered_at, flops_per_inference)
+    _write_json(document, output)
+    if results_configmap:
+        try:
+            results_sink.write_results(results_configmap, document)
+        except results_sink.SinkError as exc:
+            finish(str(exc), 4)
+    measured = outcome.levels
+    requests, errors = sum(level.requests for level in measured), sum(level.errors for level in measured)
+    finish(f"{len(measured)} levels measured, {requests} requests, {errors} errors", 0)
+
+
+def _load_document(
+    spec: Any, outcome: Any, windows: Any, answered_at: float | None, flops_per_inference: float | None
+) -> dict[str, Any]:
+    """The load Job's results: every level, with the server's breakdown when its metrics were read."""
+    from servinglab import ceiling
+    from servinglab.results import level_entries
+
     breakdowns = windows.breakdowns if windows is not None else {}
     entries = level_entries(outcome.levels, outcome.sweep_levels, breakdowns, None)
     if windows is None:
@@ -411,20 +453,34 @@ def loadtest(
     document: dict[str, Any] = {"serverAnsweredAt": answered_at, "results": entries}
     if outcome.peak is not None:
         document["peakRate"] = outcome.peak
-    if experiment.spec.ceiling.enabled and (
-        figures := ceiling.for_experiment(experiment.spec, entries, flops=flops_per_inference)
-    ):
+    if spec.ceiling.enabled and (figures := ceiling.for_experiment(spec, entries, flops=flops_per_inference)):
         document["ceiling"] = figures
-    _write_json(document, output)
-    if results_configmap:
-        try:
-            results_sink.write_results(results_configmap, document)
-        except results_sink.SinkError as exc:
-            finish(str(exc), 4)
-    measured = outcome.levels
-    errors = sum(level.errors for level in measured)
-    requests = sum(level.requests for level in measured)
-    finish(f"{len(measured)} levels measured, {requests} requests, {errors} errors", 0)
+    return document
+
+
+def _other_generators(load: Any, listen: str | None, authkey: bytes, timeout_seconds: float) -> list[Any]:
+    """The other load pods' generators, once they have joined this (the first) pod."""
+    from servinglab.loadgen import generators
+
+    if not listen or not isinstance(load.generators, int) or load.generators == 1:
+        return []
+    return generators.accept_generators(_host_port(listen), load.generators - 1, authkey, timeout_seconds)
+
+
+def _generate_for(coordinator: str, authkey: bytes, timeout_seconds: float) -> str | None:
+    """Join the first load pod and generate its share of every level; why not, if it failed."""
+    from servinglab.loadgen import generators
+
+    try:
+        generators.serve(generators.join_coordinator(_host_port(coordinator), authkey, timeout_seconds))
+    except (generators.GeneratorError, EOFError, OSError) as exc:
+        return f"load generator for {coordinator}: {exc}"
+    return None
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
 
 
 def _write_json(document: dict[str, Any], output: Path | None) -> None:
@@ -600,7 +656,8 @@ def _num(value: float | None, digits: int) -> str:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    console.print(f"[red]error:[/red] {message}", highlight=False)
+    # not wrapped: a message naming a long path stays one greppable line in logs and pipes
+    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 

@@ -32,6 +32,10 @@ def _structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str
         merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
         return _structural(merged, definitions)
     variants = schema.get("anyOf")
+    if variants is not None and {v.get("type") for v in variants} == {"integer", "string"}:
+        # a count or a keyword (e.g. generators: 4 | auto); the operator's parse checks the rest
+        rest = {k: v for k, v in schema.items() if k not in ("anyOf", "title")}
+        return {**rest, "x-kubernetes-int-or-string": True}
     if variants is not None:
         non_null = [v for v in variants if v.get("type") != "null"]
         if len(non_null) != 1:

@@ -77,12 +77,6 @@ class WorkerStatus:
         }
 
 
-#: What a TorchServe worker logs when the handler's initialize() raised.
-_LOAD_FAILED = "Failed to load model "
-#: Attempts seen before giving up (TorchServe retries a failed worker with a growing back-off).
-_LOAD_ATTEMPTS = 2
-
-
 class LocalTorchServe:
     """One TorchServe serving one model from a no-archive directory, configured from a ServerSpec."""
 
@@ -247,8 +241,9 @@ class LocalTorchServe:
         with model_log.open("rb") as log:
             log.seek(offset)
             text = log.read().decode(errors="replace")
-        failures = [line.split(_LOAD_FAILED, 1)[1] for line in text.splitlines() if _LOAD_FAILED in line]
-        if len(failures) >= _LOAD_ATTEMPTS:
+        marker = tsconfig.LOAD_FAILED
+        failures = [line.split(marker, 1)[1] for line in text.splitlines() if marker in line]
+        if len(failures) >= tsconfig.LOAD_ATTEMPTS:
             cause = failures[-1].split(", exception ", 1)[-1].strip()
             raise ServerError(
                 f"ModelLoadFailed: TorchServe's workers could not load {self.model_name} "

@@ -355,6 +355,10 @@ class RateSearchSpec(SpecModel):
         return self
 
 
+#: Most load-generator processes (or pods) one level may be split between.
+MAX_GENERATORS = 64
+
+
 class LoadSpec(SpecModel):
     """The load test: closed-loop concurrency levels or open-loop rates, each warmed up then measured."""
 
@@ -384,6 +388,11 @@ class LoadSpec(SpecModel):
     payload: PayloadSpec = Field(default_factory=PayloadSpec)
     stability: StabilitySpec = Field(default_factory=StabilitySpec)
     generator: GeneratorLimits = Field(default_factory=GeneratorLimits)
+    generators: Annotated[int, Field(ge=1, le=MAX_GENERATORS)] | Literal["auto"] = Field(
+        default=1,
+        description="Load-generator processes sharing each level (users or rate split between them), results "
+        "merged exactly; auto: one per core. On a cluster: that many load pods.",
+    )
 
     def describe(self) -> str:
         """One line for people: what load is about to run."""

@@ -344,6 +344,7 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> bool | None:
         resources.load_role_binding(owner),
         resources.deployment(owner, spec, image, experiment.settings.model_cache_claim),
         resources.service(owner),
+        *([resources.load_service(owner)] if resources.generator_count(spec) > 1 else []),
     )
     job = experiment.child("batch/v1", "Job", experiment.names.load)
     for ref in (*(Ref.of(manifest) for manifest in manifests), job):
@@ -400,6 +401,10 @@ def cluster_problems(spec: ExperimentSpec) -> list[str]:
         problems.append(f"spec.model.source.path: {source.path!r} is a local path; on Kubernetes use url or pvc")
     if payload.own_bodies and payload.config_map is None and payload.pvc is None:
         problems.append("spec.load.payload: files/records on Kubernetes come from a configMap or a pvc; name one")
+    if spec.load.generators == "auto":
+        problems.append(
+            "spec.load.generators: auto counts this machine's cores; on Kubernetes give the number of load pods"
+        )
     return problems
 
 
@@ -431,6 +436,20 @@ def model_init_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
             f"server pod {pod['metadata']['name']}: init container model exited with code "
             f"{terminated.get('exitCode', '?')}: {message}"
         ).strip()
+    return None
+
+
+def model_load_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(ModelLoadFailed, message) when the server container gave up on its model: its launcher ends it
+    with that termination message once the handler has failed to load (tsconfig.server_launcher)."""
+    for pod in pods:
+        for container in pod.get("status", {}).get("containerStatuses", []):
+            terminated = container.get("state", {}).get("terminated") or container.get("lastState", {}).get(
+                "terminated"
+            )
+            reason, _, message = str((terminated or {}).get("message") or "").strip().partition(": ")
+            if reason == "ModelLoadFailed":
+                return reason, f"server pod {pod['metadata']['name']}: {message}"
     return None
 
 
@@ -474,7 +493,7 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
         )  # fmt: skip
         await experiment.event("Normal", "ServerReady", f"TorchServe ready after {elapsed:.1f} s")
         return False
-    if (model_failure := model_init_failure(pods)) is not None:
+    if (model_failure := model_init_failure(pods) or model_load_failure(pods)) is not None:
         await experiment.fail(*model_failure)
         return True
     if (crash := crash_reason(pods)) is not None:

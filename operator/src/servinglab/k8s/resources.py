@@ -34,6 +34,10 @@ MANAGEMENT_PORT = 8081
 METRICS_PORT = 8082
 MODEL_STORE = "/home/model-server/model-store"
 CONFIG_DIR = "/etc/torchserve"
+#: TorchServe's log folder in the server container (an emptyDir: the root file system is read-only).
+SERVER_LOGS = "/home/model-server/logs"
+#: Written by the server container's launcher once every worker has loaded the model (on the /tmp emptyDir).
+SERVER_READY_FILE = "/tmp/servinglab-model-loaded"
 EXPERIMENT_DIR = "/etc/servinglab"
 MANAGED_BY = "servinglab-operator"
 #: uid of the `model-server` user in the pytorch/torchserve images
@@ -263,6 +267,7 @@ def deployment(
     if server.gpus:
         limits["nvidia.com/gpu"] = str(server.gpus)
     resources: dict[str, Any] = {"limits": limits} if limits else {}
+    launcher = tsconfig.server_launcher(spec.model.name, server.workers, SERVER_LOGS, SERVER_READY_FILE)
     if server.resources.requests:
         resources["requests"] = dict(server.resources.requests)
     return {
@@ -290,8 +295,11 @@ def deployment(
                         {
                             "name": "torchserve",
                             "image": server.image,
-                            "command": ["torchserve"],
+                            # sh runs torchserve with these args ("$@"), says when the model is loaded and
+                            # ends the container when it cannot be (see tsconfig.server_launcher)
+                            "command": ["sh", "-c", launcher],
                             "args": [
+                                "torchserve",
                                 "--foreground",
                                 "--ncs",
                                 "--disable-token-auth",
@@ -301,16 +309,17 @@ def deployment(
                                 MODEL_STORE,
                             ],  # fmt: skip
                             "env": [
-                                {"name": "LOG_LOCATION", "value": "/home/model-server/logs"},
-                                {"name": "METRICS_LOCATION", "value": "/home/model-server/logs"},
+                                {"name": "LOG_LOCATION", "value": SERVER_LOGS},
+                                {"name": "METRICS_LOCATION", "value": SERVER_LOGS},
                                 {"name": "TEMP", "value": "/tmp"},
                             ],
                             "ports": [
                                 {"name": "inference", "containerPort": INFERENCE_PORT},
                                 {"name": "metrics", "containerPort": METRICS_PORT},
                             ],
+                            # ready once every worker has loaded the model (/ping is Healthy before that)
                             "readinessProbe": {
-                                "httpGet": {"path": "/ping", "port": "inference"},
+                                "exec": {"command": ["test", "-f", SERVER_READY_FILE]},
                                 "periodSeconds": 2,
                                 "failureThreshold": 3,
                             },
@@ -323,7 +332,7 @@ def deployment(
                             "volumeMounts": [
                                 {"name": "model-store", "mountPath": MODEL_STORE},
                                 {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-                                {"name": "logs", "mountPath": "/home/model-server/logs"},
+                                {"name": "logs", "mountPath": SERVER_LOGS},
                                 {"name": "tmp", "mountPath": "/tmp"},
                                 {"name": "shm", "mountPath": "/dev/shm"},
                             ],
@@ -357,6 +366,32 @@ def service(owner: Owner) -> dict[str, Any]:
                 {"name": "inference", "port": INFERENCE_PORT, "targetPort": "inference"},
                 {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
             ],
+        },
+    }
+
+
+#: Where the first load pod (the coordinator) takes the other load pods' generators.
+GENERATOR_PORT = 7100
+
+
+def generator_count(spec: ExperimentSpec) -> int:
+    """Load pods: one per generator (cluster_problems refuses `auto`, a count of local cores)."""
+    generators = spec.load.generators
+    return generators if isinstance(generators, int) else 1
+
+
+def load_service(owner: Owner) -> dict[str, Any]:
+    """A headless Service for the load pods of a multi-generator Job: it gives the first pod the DNS
+    name `<job>-0.<job>` the others join it by (published before the pods are ready: they are never)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, Names(owner.name).load, "load"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector(owner, "load"),
+            "ports": [{"name": "generators", "port": GENERATOR_PORT, "targetPort": "generators"}],
         },
     }
 
@@ -412,6 +447,13 @@ def _payload_mounts(spec: ExperimentSpec) -> list[dict[str, Any]]:
     return [{"name": "payload", "mountPath": PAYLOAD_DIR, "readOnly": True}] if _payload_volumes(spec) else []
 
 
+def _generator_args(names: Names, count: int) -> list[str]:
+    if count == 1:
+        return []
+    coordinator = f"{names.load}-0.{names.load}:{GENERATOR_PORT}"  # indexed pod 0's hostname.subdomain
+    return ["--generators-listen", f"0.0.0.0:{GENERATOR_PORT}", "--generators-join", coordinator]
+
+
 def load_job(
     owner: Owner, spec: ExperimentSpec, servinglab_image: str, flops_per_inference: float | None = None
 ) -> dict[str, Any]:
@@ -425,6 +467,15 @@ def load_job(
         levels = len(load.rates) + (load.rate_search.max_probes if load.rate_search is not None else 0)
     measured = max(load.duration_seconds, load.stability.max_duration_seconds or 0.0)
     deadline = int(levels * (load.warmup_seconds + measured + load.request_timeout_seconds) + 300)
+    generators = generator_count(spec)
+    # several generators: an indexed Job, one pod each, all at once; pod 0 coordinates (see load_service)
+    indexed: dict[str, Any] = (
+        {"completionMode": "Indexed", "completions": generators, "parallelism": generators} if generators > 1 else {}
+    )
+    pod_extras: dict[str, Any] = {"subdomain": names.load} if generators > 1 else {}
+    container_extras: dict[str, Any] = (
+        {"ports": [{"name": "generators", "containerPort": GENERATOR_PORT}]} if generators > 1 else {}
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -432,9 +483,11 @@ def load_job(
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": deadline,
+            **indexed,
             "template": {
                 "metadata": {"labels": {**labels(owner, "load"), UID_LABEL: owner.uid}},
                 "spec": {
+                    **pod_extras,
                     "restartPolicy": "Never",
                     "serviceAccountName": names.load,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
@@ -457,11 +510,8 @@ def load_job(
                                 "--results-configmap",
                                 names.results,
                                 *_payload_args(spec),
-                                *(
-                                    ["--flops-per-inference", str(int(flops_per_inference))]
-                                    if flops_per_inference
-                                    else []
-                                ),
+                                *_flops_args(flops_per_inference),
+                                *_generator_args(names, generators),
                             ],  # fmt: skip
                             "env": [
                                 {
@@ -473,6 +523,7 @@ def load_job(
                                     "value": json.dumps(owner_reference(owner, controller=False)),
                                 },
                             ],
+                            **container_extras,
                             "terminationMessagePolicy": "FallbackToLogsOnError",
                             "volumeMounts": [
                                 {"name": "experiment", "mountPath": EXPERIMENT_DIR, "readOnly": True},

@@ -29,7 +29,7 @@ from typing import Any
 
 import gevent
 
-from servinglab.loadgen.hooks import LevelHooks
+from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.stats import (
     CpuMeter,
@@ -56,6 +56,8 @@ class LoadPlan:
     check: ResponseCheck | None = None
     stability: StabilitySpec = field(default_factory=StabilitySpec)
     generator_limits: GeneratorLimits = field(default_factory=GeneratorLimits)
+    timing: LevelTiming = field(default_factory=LevelTiming)
+    payload_offset: int = 0  # where this generator's users start in the payloads (several generators)
     sending: bool = False
     measuring_since: float | None = None
     in_flight: int = 0
@@ -113,7 +115,7 @@ class InferenceUser(FastHttpUser):
     def on_start(self) -> None:
         # Users start at different payloads so a batch mixes images.
         InferenceUser._offset += 1
-        self.next_payload = InferenceUser._offset
+        self.next_payload = InferenceUser._offset + self._plan.payload_offset
         self.free_since: float | None = None  # when this user's last response arrived
 
     @property
@@ -210,21 +212,19 @@ def _run_level(
     runner.start(level, spawn_rate=min(level, _MAX_SPAWN_RATE), wait=False)
     while runner.user_count < level:
         gevent.sleep(0.02)
-    _wait(warmup_seconds, lambda done: report("warmup", done, warmup_seconds))
+    measure_from = plan.timing.measure_from(time.time() + warmup_seconds)
+    _wait(max(0.0, measure_from - time.time()), lambda done: report("warmup", done, warmup_seconds))
 
     hooks.started(index)
     plan.send_gaps_ms = []
-    plan.measuring_since = time.time()
+    since = plan.measuring_since = max(measure_from, time.time())
     cpu = CpuMeter()
     _wait(duration_seconds, lambda done: report("measure", done, duration_seconds))
-    verdict = _stability(plan)
     rule = plan.stability
     measured = duration_seconds
-    while verdict["stable"] is False and rule.max_duration_seconds and measured < rule.max_duration_seconds:
-        extra = min(rule.window_seconds, rule.max_duration_seconds - measured)
-        _wait(extra, functools.partial(_report_extension, report, measured, rule.max_duration_seconds))
+    while (extra := plan.timing.extend(list(plan.samples), since, measured, rule)) > 0:
+        _wait(extra, functools.partial(_report_extension, report, measured, rule.max_duration_seconds or measured))
         measured += extra
-        verdict = _stability(plan)
     plan.sending = False
     cpu_percent = cpu.percent()
 
@@ -236,7 +236,6 @@ def _run_level(
         gevent.sleep(0.02)
     hooks.ended(index)
     runner.stop()
-    since = plan.measuring_since or 0.0
     samples, plan.samples, plan.measuring_since = plan.samples, [], None
     # the final verdict: the whole measured period, every request answered
     verdict = judge_stability(samples, since, since + measured, plan.stability)
@@ -248,12 +247,6 @@ def _run_level(
 
 def _report_extension(report: Callable[[str, float, float], None], base: float, limit: float, done: float) -> None:
     report("extend", base + done, limit)
-
-
-def _stability(plan: LoadPlan) -> dict[str, object]:
-    """The verdict so far, during the run (decides whether to extend the level)."""
-    now = time.time()
-    return judge_stability(list(plan.samples), plan.measuring_since or now, now, plan.stability, in_flight_at=now)
 
 
 def _wait(seconds: float, tick: Callable[[float], None]) -> None:

@@ -4,8 +4,9 @@ The one place that turns `spec.load` into level runs, shared by the local runner
 loadtest` (the Kubernetes Job), so both produce the same levels. Level hooks receive the level's
 index in the run (sweep levels first, then the peak-search probes). With `repeats`, each level runs
 that many times and the runs are combined (:func:`stats.combine_repeats`); the server-side
-breakdown is then that of the last run. :func:`wait_until_serving` is the check the Job makes
-before it measures.
+breakdown is then that of the last run. With `generators` > 1 each level is split between that
+many processes and merged exactly (:mod:`servinglab.loadgen.generators`). :func:`wait_until_serving`
+is the check the Job makes before it measures.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from functools import partial
+from multiprocessing.connection import Connection
+from typing import Any
 
-from servinglab.loadgen import closed_loop, open_loop
+from servinglab.loadgen import closed_loop, generators, open_loop
 from servinglab.loadgen.hooks import LevelHooks
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.peak import search_peak_rate
 from servinglab.loadgen.stats import LevelStats, combine_repeats
 from servinglab.spec import LoadSpec, ResponseCheck
-
-Level = TypeVar("Level", int, float)  # users (closed loop) or requests per second (open loop)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,10 @@ class Target:
     check: ResponseCheck | None = None
 
 
+#: The generator settings of a closed- or open-loop run.
+Plan = closed_loop.LoadPlan | open_loop.OpenLoopPlan
+
+
 @dataclass
 class LoadOutcome:
     levels: list[LevelStats] = field(default_factory=list)
@@ -44,40 +49,60 @@ class LoadOutcome:
     peak: dict[str, Any] | None = None
 
 
-def run_load(load: LoadSpec, slo_p99_ms: float | None, target: Target, hooks: LevelHooks | None = None) -> LoadOutcome:
+def run_load(
+    load: LoadSpec,
+    slo_p99_ms: float | None,
+    target: Target,
+    hooks: LevelHooks | None = None,
+    remote: Sequence[Connection] = (),
+) -> LoadOutcome:
+    """Every level of `load`, in this process or split between generators: `load.generators` local
+    processes, or one local process and the `remote` generators (the other load pods) that joined."""
+    plan: Plan
     if load.mode == "closed":
         plan = closed_loop.LoadPlan(
             target=target.url, path=target.path, payloads=target.payloads, check=target.check,
             request_timeout_seconds=load.request_timeout_seconds, stability=load.stability,
             generator_limits=load.generator,
         )  # fmt: skip
+    else:
+        plan = open_loop.OpenLoopPlan(
+            target=target.url, path=target.path, payloads=target.payloads, check=target.check,
+            request_timeout_seconds=load.request_timeout_seconds, arrival=load.arrival,
+            max_in_flight=load.max_in_flight, seed=load.payload.seed, stability=load.stability,
+            generator_limits=load.generator,
+        )  # fmt: skip
+    local = 1 if remote else generators.resolve_count(load.generators)
+    if local == 1 and not remote:
+        return _run_levels(load, slo_p99_ms, partial(_in_process, plan, load, hooks))
+    with generators.GeneratorPool(plan, local=local, remote=remote) as pool:
+        return _run_levels(
+            load, slo_p99_ms,
+            lambda level, index: pool.run_level(level, index, load.warmup_seconds, load.duration_seconds, hooks),
+        )  # fmt: skip
 
-        def run_users(users: int, index: int) -> LevelStats:
-            return closed_loop.run_levels(
-                plan, [users], load.warmup_seconds, load.duration_seconds, hooks, first_index=index
-            )[0]
 
-        stats = _each_repeated(run_users, load.concurrency, 0, load.repeats)
+def _in_process(plan: Plan, load: LoadSpec, hooks: LevelHooks | None, level: float, index: int) -> LevelStats:
+    if isinstance(plan, closed_loop.LoadPlan):
+        run = closed_loop.run_levels(plan, [int(level)], load.warmup_seconds, load.duration_seconds, hooks, index)
+    else:
+        run = open_loop.run_rates(plan, [level], load.warmup_seconds, load.duration_seconds, hooks, index)
+    return run[0]
+
+
+def _run_levels(load: LoadSpec, slo_p99_ms: float | None, run_one: Callable[[float, int], LevelStats]) -> LoadOutcome:
+    """The requested levels (each repeated), then the open loop's peak-rate search if asked for."""
+    if load.mode == "closed":
+        stats = _each_repeated(run_one, [float(users) for users in load.concurrency], 0, load.repeats)
         return LoadOutcome(stats, len(stats))
 
-    open_plan = open_loop.OpenLoopPlan(
-        target=target.url, path=target.path, payloads=target.payloads, check=target.check,
-        request_timeout_seconds=load.request_timeout_seconds, arrival=load.arrival, max_in_flight=load.max_in_flight,
-        seed=load.payload.seed, stability=load.stability, generator_limits=load.generator,
-    )  # fmt: skip
-
-    def run_rate(rate: float, index: int) -> LevelStats:
-        return open_loop.run_rates(
-            open_plan, [rate], load.warmup_seconds, load.duration_seconds, hooks, first_index=index
-        )[0]
-
     outcome = LoadOutcome()
-    outcome.levels = _each_repeated(run_rate, load.rates, 0, load.repeats)
+    outcome.levels = _each_repeated(run_one, load.rates, 0, load.repeats)
     outcome.sweep_levels = len(outcome.levels)
     if load.rate_search is not None and slo_p99_ms is not None:
 
         def probe(rate: float) -> LevelStats:
-            (stats,) = _each_repeated(run_rate, [rate], len(outcome.levels), load.repeats)
+            (stats,) = _each_repeated(run_one, [rate], len(outcome.levels), load.repeats)
             outcome.levels.append(stats)
             return stats
 
@@ -86,7 +111,7 @@ def run_load(load: LoadSpec, slo_p99_ms: float | None, target: Target, hooks: Le
 
 
 def _each_repeated(
-    run_one: Callable[[Level, int], LevelStats], levels: Sequence[Level], first_index: int, repeats: int
+    run_one: Callable[[float, int], LevelStats], levels: Sequence[float], first_index: int, repeats: int
 ) -> list[LevelStats]:
     """Each level run `repeats` times and the runs combined; level i's hooks get `first_index + i`."""
     return [

@@ -29,7 +29,7 @@ from geventhttpclient import HTTPClient
 
 from servinglab.loadgen.arrivals import arrival_offsets
 from servinglab.loadgen.closed_loop import check_answer, error_kind
-from servinglab.loadgen.hooks import LevelHooks
+from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.stats import (
     CpuMeter,
@@ -58,6 +58,8 @@ class OpenLoopPlan:
     seed: int = 0
     stability: StabilitySpec = field(default_factory=StabilitySpec)
     generator_limits: GeneratorLimits = field(default_factory=GeneratorLimits)
+    timing: LevelTiming = field(default_factory=LevelTiming)
+    payload_offset: int = 0  # where this generator starts in the payloads (several generators)
 
 
 @dataclass
@@ -111,8 +113,11 @@ def _run_rate(
     rule = plan.stability
     longest = max(duration_seconds, rule.max_duration_seconds or 0.0)
     offsets = arrival_offsets(rate, warmup_seconds + longest, plan.arrival, plan.seed + index)
-    start = time.perf_counter() + _START_DELAY_SECONDS
-    level = _Level(measure_from=start + warmup_seconds, epoch_offset=time.time() - time.perf_counter())
+    epoch_offset = time.time() - time.perf_counter()
+    planned_from = time.perf_counter() + _START_DELAY_SECONDS + warmup_seconds
+    measure_from = plan.timing.measure_from(planned_from + epoch_offset) - epoch_offset
+    start = measure_from - warmup_seconds
+    level = _Level(measure_from=measure_from, epoch_offset=epoch_offset)
     level.measure_until = level.measure_from + duration_seconds
     pool = gevent.pool.Group()
 
@@ -122,10 +127,8 @@ def _run_rate(
     cpu: CpuMeter | None = None
     for number, offset in enumerate(offsets):
         scheduled = start + offset
-        if scheduled >= level.measure_until:
-            gevent.sleep(max(0.0, level.measure_until - time.perf_counter()))  # judge the whole period
-            if not _extend_if_unstable(level, rule):
-                break
+        if scheduled >= level.measure_until and not _measure_on(plan, level):
+            break
         if cpu is None and scheduled >= level.measure_from:
             gevent.sleep(max(0.0, level.measure_from - time.perf_counter()))
             hooks.started(index)
@@ -137,14 +140,20 @@ def _run_rate(
                 report("warmup", elapsed, warmup_seconds)
             else:
                 report("measure", elapsed - warmup_seconds, duration_seconds)
-        _dispatch(client, plan, level, pool, scheduled, plan.payloads[number % len(plan.payloads)])
+        _dispatch(
+            client, plan, level, pool, scheduled, plan.payloads[(number + plan.payload_offset) % len(plan.payloads)]
+        )
+    else:  # the schedule ended with the longest period allowed: its end is still judged (and told)
+        _measure_on(plan, level)
     cpu_percent = cpu.percent() if cpu is not None else 0.0
     report("drain", 0.0, 0.0)
     pool.join(timeout=plan.request_timeout_seconds + 5.0)
     pool.kill(block=False)
     hooks.ended(index)
     measured_seconds = level.measure_until - level.measure_from
-    verdict = _stability(level, rule, final=True)  # the whole measured period, every request answered
+    # the whole measured period, every request answered
+    start, end = level.epoch_offset + level.measure_from, level.epoch_offset + level.measure_until
+    verdict = judge_stability(list(level.samples), start, end, rule)
     verdict["measuredSeconds"] = round(measured_seconds, 3)
     sent = len(level.samples) - level.dropped
     open_loop = {
@@ -159,14 +168,14 @@ def _run_rate(
     return dataclasses.replace(stats, rate_rps=rate, stability=verdict, generator=generator, open_loop=open_loop)
 
 
-def _extend_if_unstable(level: _Level, rule: StabilitySpec) -> bool:
-    """At the end of the measured period: judge stability; extend one window if unstable and allowed."""
-    if _stability(level, rule)["stable"] is False and rule.max_duration_seconds:
-        limit = level.measure_from + rule.max_duration_seconds
-        if level.measure_until < limit:
-            level.measure_until = min(level.measure_until + rule.window_seconds, limit)
-            return True
-    return False
+def _measure_on(plan: OpenLoopPlan, level: _Level) -> bool:
+    """At the end of the measured period (waited for: the whole period is judged), whether to measure
+    on, as the level's timing says."""
+    gevent.sleep(max(0.0, level.measure_until - time.perf_counter()))
+    start = level.epoch_offset + level.measure_from
+    extra = plan.timing.extend(list(level.samples), start, level.measure_until - level.measure_from, plan.stability)
+    level.measure_until += extra
+    return extra > 0
 
 
 def _dispatch(
@@ -206,9 +215,3 @@ def _send(
         level.lags_ms.append((sent - scheduled) * 1000.0)
         latency_ms = (finished - scheduled) * 1000.0  # from the scheduled time: no coordinated omission
         level.samples.append(Sample(level.epoch_offset + scheduled, latency_ms, error))
-
-
-def _stability(level: _Level, rule: StabilitySpec, final: bool = False) -> dict[str, object]:
-    """The verdict over the measured period; during the run, over the windows answered so far."""
-    start, end = level.epoch_offset + level.measure_from, level.epoch_offset + level.measure_until
-    return judge_stability(list(level.samples), start, end, rule, in_flight_at=None if final else time.time())

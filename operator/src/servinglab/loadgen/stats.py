@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -226,6 +227,19 @@ def judge_stability(
     return stability_verdict(windows(samples, start, end, rule.window_seconds), rule.windows, rule.tolerance)
 
 
+def extension_seconds(
+    samples: Sequence[Sample], start: float, measured: float, rule: StabilitySpec, now: float
+) -> float:
+    """At the end of a level's measured period: how much longer to measure. One more window while the
+    level is unstable and `rule.maxDurationSeconds` allows it, else 0."""
+    limit = rule.max_duration_seconds
+    if not limit or measured >= limit:
+        return 0.0
+    if judge_stability(samples, start, start + measured, rule, in_flight_at=now)["stable"] is not False:
+        return 0.0
+    return min(rule.window_seconds, limit - measured)
+
+
 class CpuMeter:
     """CPU time this process used since creation, as a percentage of one core over the wall time."""
 
@@ -254,13 +268,7 @@ def generator_verdict(
     """
     gaps = sorted(send_gaps_ms)
     gap_p99 = percentile(gaps, 99) if gaps else 0.0
-    reasons = []
-    if cpu_percent >= limits.max_cpu_percent:
-        reasons.append(f"generator CPU {cpu_percent:.0f}% >= {limits.max_cpu_percent:g}%")
-    material = latency_p99_ms is None or gap_p99 > limits.max_send_gap_share * latency_p99_ms
-    if gap_p99 > limits.max_send_gap_ms and material:
-        share = f", {gap_p99 / latency_p99_ms:.0%} of p99 latency" if latency_p99_ms else ""
-        reasons.append(f"p99 send gap {gap_p99:.1f} ms > {limits.max_send_gap_ms:g} ms{share}")
+    reasons = _limit_reasons(cpu_percent, gap_p99, limits, latency_p99_ms)
     return {
         "cpuPercent": round(cpu_percent, 1),
         "sendGapMs": {
@@ -270,6 +278,44 @@ def generator_verdict(
         },
         "saturated": bool(reasons),
         **({"reason": "; ".join(reasons)} if reasons else {}),
+    }
+
+
+def _limit_reasons(
+    cpu_percent: float, gap_p99: float, limits: GeneratorLimits, latency_p99_ms: float | None
+) -> list[str]:
+    reasons = []
+    if cpu_percent >= limits.max_cpu_percent:
+        reasons.append(f"generator CPU {cpu_percent:.0f}% >= {limits.max_cpu_percent:g}%")
+    material = latency_p99_ms is None or gap_p99 > limits.max_send_gap_share * latency_p99_ms
+    if gap_p99 > limits.max_send_gap_ms and material:
+        share = f", {gap_p99 / latency_p99_ms:.0%} of p99 latency" if latency_p99_ms else ""
+        reasons.append(f"p99 send gap {gap_p99:.1f} ms > {limits.max_send_gap_ms:g} ms{share}")
+    return reasons
+
+
+def merge_generator_verdicts(
+    verdicts: Sequence[dict[str, Any]], limits: GeneratorLimits, latency_p99_ms: float | None
+) -> dict[str, object]:
+    """One level driven by several generator processes: each is judged again against the merged p99
+    latency (a send gap is material or not relative to what the level measured), and any generator
+    that limited the load flags the level, by number. The level's CPU and send gap are the worst
+    generator's; every generator's own verdict is kept."""
+    judged = []
+    for verdict in verdicts:
+        cpu, gap_p99 = float(verdict["cpuPercent"]), float(verdict["sendGapMs"]["p99"])
+        reasons = _limit_reasons(cpu, gap_p99, limits, latency_p99_ms)
+        own = {key: value for key, value in verdict.items() if key not in ("saturated", "reason")}
+        judged.append({**own, "saturated": bool(reasons), **({"reason": "; ".join(reasons)} if reasons else {})})
+    flagged = [f"generator {i + 1} of {len(judged)}: {v['reason']}" for i, v in enumerate(judged) if v["saturated"]]
+    worst_gap = max(judged, key=lambda v: float(v["sendGapMs"]["p99"]))
+    return {
+        "generators": len(judged),
+        "cpuPercent": max(float(v["cpuPercent"]) for v in judged),
+        "sendGapMs": worst_gap["sendGapMs"],
+        "saturated": bool(flagged),
+        **({"reason": "; ".join(flagged)} if flagged else {}),
+        "perGenerator": judged,
     }
 
 

@@ -1,0 +1,329 @@
+"""Several load-generator processes driving one level together, merged as if one had measured it.
+
+One generator process keeps about 3,500 requests/s closed loop (gevent uses one core); a faster
+server needs more. A `GeneratorPool` starts `spec.load.generators` processes once per run. For each
+level it gives every process its share — of the users, or of the offered rate (each process a
+Poisson process of rate/N with its own seed: their sum is a Poisson process at the full rate) —
+and one common epoch time at which all of them start measuring, so their measured periods line up.
+
+The coordinator (the calling process) decides for all of them: at the end of the measured period
+each generator sends the samples it has so far, the coordinator judges stability on their union
+and tells every generator to measure one more window or to stop. The merged level is exactly what
+one process would have computed over the union of every request: nearest-rank percentiles over all
+samples, throughput from the first send to the last answer, errors by kind, stability windows, open-
+loop sent/late/dropped counts summed. Each generator's saturation is judged again against the merged
+p99 latency; any saturated generator flags the level, naming which (:func:`stats.merge_generator_verdicts`).
+
+Used by :func:`servinglab.loadgen.levels.run_load` when more than one generator is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import os
+import socket
+import time
+from collections.abc import Sequence
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any
+
+import gevent
+
+from servinglab.loadgen import closed_loop, open_loop
+from servinglab.loadgen.hooks import LevelHooks, LevelTiming
+from servinglab.loadgen.stats import (
+    LevelStats,
+    Sample,
+    extension_seconds,
+    judge_stability,
+    merge_generator_verdicts,
+    summarise,
+)
+
+#: Users a generator spawns per second (Locust's advice); the common start leaves time for it.
+_SPAWN_RATE = 100
+_SETUP_SECONDS = 1.0
+#: Seeds of different generators' arrival streams are this far apart.
+_SEED_STRIDE = 1_000_003
+_TICK_SECONDS = 0.25
+
+
+def resolve_count(generators: int | str) -> int:
+    """`auto` is one generator per core of this machine."""
+    return (os.cpu_count() or 1) if generators == "auto" else int(generators)
+
+
+def split_users(users: int, count: int) -> list[int]:
+    """Users as evenly as they go, at most one apart; generators beyond `users` get none."""
+    return [users // count + (1 if i < users % count else 0) for i in range(count)]
+
+
+def split_rate(rate: float, count: int) -> list[float]:
+    return [rate / count] * count
+
+
+class _CoordinatedTiming(LevelTiming):
+    """A generator's timing when a coordinator decides: its start time, and each extension."""
+
+    def __init__(self, connection: Connection, measure_from: float) -> None:
+        self._connection = connection
+        self._measure_from = measure_from
+        self._sent = 0
+
+    def measure_from(self, planned: float) -> float:
+        return self._measure_from
+
+    def extend(self, samples: Sequence[Sample], start: float, measured: float, rule: Any) -> float:
+        self._connection.send(("samples", list(samples[self._sent :])))
+        self._sent = len(samples)
+        while not self._connection.poll():  # the generator's users keep sending meanwhile
+            gevent.sleep(0.002)
+        extra: float = self._connection.recv()
+        return extra
+
+
+def serve(connection: Connection) -> None:
+    """A generator: takes its plan from the coordinator, then runs each level it is given with its
+    share, until told to stop. The same over a pipe (a local process) or TCP (a load pod)."""
+    loop: str = "closed"
+    plan: Any = None  # the first order carries it
+    while (order := connection.recv()) is not None:
+        if order == "clock":  # the coordinator measures this generator's clock offset
+            connection.send(time.time())
+            continue
+        if order[0] == "plan":
+            _, loop, plan = order
+            continue
+        share, index, measure_from, warmup_seconds, duration_seconds = order
+        plan.timing = _CoordinatedTiming(connection, measure_from)
+        if loop == "closed":
+            (stats,) = closed_loop.run_levels(plan, [share], warmup_seconds, duration_seconds, first_index=index)
+        else:
+            (stats,) = open_loop.run_rates(plan, [share], warmup_seconds, duration_seconds, first_index=index)
+        connection.send(("done", stats))
+
+
+def _blocking(connection: Connection) -> Connection:
+    # a connection made under gevent's patched socket module is non-blocking; recv() expects blocking
+    os.set_blocking(connection.fileno(), True)
+    return connection
+
+
+def _authenticated(sock: socket.socket, authkey: bytes, first: bool) -> Connection:
+    """A blocking Connection over `sock`, once both ends have proved they hold `authkey` (the HMAC
+    handshake multiprocessing's Listener and Client use; done here on a socket made blocking first)."""
+    connection = _blocking(Connection(sock.detach()))
+    if first:
+        deliver_challenge(connection, authkey)
+        answer_challenge(connection, authkey)
+    else:
+        answer_challenge(connection, authkey)
+        deliver_challenge(connection, authkey)
+    return connection
+
+
+def accept_generators(address: tuple[str, int], count: int, authkey: bytes, timeout_seconds: float) -> list[Connection]:
+    """Wait for `count` generators to join over TCP (the other pods of an indexed load Job)."""
+    joined: list[Connection] = []
+    with socket.create_server(address) as server:
+        try:
+            with gevent.Timeout(timeout_seconds):  # the load command runs gevent-patched: accept() yields
+                while len(joined) < count:
+                    sock, peer = server.accept()
+                    try:
+                        joined.append(_authenticated(sock, authkey, first=True))
+                    except (AuthenticationError, EOFError, OSError) as exc:  # not one of ours: ignored
+                        logging.getLogger(__name__).warning("refused a generator connection from %s: %s", peer, exc)
+        except gevent.Timeout:
+            raise GeneratorError(
+                f"{len(joined)} of {count} load generators joined within {timeout_seconds:g} s"
+            ) from None
+    return joined
+
+
+def join_coordinator(address: tuple[str, int], authkey: bytes, timeout_seconds: float) -> Connection:
+    """Connect to the coordinator (pod 0 of an indexed load Job), retrying while it starts."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        try:
+            return _authenticated(socket.create_connection(address, timeout=10), authkey, first=False)
+        except AuthenticationError as exc:
+            raise GeneratorError(
+                f"the load coordinator at {address[0]}:{address[1]} refused this generator: {exc}"
+            ) from None
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise GeneratorError(f"cannot reach the load coordinator at {address[0]}:{address[1]}: {exc}") from None
+            time.sleep(1.0)
+
+
+class GeneratorError(RuntimeError):
+    """Generators could not be brought together."""
+
+
+class GeneratorPool:
+    """Generators for a closed-loop (`LoadPlan`) or open-loop (`OpenLoopPlan`) run: `local` processes
+    started here, and `remote` ones already connected (whose clocks may differ from this one's)."""
+
+    def __init__(
+        self, plan: closed_loop.LoadPlan | open_loop.OpenLoopPlan, local: int, remote: Sequence[Connection] = ()
+    ) -> None:
+        self.loop = "closed" if isinstance(plan, closed_loop.LoadPlan) else "open"
+        self.plan = plan
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: gevent patches it itself
+        self._connections: list[Connection] = []
+        self._offsets: list[float] = []  # each generator's clock minus this one's
+        self._processes: list[Any] = []
+        for _ in range(local):
+            parent, child = context.Pipe()
+            process = context.Process(target=serve, args=(_blocking(child),), daemon=True)
+            process.start()
+            child.close()
+            self._connections.append(_blocking(parent))
+            self._offsets.append(0.0)  # the same clock
+            self._processes.append(process)
+        for connection in remote:
+            self._connections.append(connection)
+            self._offsets.append(_clock_offset(connection))
+        count = len(self._connections)
+        payloads = max(1, len(plan.payloads))
+        for number, connection in enumerate(self._connections):
+            offset = number * payloads // count  # generators start at different bodies
+            own: closed_loop.LoadPlan | open_loop.OpenLoopPlan
+            if isinstance(plan, open_loop.OpenLoopPlan):
+                own = dataclasses.replace(plan, payload_offset=offset, seed=plan.seed + number * _SEED_STRIDE)
+            else:
+                own = dataclasses.replace(plan, payload_offset=offset)
+            connection.send(("plan", self.loop, own))
+
+    @property
+    def count(self) -> int:
+        return len(self._connections)
+
+    def run_level(
+        self, level: float, index: int, warmup_seconds: float, duration_seconds: float, hooks: LevelHooks | None = None
+    ) -> LevelStats:
+        """One level (users or rate) split between the generators and merged exactly."""
+        hooks = hooks or LevelHooks()
+        if self.loop == "closed":
+            shares: list[float] = [float(users) for users in split_users(int(level), self.count)]
+            setup = _SETUP_SECONDS + max(shares) / _SPAWN_RATE
+        else:
+            shares = split_rate(level, self.count)
+            setup = _SETUP_SECONDS
+        active = [i for i, share in enumerate(shares) if share > 0]
+        measure_from = time.time() + setup + warmup_seconds
+        for i in active:
+            share = int(shares[i]) if self.loop == "closed" else shares[i]
+            self._connections[i].send((share, index, measure_from + self._offsets[i], warmup_seconds, duration_seconds))
+        label = f"c={int(level)}" if self.loop == "closed" else f"{level:g} rps"
+        self._tick_until(measure_from, hooks, label, "warmup", warmup_seconds)
+        hooks.started(index)
+        self._tick_until(measure_from + duration_seconds, hooks, label, "measure", duration_seconds)
+        samples: list[Sample] = []
+        measured = duration_seconds
+        while True:
+            for i in active:
+                samples.extend(self._own_clock(i, self._receive(i, "samples")))
+            extra = extension_seconds(samples, measure_from, measured, self.plan.stability, time.time())
+            for i in active:
+                self._connections[i].send(extra)
+            if extra <= 0:
+                break
+            measured += extra
+            hooks.report(label, "extend", measured, self.plan.stability.max_duration_seconds or measured, len(samples))
+        parts = []
+        for i in active:
+            stats: LevelStats = self._receive(i, "done")
+            parts.append(dataclasses.replace(stats, samples=tuple(self._own_clock(i, stats.samples))))
+        hooks.ended(index)
+        return merge_levels(parts, measure_from, measured, self.plan, level)
+
+    def _receive(self, number: int, expected: str) -> Any:
+        try:
+            kind, payload = self._connections[number].recv()
+        except (EOFError, OSError) as exc:
+            raise GeneratorError(f"load generator {number + 1} of {self.count} stopped answering: {exc!r}") from None
+        if kind != expected:
+            raise GeneratorError(f"load generator {number + 1} of {self.count} sent {kind!r}, not {expected!r}")
+        return payload
+
+    def _own_clock(self, number: int, samples: Sequence[Sample]) -> list[Sample]:
+        """A generator's samples with their send times on this process's clock."""
+        offset = self._offsets[number]
+        if offset == 0.0:
+            return list(samples)
+        return [dataclasses.replace(sample, sent_at=sample.sent_at - offset) for sample in samples]
+
+    def _tick_until(self, until: float, hooks: LevelHooks, label: str, phase: str, planned: float) -> None:
+        while (left := until - time.time()) > 0:
+            hooks.report(label, phase, max(0.0, planned - left), planned, 0)
+            time.sleep(min(_TICK_SECONDS, left))
+
+    def close(self) -> None:
+        for connection in self._connections:
+            with contextlib.suppress(OSError):  # a generator that died has closed its end
+                connection.send(None)
+        for process in self._processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+
+    def __enter__(self) -> GeneratorPool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def _clock_offset(connection: Connection, rounds: int = 5) -> float:
+    """The other end's clock minus this one's, from the round trip with the least delay."""
+    best: tuple[float, float] | None = None
+    for _ in range(rounds):
+        sent = time.time()
+        connection.send("clock")
+        theirs = float(connection.recv())
+        answered = time.time()
+        if best is None or answered - sent < best[0]:
+            best = (answered - sent, theirs - (sent + answered) / 2)
+    assert best is not None
+    return best[1]
+
+
+def merge_levels(
+    parts: Sequence[LevelStats],
+    measure_from: float,
+    measured_seconds: float,
+    plan: closed_loop.LoadPlan | open_loop.OpenLoopPlan,
+    level: float,
+) -> LevelStats:
+    """The level as one process would have measured it, from every generator's samples."""
+    samples = [sample for part in parts for sample in part.samples]
+    closed = isinstance(plan, closed_loop.LoadPlan)
+    stats = summarise(int(level) if closed else None, samples)
+    verdict = judge_stability(samples, measure_from, measure_from + measured_seconds, plan.stability)
+    verdict["measuredSeconds"] = round(measured_seconds, 3)
+    generators = [part.generator or {} for part in parts]
+    generator = merge_generator_verdicts(generators, plan.generator_limits, stats.latency_ms.get("p99"))
+    open_loop_figures = None
+    if not closed:
+        figures: list[dict[str, Any]] = [dict(part.open_loop or {}) for part in parts]
+        sent = sum(1 for sample in samples if sample.error != "dropped")
+        open_loop_figures = {
+            "offeredRps": level,
+            "arrival": figures[0].get("arrival"),
+            "sentRps": round(sent / measured_seconds, 3) if measured_seconds > 0 else 0.0,
+            "lateSends": sum(int(f.get("lateSends", 0)) for f in figures),
+            "droppedSends": sum(int(f.get("droppedSends", 0)) for f in figures),
+        }
+    return dataclasses.replace(
+        stats,
+        stability=verdict,
+        generator=generator,
+        rate_rps=None if closed else level,
+        open_loop=open_loop_figures,
+    )
