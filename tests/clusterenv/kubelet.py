@@ -3,7 +3,7 @@
 KWOK moves pods through their phases but runs nothing. For end-to-end tests this harness watches
 one namespace and, for servinglab's pods (by `app.kubernetes.io/component`: the Helm chart's
 `operator` and its `test` hook, the operator's `server` and `load`), does what a kubelet would with
-the very specs stored in the API: mounts the ConfigMaps (as files) and PersistentVolumeClaims (as
+the very specs stored in the API: mounts the ConfigMaps (as files, `binaryData` too) and PersistentVolumeClaims (as
 folders), runs the init container's script (a failure is reported as a kubelet would: the pod back
 to Pending, the init container's last termination with its exit code and message), starts the
 container's command with its args and env, runs its readiness probe (HTTP or exec), and reports
@@ -220,11 +220,13 @@ class LocalKubelet:
                 mapping[mount["mountPath"]] = self.claims_root / volume["persistentVolumeClaim"]["claimName"]
                 continue
             if "configMap" in volume and not local.exists():
-                data = self.kubectl.get("configmap", volume["configMap"]["name"], "-n", self.namespace).get("data", {})
+                stored = self.kubectl.get("configmap", volume["configMap"]["name"], "-n", self.namespace)
+                data = {key: value.encode() for key, value in stored.get("data", {}).items()}
+                data.update({key: base64.b64decode(value) for key, value in stored.get("binaryData", {}).items()})
                 items = volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]
                 local.mkdir(parents=True)
                 for item in items:
-                    (local / item["path"]).write_text(data[item["key"]])
+                    (local / item["path"]).write_bytes(data[item["key"]])
             local.mkdir(parents=True, exist_ok=True)
             mapping[mount["mountPath"]] = local
         return mapping

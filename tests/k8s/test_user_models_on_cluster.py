@@ -5,6 +5,7 @@ experiment with its own reason and nothing left running."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Callable
@@ -156,13 +157,15 @@ def test_an_archive_with_its_own_handler_and_text_bodies_from_a_configmap(
     user_models: UserModels, monitoring: tuple[DcgmExporter, Prometheus],
 ) -> None:  # fmt: skip
     kubelet = kubelet_factory()
+    blob = base64.b64encode(bytes(range(256)) * 4).decode()  # a binary body: the ConfigMap's binaryData
     cluster.kubectl.apply(
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "texts", "namespace": namespace},
-         "data": {"hello.json": '{"text": "hello"}', "note.txt": "plain text, answered with no JSON"}}
+         "data": {"hello.json": '{"text": "hello"}', "note.txt": "plain text, answered with no JSON"},
+         "binaryData": {"blob.bin": blob}}
     )  # fmt: skip
     with file_server(user_models.folder) as files:
         model = {"name": "echo", "source": {"url": f"{files.url}/{user_models.echo_mar.name}"}}
-        payload = {"files": ["hello.json", "note.txt"], "configMap": "texts", "check": {"json": True}}
+        payload = {"files": ["hello.json", "note.txt", "blob.bin"], "configMap": "texts", "check": {"json": True}}
         cluster.kubectl.apply(own_model_experiment("echo", model, payload, "fp32"), namespace=namespace)
         body = wait_finished(cluster, namespace, "echo", operator.log)
     status = body["status"]
