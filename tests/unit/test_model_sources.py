@@ -125,6 +125,12 @@ def test_kubernetes_refuses_what_only_a_local_run_can_read() -> None:
         "spec.model.source.path: 'm.pt' is a local path; on Kubernetes use url or pvc",
         "spec.load.payload: files/records on Kubernetes come from a configMap or a pvc; name one",
     ]
+    shaped = document({"name": "tiny"})
+    shaped["spec"]["load"] = {"mode": "open", "generators": "auto", "shape": {"trace": {"file": "t.csv"}}}
+    assert cluster_problems(parse_experiment(shaped).spec) == [
+        "spec.load.shape.trace: on Kubernetes the trace file comes from payload's configMap or pvc",
+        "spec.load.generators: auto counts this machine's cores; on Kubernetes give the number of load pods",
+    ]
 
 
 def test_the_fetching_init_container_alone_sees_the_credentials_and_the_claim() -> None:

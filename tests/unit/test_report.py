@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from servinglab.loadgen.stats import Sample, summarise
+from servinglab.loadgen.stats import Sample, summarise, windows
 
 SERVINGLAB = str(Path(sys.executable).with_name("servinglab"))
 
@@ -16,10 +16,16 @@ SERVINGLAB = str(Path(sys.executable).with_name("servinglab"))
 def closed_loop_document() -> dict[str, Any]:
     results = []
     for concurrency, latency in ((1, 10.0), (4, 25.0)):
-        stats = summarise(concurrency, [Sample(100.0 + i * 0.01, latency + i % 7) for i in range(200)])
+        samples = [Sample(100.0 + i * 0.01, latency + i % 7) for i in range(200)]
+        stats = summarise(concurrency, samples)
         entry = stats.to_json()
         entry["server"] = {"queueMsMean": 1.5, "inferenceMsPerBatch": 6.0, "meanBatchSize": 2.0}
-        entry["stability"] = {"stable": concurrency == 1, "reason": "p99 varies 40% across the last 3"}
+        series = [window.to_json() for window in windows(samples, 100.0, 102.0, 0.5)]
+        entry["stability"] = {
+            "stable": concurrency == 1,
+            "reason": "p99 varies 40% across the last 3",
+            "windows": series,
+        }
         entry["generator"] = {"saturated": concurrency == 4, "reason": "generator CPU 97% >= 85%"}
         results.append(entry)
     return {
@@ -45,13 +51,13 @@ def closed_loop_document() -> dict[str, Any]:
     }
 
 
-def test_report_writes_three_plots_and_a_page_with_the_trust_flags(tmp_path: Path) -> None:
+def test_report_writes_its_plots_and_a_page_with_the_trust_flags(tmp_path: Path) -> None:
     results_file = tmp_path / "results.json"
     results_file.write_text(json.dumps(closed_loop_document()))
     done = subprocess.run([SERVINGLAB, "report", str(results_file)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     out = tmp_path / "results"
-    for name in ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png"):
+    for name in ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png", "timeseries.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert (out / name).stat().st_size > 10_000, name  # a drawn figure, not an empty canvas
     page = (out / "index.html").read_text()
@@ -60,7 +66,7 @@ def test_report_writes_three_plots_and_a_page_with_the_trust_flags(tmp_path: Pat
     assert "Raw batch 1024 skipped: one pass would take about 9.0 s" in page
     assert "3.24 GFLOPs" not in page and "0.00324 GFLOPs" in page
     assert page.count("<tr>") == 3  # header + two levels
-    assert all(f'src="{name}"' in page for name in ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png"))
+    assert all(f'src="{name}"' in page for name in ("latency-cdf.png", "throughput-p99.png", "timeseries.png"))
 
 
 def test_report_refuses_a_file_without_results(tmp_path: Path) -> None:

@@ -384,10 +384,10 @@ def loadtest(
     generators_join: str | None,
 ) -> None:
     """Run only the load levels of an experiment against a running server (the Job's command)."""
-    from servinglab import models, tsmetrics
-    from servinglab.loadgen import generators, levels, results_sink
+    from servinglab import tsmetrics
+    from servinglab.loadgen import generators, levels, results_sink, shapes
     from servinglab.loadgen.hooks import LevelHooks
-    from servinglab.loadgen.payloads import PayloadError, request_payloads
+    from servinglab.loadgen.payloads import PayloadError
 
     def finish(message: str, code: int) -> None:
         if termination_log.parent.is_dir():
@@ -408,12 +408,10 @@ def loadtest(
         problem = _generate_for(generators_join, authkey, ready_timeout + 120)
         finish(problem or f"load generator {index + 1} done", 6 if problem else 0)
         return
-    size = image_size or models.request_image_size(experiment.spec.model, load.payload)
     try:
-        payloads = request_payloads(load.payload, size, payload_dir)
-    except PayloadError as exc:
+        destination = _load_target(experiment.spec, target, model_name, image_size, payload_dir)
+    except (PayloadError, shapes.TraceError) as exc:
         finish(str(exc), 1)
-    destination = levels.Target(target.rstrip("/"), f"/predictions/{model_name}", payloads, load.payload.check)
     answered_at, problem = levels.wait_until_serving(destination, load.request_timeout_seconds, ready_timeout)
     if problem is not None:
         finish(problem, 5)
@@ -436,6 +434,20 @@ def loadtest(
     measured = outcome.levels
     requests, errors = sum(level.requests for level in measured), sum(level.errors for level in measured)
     finish(f"{len(measured)} levels measured, {requests} requests, {errors} errors", 0)
+
+
+def _load_target(spec: Any, target: str, model_name: str, image_size: int | None, payload_dir: Path) -> Any:
+    """Where the load goes and what it sends; a bad payload or trace raises before anything is sent."""
+    from servinglab import models
+    from servinglab.loadgen import levels, shapes
+    from servinglab.loadgen.payloads import request_payloads
+
+    load = spec.load
+    size = image_size or models.request_image_size(spec.model, load.payload)
+    payloads = request_payloads(load.payload, size, payload_dir)
+    if load.shape is not None and load.shape.trace is not None:
+        shapes.read_trace(payload_dir / load.shape.trace.file, len(payloads))
+    return levels.Target(target.rstrip("/"), f"/predictions/{model_name}", payloads, load.payload.check, payload_dir)
 
 
 def _load_document(

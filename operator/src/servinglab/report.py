@@ -6,7 +6,9 @@ Plots (matplotlib, Agg backend, written next to the page):
 * `throughput-p99.png` — throughput and p99 against concurrency (closed loop) or offered rate (open
   loop), with the SLO line, unstable and generator-limited levels marked;
 * `server-breakdown.png` — where the server's time went per level: queue wait per request, and
-  preprocess / inference / postprocess per batch, with the mean batch size.
+  preprocess / inference / postprocess per batch, with the mean batch size;
+* `timeseries.png` — throughput and p99 window by window over each level's measured period (the
+  stability windows); a shaped run (step, burst, trace) shows its offered rate and phase edges.
 
 The page adds the configuration, the full results table with the trust checks, the best level, the
 peak rate found and the ceiling (served/raw, served/theoretical). Works on local results and on a
@@ -21,7 +23,7 @@ from typing import Any
 
 from servinglab.results import level_label, trust_checks
 
-PLOTS = ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png")
+PLOTS = ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png", "timeseries.png")
 
 
 def _x_axis(entries: list[dict[str, Any]]) -> tuple[list[float], str]:
@@ -43,6 +45,7 @@ def render(document: dict[str, Any], out_dir: Path) -> Path:
     _latency_cdf(entries, out_dir / PLOTS[0])
     _throughput_p99(sweep, document, out_dir / PLOTS[1])
     _breakdown(sweep, out_dir / PLOTS[2])
+    _time_series(entries, out_dir / PLOTS[3])
     page = out_dir / "index.html"
     page.write_text(_page(document))
     return page
@@ -124,6 +127,39 @@ def _breakdown(entries: list[dict[str, Any]], path: Path) -> None:
     axes.set_ylabel("milliseconds")
     axes.set_title("Server-side time per level (TorchServe counters, handler counters)")
     axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _time_series(entries: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    figure, (throughput_axes, p99_axes) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for entry in entries:
+        windows = (entry.get("stability") or {}).get("windows") or []
+        if not windows:
+            continue
+        start = float(windows[0]["start"])
+        times = [float(w["start"]) - start for w in windows]
+        label = level_label(entry)
+        throughput_axes.step(times, [w["throughputRps"] for w in windows], where="post", label=label)
+        p99_axes.step(times, [w["p99Ms"] for w in windows], where="post", label=label)
+        phases = entry.get("phases") or []
+        for phase in (p for p in phases if "start" in p):
+            throughput_axes.axvline(float(phase["start"]), color="grey", alpha=0.3, linewidth=1)
+        if phases:
+            edges = [float(p["start"]) for p in phases if "start" in p]
+            rates = [float(p["rateRps"]) for p in phases if "start" in p]
+            throughput_axes.step(edges, rates, where="post", color="grey", linestyle=":", label="offered")
+    throughput_axes.set_ylabel("throughput (responses/s)")
+    p99_axes.set_ylabel("p99 latency (ms)")
+    p99_axes.set_xlabel("seconds into the measured period")
+    throughput_axes.set_title("Throughput and p99 per window (requests by their send time)")
+    for axes in (throughput_axes, p99_axes):
+        axes.grid(True, alpha=0.3)
+    if throughput_axes.get_legend_handles_labels()[0]:
+        throughput_axes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

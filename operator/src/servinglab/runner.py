@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from servinglab import ceiling, models, modelsource, rawprobe, results, tsmetrics
-from servinglab.loadgen import levels
+from servinglab.loadgen import levels, shapes
 from servinglab.loadgen.hooks import LevelHooks, ProgressFn
 from servinglab.loadgen.payloads import PayloadError, request_payloads
 from servinglab.local_server import LocalTorchServe, ServerError
@@ -191,6 +191,11 @@ def run_in(slot: ServerSlot, experiment: ServingExperiment, raw_cache: RawCache 
     measure the model alone at each batch size once. Raises :class:`RunError` on failure."""
     spec, hooks = experiment.spec, slot.hooks
     started_at = results.now_iso()
+    if spec.load.shape is not None and spec.load.shape.trace is not None:
+        try:  # a bad trace is refused before any server starts
+            shapes.read_trace(Path.cwd() / spec.load.shape.trace.file)
+        except shapes.TraceError as exc:
+            raise RunError(str(exc)) from None
     try:
         server, ready_seconds, reconfigured = slot.serve(experiment)
         assert slot.model is not None
@@ -276,11 +281,16 @@ def _measure(
 
     windows = tsmetrics.WindowReader(fetch_metrics, server.model_name)
 
-    target = levels.Target(server.addresses.inference, server.predictions_path, payloads, spec.load.payload.check)
+    target = levels.Target(
+        server.addresses.inference, server.predictions_path, payloads, spec.load.payload.check, Path.cwd()
+    )
     hooks.phase(f"Load: {spec.load.describe()}")
     level_hooks = LevelHooks(hooks.progress, windows.window_start, windows.window_end)
     slo = spec.slo.p99_latency_ms
-    outcome = levels.run_load(spec.load, slo, target, level_hooks)
+    try:
+        outcome = levels.run_load(spec.load, slo, target, level_hooks)
+    except shapes.TraceError as exc:  # e.g. a payload index past the bodies there are
+        raise RunError(str(exc)) from None
     server.check_alive()
     entries = results.level_entries(outcome.levels, outcome.sweep_levels, windows.breakdowns, slo)
     runtime = {

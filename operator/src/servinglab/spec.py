@@ -355,6 +355,63 @@ class RateSearchSpec(SpecModel):
         return self
 
 
+class StepShape(SpecModel):
+    """A staircase of open-loop rates in one run, each held `stepSeconds`."""
+
+    rates: list[Annotated[float, Field(gt=0, le=1_000_000)]] = Field(min_length=2, max_length=64)
+    step_seconds: float = Field(gt=0, le=3600, description="How long each rate is held.")
+
+
+class BurstShape(SpecModel):
+    """A base rate with a burst of `burstRps` for `burstSeconds` at the end of every `periodSeconds`."""
+
+    base_rps: float = Field(gt=0, le=1_000_000)
+    burst_rps: float = Field(gt=0, le=1_000_000)
+    burst_seconds: float = Field(gt=0, le=3600)
+    period_seconds: float = Field(gt=0, le=3600)
+    duration_seconds: float = Field(gt=0, le=7200, description="The whole measured run.")
+
+    @model_validator(mode="after")
+    def _burst_fits(self) -> BurstShape:
+        if self.burst_seconds >= self.period_seconds:
+            raise ValueError(
+                f"burst.burstSeconds {self.burst_seconds:g} must be shorter than periodSeconds {self.period_seconds:g}"
+            )
+        if self.burst_rps <= self.base_rps:
+            raise ValueError(f"burst.burstRps {self.burst_rps:g} must be above baseRps {self.base_rps:g}")
+        return self
+
+
+class TraceShape(SpecModel):
+    """Replay of recorded send times: a text file, one request per line, `<seconds>[,<payload index>]`
+    (the first time is the start; '#' lines are comments), relative to the payload files' folder."""
+
+    file: str = Field(
+        min_length=1, description="The trace file (locally a path; on a cluster in payload's configMap/pvc)."
+    )
+    speed: float = Field(default=1.0, gt=0, le=1000, description="Replay this many times faster (2: half the gaps).")
+
+
+class ShapeSpec(SpecModel):
+    """An open-loop run whose rate changes over time; exactly one of step, burst or trace. Latency
+    counts from each request's scheduled send; results carry per-phase figures and the time series."""
+
+    step: StepShape | None = None
+    burst: BurstShape | None = None
+    trace: TraceShape | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ShapeSpec:
+        given = [name for name in ("step", "burst", "trace") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"shape needs exactly one of step, burst or trace (given: {', '.join(given) or 'none'})")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "step" if self.step is not None else "burst" if self.burst is not None else "trace"
+
+
 #: Most load-generator processes (or pods) one level may be split between.
 MAX_GENERATORS = 64
 
@@ -379,6 +436,9 @@ class LoadSpec(SpecModel):
         default=1024, ge=1, le=65536, description="Open loop: sends beyond this many outstanding are dropped."
     )
     rate_search: RateSearchSpec | None = None
+    shape: ShapeSpec | None = Field(
+        default=None, description="Open loop: one run whose rate changes (step, burst or trace replay)."
+    )
     repeats: int = Field(
         default=1, ge=1, le=20, description="Run each level this many times; > 1 adds a 95% confidence interval."
     )
@@ -398,6 +458,8 @@ class LoadSpec(SpecModel):
         """One line for people: what load is about to run."""
         if self.mode == "closed":
             return f"closed loop, concurrency {self.concurrency}"
+        if self.shape is not None:
+            return f"open loop, {self.shape.kind} shape"
         parts = [f"open loop ({self.arrival}), rates {self.rates} rps" if self.rates else f"open loop ({self.arrival})"]
         if self.rate_search is not None:
             parts.append(f"peak-rate search {self.rate_search.min_rps:g}..{self.rate_search.max_rps:g} rps")
@@ -405,10 +467,14 @@ class LoadSpec(SpecModel):
 
     @model_validator(mode="after")
     def _open_loop_has_rates(self) -> LoadSpec:
-        if self.mode == "open" and not self.rates and self.rate_search is None:
-            raise ValueError("mode open needs rates or rateSearch")
-        if self.mode == "closed" and (self.rates or self.rate_search is not None):
-            raise ValueError("rates and rateSearch need mode: open")
+        if self.mode == "open" and not self.rates and self.rate_search is None and self.shape is None:
+            raise ValueError("mode open needs rates, rateSearch or shape")
+        if self.mode == "closed" and (self.rates or self.rate_search is not None or self.shape is not None):
+            raise ValueError("rates, rateSearch and shape need mode: open")
+        if self.shape is not None and (self.rates or self.rate_search is not None):
+            raise ValueError("shape replaces rates and rateSearch: give one or the other")
+        if self.shape is not None and self.repeats > 1:
+            raise ValueError(f"repeats: {self.repeats}; a shaped run is one run (its phases are its levels)")
         return self
 
     @model_validator(mode="after")

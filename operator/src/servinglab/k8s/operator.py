@@ -401,6 +401,8 @@ def cluster_problems(spec: ExperimentSpec) -> list[str]:
         problems.append(f"spec.model.source.path: {source.path!r} is a local path; on Kubernetes use url or pvc")
     if payload.own_bodies and payload.config_map is None and payload.pvc is None:
         problems.append("spec.load.payload: files/records on Kubernetes come from a configMap or a pvc; name one")
+    if spec.load.shape is not None and spec.load.shape.trace is not None and not (payload.config_map or payload.pvc):
+        problems.append("spec.load.shape.trace: on Kubernetes the trace file comes from payload's configMap or pvc")
     if spec.load.generators == "auto":
         problems.append(
             "spec.load.generators: auto counts this machine's cores; on Kubernetes give the number of load pods"

@@ -33,7 +33,7 @@ from typing import Any
 
 import gevent
 
-from servinglab.loadgen import closed_loop, open_loop
+from servinglab.loadgen import closed_loop, open_loop, shapes
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.stats import (
     LevelStats,
@@ -100,7 +100,9 @@ def serve(connection: Connection) -> None:
             continue
         share, index, measure_from, warmup_seconds, duration_seconds = order
         plan.timing = _CoordinatedTiming(connection, measure_from)
-        if loop == "closed":
+        if isinstance(share, shapes.Schedule):
+            (stats,) = open_loop.run_schedule(plan, share, index=index)
+        elif loop == "closed":
             (stats,) = closed_loop.run_levels(plan, [share], warmup_seconds, duration_seconds, first_index=index)
         else:
             (stats,) = open_loop.run_rates(plan, [share], warmup_seconds, duration_seconds, first_index=index)
@@ -208,19 +210,34 @@ class GeneratorPool:
         self, level: float, index: int, warmup_seconds: float, duration_seconds: float, hooks: LevelHooks | None = None
     ) -> LevelStats:
         """One level (users or rate) split between the generators and merged exactly."""
-        hooks = hooks or LevelHooks()
+        shares: list[Any]
         if self.loop == "closed":
-            shares: list[float] = [float(users) for users in split_users(int(level), self.count)]
+            shares = split_users(int(level), self.count)
             setup = _SETUP_SECONDS + max(shares) / _SPAWN_RATE
         else:
-            shares = split_rate(level, self.count)
-            setup = _SETUP_SECONDS
-        active = [i for i, share in enumerate(shares) if share > 0]
+            shares, setup = split_rate(level, self.count), _SETUP_SECONDS
+        label = f"c={int(level)}" if self.loop == "closed" else f"{level:g} rps"
+        return self._run(shares, setup, index, warmup_seconds, duration_seconds, hooks or LevelHooks(), label, level)
+
+    def run_schedule(self, schedule: shapes.Schedule, index: int, hooks: LevelHooks | None = None) -> LevelStats:
+        """A shaped open-loop run: each generator sends every N-th request of the schedule."""
+        shares = [schedule.share(number, self.count) for number in range(self.count)]
+        level, label = schedule.mean_rate_rps, f"{schedule.kind} shape"
+        hooks = hooks or LevelHooks()
+        return self._run(shares, _SETUP_SECONDS, index, schedule.warmup_seconds, schedule.measured_seconds, hooks,
+                         label, level)  # fmt: skip
+
+    def _run(
+        self, shares: list[Any], setup: float, index: int, warmup_seconds: float, duration_seconds: float,
+        hooks: LevelHooks, label: str, level: float,
+    ) -> LevelStats:  # fmt: skip
+        """Give each generator its share (users, a rate or a schedule), start them together, decide
+        extensions on their merged samples, and merge their results."""
+        active = [i for i, share in enumerate(shares) if not isinstance(share, int | float) or share > 0]
         measure_from = time.time() + setup + warmup_seconds
         for i in active:
-            share = int(shares[i]) if self.loop == "closed" else shares[i]
-            self._connections[i].send((share, index, measure_from + self._offsets[i], warmup_seconds, duration_seconds))
-        label = f"c={int(level)}" if self.loop == "closed" else f"{level:g} rps"
+            order = (shares[i], index, measure_from + self._offsets[i], warmup_seconds, duration_seconds)
+            self._connections[i].send(order)
         self._tick_until(measure_from, hooks, label, "warmup", warmup_seconds)
         hooks.started(index)
         self._tick_until(measure_from + duration_seconds, hooks, label, "measure", duration_seconds)
@@ -241,7 +258,8 @@ class GeneratorPool:
             stats: LevelStats = self._receive(i, "done")
             parts.append(dataclasses.replace(stats, samples=tuple(self._own_clock(i, stats.samples))))
         hooks.ended(index)
-        return merge_levels(parts, measure_from, measured, self.plan, level)
+        schedule = shares[0] if isinstance(shares[0], shapes.Schedule) else None
+        return merge_levels(parts, measure_from, measured, self.plan, level, schedule)
 
     def _receive(self, number: int, expected: str) -> Any:
         try:
@@ -300,8 +318,10 @@ def merge_levels(
     measured_seconds: float,
     plan: closed_loop.LoadPlan | open_loop.OpenLoopPlan,
     level: float,
+    schedule: shapes.Schedule | None = None,
 ) -> LevelStats:
-    """The level as one process would have measured it, from every generator's samples."""
+    """The level as one process would have measured it, from every generator's samples (and a shaped
+    run's phases, from the whole schedule)."""
     samples = [sample for part in parts for sample in part.samples]
     closed = isinstance(plan, closed_loop.LoadPlan)
     stats = summarise(int(level) if closed else None, samples)
@@ -320,10 +340,12 @@ def merge_levels(
             "lateSends": sum(int(f.get("lateSends", 0)) for f in figures),
             "droppedSends": sum(int(f.get("droppedSends", 0)) for f in figures),
         }
+    phases = shapes.phase_figures(samples, measure_from, schedule) if schedule is not None else None
     return dataclasses.replace(
         stats,
         stability=verdict,
         generator=generator,
         rate_rps=None if closed else level,
         open_loop=open_loop_figures,
+        phases=phases,
     )

@@ -11,6 +11,7 @@ is the check the Job makes before it measures.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import urllib.error
 import urllib.request
@@ -18,9 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
-from servinglab.loadgen import closed_loop, generators, open_loop
+from servinglab.loadgen import closed_loop, generators, open_loop, shapes
 from servinglab.loadgen.hooks import LevelHooks
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.peak import search_peak_rate
@@ -36,6 +38,7 @@ class Target:
     path: str
     payloads: Sequence[Payload]
     check: ResponseCheck | None = None
+    files_dir: Path | None = None  # where the payload files (and a trace) are; None: the working directory
 
 
 #: The generator settings of a closed- or open-loop run.
@@ -73,6 +76,8 @@ def run_load(
             generator_limits=load.generator,
         )  # fmt: skip
     local = 1 if remote else generators.resolve_count(load.generators)
+    if load.shape is not None and isinstance(plan, open_loop.OpenLoopPlan):
+        return _run_shape(load, target, plan, hooks, local, remote)
     if local == 1 and not remote:
         return _run_levels(load, slo_p99_ms, partial(_in_process, plan, load, hooks))
     with generators.GeneratorPool(plan, local=local, remote=remote) as pool:
@@ -80,6 +85,29 @@ def run_load(
             load, slo_p99_ms,
             lambda level, index: pool.run_level(level, index, load.warmup_seconds, load.duration_seconds, hooks),
         )  # fmt: skip
+
+
+def _run_shape(
+    load: LoadSpec,
+    target: Target,
+    plan: open_loop.OpenLoopPlan,
+    hooks: LevelHooks | None,
+    local: int,
+    remote: Sequence[Connection],
+) -> LoadOutcome:
+    """A shaped open-loop run: one level over the whole schedule, never extended (its rate varies by
+    design), with each phase's figures."""
+    assert load.shape is not None
+    schedule = shapes.build(
+        load.shape, load.warmup_seconds, load.arrival, load.payload.seed, target.files_dir, len(target.payloads)
+    )
+    plan = dataclasses.replace(plan, stability=plan.stability.model_copy(update={"max_duration_seconds": None}))
+    if local == 1 and not remote:
+        (stats,) = open_loop.run_schedule(plan, schedule, hooks)
+    else:
+        with generators.GeneratorPool(plan, local=local, remote=remote) as pool:
+            stats = pool.run_schedule(schedule, 0, hooks)
+    return LoadOutcome([stats], 1)
 
 
 def _in_process(plan: Plan, load: LoadSpec, hooks: LevelHooks | None, level: float, index: int) -> LevelStats:

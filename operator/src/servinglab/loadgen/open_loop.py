@@ -27,7 +27,7 @@ import gevent
 import gevent.pool
 from geventhttpclient import HTTPClient
 
-from servinglab.loadgen.arrivals import arrival_offsets
+from servinglab.loadgen import shapes
 from servinglab.loadgen.closed_loop import check_answer, error_kind
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
@@ -85,34 +85,40 @@ def run_rates(
     first_index: int = 0,
 ) -> list[LevelStats]:
     """Run each rate in turn; level i's hooks get `first_index + i`."""
+    longest = max(duration_seconds, plan.stability.max_duration_seconds or 0.0)
+
+    def schedule(rate: float, index: int) -> shapes.Schedule:
+        # planned for the longest period the level may be extended to; measured for duration_seconds
+        planned = shapes.steady(rate, warmup_seconds, longest, plan.arrival, plan.seed + index)
+        return dataclasses.replace(planned, measured_seconds=duration_seconds)
+
+    return [
+        run_schedule(plan, schedule(rate, first_index + i), hooks, first_index + i)[0] for i, rate in enumerate(rates)
+    ]
+
+
+def run_schedule(
+    plan: OpenLoopPlan, schedule: shapes.Schedule, hooks: LevelHooks | None = None, index: int = 0
+) -> tuple[LevelStats]:
+    """One run of a schedule: a steady level, or a shaped run (step, burst, trace) with its phases."""
     client = HTTPClient.from_url(
         plan.target,
         concurrency=plan.max_in_flight,
         connection_timeout=plan.request_timeout_seconds,
         network_timeout=plan.request_timeout_seconds,
     )
-    hooks = hooks or LevelHooks()
     try:
-        return [
-            _run_rate(client, plan, first_index + i, rate, warmup_seconds, duration_seconds, hooks)
-            for i, rate in enumerate(rates)
-        ]
+        return (_run_schedule(client, plan, index, schedule, hooks or LevelHooks()),)
     finally:
         client.close()
 
 
-def _run_rate(
-    client: HTTPClient,
-    plan: OpenLoopPlan,
-    index: int,
-    rate: float,
-    warmup_seconds: float,
-    duration_seconds: float,
-    hooks: LevelHooks,
+def _run_schedule(
+    client: HTTPClient, plan: OpenLoopPlan, index: int, schedule: shapes.Schedule, hooks: LevelHooks
 ) -> LevelStats:
     rule = plan.stability
-    longest = max(duration_seconds, rule.max_duration_seconds or 0.0)
-    offsets = arrival_offsets(rate, warmup_seconds + longest, plan.arrival, plan.seed + index)
+    warmup_seconds, duration_seconds = schedule.warmup_seconds, schedule.measured_seconds
+    rate = schedule.phases[0].rate_rps if schedule.kind == "steady" else schedule.mean_rate_rps * schedule.senders
     epoch_offset = time.time() - time.perf_counter()
     planned_from = time.perf_counter() + _START_DELAY_SECONDS + warmup_seconds
     measure_from = plan.timing.measure_from(planned_from + epoch_offset) - epoch_offset
@@ -120,12 +126,13 @@ def _run_rate(
     level = _Level(measure_from=measure_from, epoch_offset=epoch_offset)
     level.measure_until = level.measure_from + duration_seconds
     pool = gevent.pool.Group()
+    label = f"{rate:g} rps" if schedule.kind == "steady" else f"{schedule.kind} shape"
 
     def report(phase: str, done: float, planned: float) -> None:
-        hooks.report(f"{rate:g} rps", phase, done, planned, len(level.samples))
+        hooks.report(label, phase, done, planned, len(level.samples))
 
     cpu: CpuMeter | None = None
-    for number, offset in enumerate(offsets):
+    for number, offset in enumerate(schedule.offsets):
         scheduled = start + offset
         if scheduled >= level.measure_until and not _measure_on(plan, level):
             break
@@ -140,9 +147,9 @@ def _run_rate(
                 report("warmup", elapsed, warmup_seconds)
             else:
                 report("measure", elapsed - warmup_seconds, duration_seconds)
-        _dispatch(
-            client, plan, level, pool, scheduled, plan.payloads[(number + plan.payload_offset) % len(plan.payloads)]
-        )
+        chosen = schedule.payload_indices[number] if schedule.payload_indices is not None else number
+        payload = plan.payloads[(chosen + plan.payload_offset) % len(plan.payloads)]
+        _dispatch(client, plan, level, pool, scheduled, payload)
     else:  # the schedule ended with the longest period allowed: its end is still judged (and told)
         _measure_on(plan, level)
     cpu_percent = cpu.percent() if cpu is not None else 0.0
@@ -165,7 +172,10 @@ def _run_rate(
     }
     stats = summarise(None, level.samples)
     generator = generator_verdict(cpu_percent, level.lags_ms, plan.generator_limits, stats.latency_ms.get("p99"))
-    return dataclasses.replace(stats, rate_rps=rate, stability=verdict, generator=generator, open_loop=open_loop)
+    phases = shapes.phase_figures(level.samples, start, schedule) if schedule.kind != "steady" else None
+    return dataclasses.replace(
+        stats, rate_rps=rate, stability=verdict, generator=generator, open_loop=open_loop, phases=phases
+    )
 
 
 def _measure_on(plan: OpenLoopPlan, level: _Level) -> bool:
