@@ -83,15 +83,19 @@ http {{
         shutil.rmtree(root, ignore_errors=True)
 
 
-def servinglab_loadtest(url: str, model: str, document: dict[str, Any]) -> dict[str, Any]:
-    """Run the experiment's load section with `servinglab loadtest`; its results JSON."""
+def servinglab_loadtest(
+    url: str, model: str, document: dict[str, Any], payload_dir: Path | None = None
+) -> dict[str, Any]:
+    """Run the experiment's load section with `servinglab loadtest`; its results JSON (payload files
+    and a trace are read from `payload_dir`)."""
     with tempfile.TemporaryDirectory() as folder:
         spec_file = Path(folder) / "experiment.yaml"
         spec_file.write_text(yaml.safe_dump(document))
         out = Path(folder) / "results.json"
         done = subprocess.run(
             [SERVINGLAB, "loadtest", "--target", url, "--model", model, "--spec-file", str(spec_file),
-             "--output", str(out), "--termination-log", str(Path(folder) / "termination-log")],
+             "--output", str(out), "--termination-log", str(Path(folder) / "termination-log"),
+             *(["--payload-dir", str(payload_dir)] if payload_dir is not None else [])],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if done.returncode != 0:

@@ -13,7 +13,7 @@ from locust import events
 from typing import Any
 
 from servinglab.loadgen.closed_loop import InferenceUser, LoadPlan
-from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
+from servinglab.loadgen.payloads import CONTENT_TYPES, Payload, make_payloads
 from servinglab.spec import PayloadFormat
 
 __all__ = ["InferenceUser"]
@@ -35,9 +35,9 @@ def _plan(environment: Any, **_: Any) -> None:
     plan = LoadPlan(
         target=environment.host or "http://127.0.0.1:8080",
         path=f"/predictions/{options.model if options else 'resnet50'}",
-        payloads=make_payloads(fmt, size, 8, seed=0),
-        content_type=CONTENT_TYPES[fmt],
+        payloads=[Payload(body, CONTENT_TYPES[fmt]) for body in make_payloads(fmt, size, 8, seed=0)],
         request_timeout_seconds=options.request_timeout if options else 60.0,
+        locust_stats=True,  # this file is for Locust's UI: feed its statistics
     )
     plan.sending = True
     environment.servinglab_plan = plan

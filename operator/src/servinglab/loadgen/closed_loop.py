@@ -1,8 +1,9 @@
 """Closed-loop load levels with Locust: N users, each sending its next request when the last returns.
 
-Locust supplies the users, the gevent HTTP client (FastHttpUser) and the runner; servinglab records
-every request itself (send time and latency from `time.perf_counter`, full float precision), because
-Locust's own statistics round latencies into buckets.
+Locust supplies the users and the runner; each user posts on its own geventhttpclient connection
+(the client under Locust's FastHttpUser, without Locust's per-request events and response wrapper)
+and servinglab records every request itself (send time and latency from `time.perf_counter`, full
+float precision), because Locust's own statistics round latencies into buckets.
 
 One level = spawn N users -> warm-up (excluded) -> measurement period (extended window by window
 while the level is unstable, up to the stability limit) -> stop sending, wait for every measured
@@ -16,7 +17,7 @@ loadtest` (the Kubernetes Job's command).
 
 from __future__ import annotations
 
-from locust import FastHttpUser, constant, task
+from locust import User, constant, task
 from locust.env import Environment
 
 import dataclasses
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
+from geventhttpclient import HTTPClient
 
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
@@ -58,6 +60,7 @@ class LoadPlan:
     generator_limits: GeneratorLimits = field(default_factory=GeneratorLimits)
     timing: LevelTiming = field(default_factory=LevelTiming)
     payload_offset: int = 0  # where this generator's users start in the payloads (several generators)
+    locust_stats: bool = False  # also feed Locust's own statistics (its UI), at Locust's cost per request
     sending: bool = False
     measuring_since: float | None = None
     in_flight: int = 0
@@ -105,8 +108,26 @@ def check_answer(status: int, body: bytes, check: ResponseCheck | None) -> str |
     return None
 
 
-class InferenceUser(FastHttpUser):
-    """POSTs one generated image per request to TorchServe's prediction endpoint, back to back."""
+def exchange(client: HTTPClient, path: str, payload: Payload, check: ResponseCheck | None) -> tuple[int, str | None]:
+    """POST one request and read the whole answer: (status, error kind or None). The one exchange
+    both loops make, on geventhttpclient directly (no per-request bookkeeping but servinglab's)."""
+    try:
+        response = client.post(path, body=payload.body, headers={"Content-Type": payload.content_type})
+        try:
+            answer = response.read()
+        finally:
+            response.release()
+    except (OSError, gevent.Timeout) as exc:
+        return 0, error_kind(0, exc)
+    return response.status_code, error_kind(response.status_code, None) or check_answer(
+        response.status_code, answer, check
+    )
+
+
+class InferenceUser(User):
+    """POSTs one request body after another to TorchServe's prediction endpoint, back to back, on its
+    own keep-alive connection. Every request is recorded by servinglab (exact latencies); Locust's
+    own statistics are fed only when the plan asks (`locust_stats`, for Locust's UI)."""
 
     wait_time = constant(0)
     host = "http://127.0.0.1:8080"  # replaced per environment
@@ -115,8 +136,14 @@ class InferenceUser(FastHttpUser):
     def on_start(self) -> None:
         # Users start at different payloads so a batch mixes images.
         InferenceUser._offset += 1
-        self.next_payload = InferenceUser._offset + self._plan.payload_offset
+        plan = self._plan
+        self.next_payload = InferenceUser._offset + plan.payload_offset
         self.free_since: float | None = None  # when this user's last response arrived
+        timeout = plan.request_timeout_seconds
+        self.http = HTTPClient.from_url(plan.target, concurrency=1, connection_timeout=timeout, network_timeout=timeout)
+
+    def on_stop(self) -> None:
+        self.http.close()
 
     @property
     def _plan(self) -> LoadPlan:
@@ -137,29 +164,18 @@ class InferenceUser(FastHttpUser):
         started = time.perf_counter()
         if self.free_since is not None:
             plan.record_gap((started - self.free_since) * 1000.0)
-        status, failure, checked = 0, None, None
         try:
-            with self.client.post(
-                plan.path,
-                data=payload.body,  # type: ignore[arg-type]  # bytes work; locust's hint is too narrow
-                headers={"Content-Type": payload.content_type},
-                catch_response=True,
-                name="predictions",
-            ) as response:
-                status = response.status_code or 0
-                failure = getattr(response, "error", None)  # set by Locust on failed requests only
-                if 200 <= status < 300:
-                    checked = check_answer(status, response.content or b"", plan.check)
-                    response.success()
-                else:
-                    response.failure(f"HTTP {status}")
-        except Exception as exc:
-            failure = exc
+            status, error = exchange(self.http, plan.path, payload, plan.check)
         finally:
             self.free_since = time.perf_counter()
-            latency_ms = (self.free_since - started) * 1000.0
             plan.in_flight -= 1
-            plan.record(sent_at, latency_ms, error_kind(status, failure) or checked)
+        latency_ms = (self.free_since - started) * 1000.0
+        plan.record(sent_at, latency_ms, error)
+        if plan.locust_stats:
+            self.environment.events.request.fire(
+                request_type="POST", name="predictions", response_time=latency_ms, response_length=0,
+                exception=RuntimeError(error) if error else None, context={}, url=plan.path,
+            )  # fmt: skip
 
 
 def run_levels(
@@ -172,14 +188,7 @@ def run_levels(
 ) -> list[LevelStats]:
     """Run each concurrency level in turn and return its exact statistics; level i's hooks get
     `first_index + i`."""
-    # The HTTP client reads its time-outs when a user is created, so they are class attributes of a
-    # per-run subclass rather than settings changed after start.
-    user_class = type(
-        "InferenceUser",
-        (InferenceUser,),
-        {"network_timeout": plan.request_timeout_seconds, "connection_timeout": plan.request_timeout_seconds},
-    )
-    environment = Environment(user_classes=[user_class], host=plan.target)
+    environment = Environment(user_classes=[InferenceUser], host=plan.target)
     environment.servinglab_plan = plan  # type: ignore[attr-defined]
     runner = environment.create_local_runner()
     hooks = hooks or LevelHooks()

@@ -28,9 +28,10 @@ import gevent.pool
 from geventhttpclient import HTTPClient
 
 from servinglab.loadgen import shapes
-from servinglab.loadgen.closed_loop import check_answer, error_kind
+from servinglab.loadgen.closed_loop import exchange
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
+from servinglab.loadgen.precise_sleep import PreciseSleeper
 from servinglab.loadgen.stats import (
     CpuMeter,
     LevelStats,
@@ -132,26 +133,27 @@ def _run_schedule(
         hooks.report(label, phase, done, planned, len(level.samples))
 
     cpu: CpuMeter | None = None
-    for number, offset in enumerate(schedule.offsets):
-        scheduled = start + offset
-        if scheduled >= level.measure_until and not _measure_on(plan, level):
-            break
-        if cpu is None and scheduled >= level.measure_from:
-            gevent.sleep(max(0.0, level.measure_from - time.perf_counter()))
-            hooks.started(index)
-            cpu = CpuMeter()
-        gevent.sleep(max(0.0, scheduled - time.perf_counter()))
-        if number % 64 == 0:
-            elapsed = time.perf_counter() - start
-            if elapsed < warmup_seconds:
-                report("warmup", elapsed, warmup_seconds)
-            else:
-                report("measure", elapsed - warmup_seconds, duration_seconds)
-        chosen = schedule.payload_indices[number] if schedule.payload_indices is not None else number
-        payload = plan.payloads[(chosen + plan.payload_offset) % len(plan.payloads)]
-        _dispatch(client, plan, level, pool, scheduled, payload)
-    else:  # the schedule ended with the longest period allowed: its end is still judged (and told)
-        _measure_on(plan, level)
+    with PreciseSleeper() as sleeper:
+        for number, offset in enumerate(schedule.offsets):
+            scheduled = start + offset
+            if scheduled >= level.measure_until and not _measure_on(plan, level):
+                break
+            if cpu is None and scheduled >= level.measure_from:
+                gevent.sleep(max(0.0, level.measure_from - time.perf_counter()))
+                hooks.started(index)
+                cpu = CpuMeter()
+            sleeper.sleep_until(scheduled)
+            if number % 64 == 0:
+                elapsed = time.perf_counter() - start
+                if elapsed < warmup_seconds:
+                    report("warmup", elapsed, warmup_seconds)
+                else:
+                    report("measure", elapsed - warmup_seconds, duration_seconds)
+            chosen = schedule.payload_indices[number] if schedule.payload_indices is not None else number
+            payload = plan.payloads[(chosen + plan.payload_offset) % len(plan.payloads)]
+            _dispatch(client, plan, level, pool, scheduled, payload)
+        else:  # the schedule ended with the longest period allowed: its end is still judged (and told)
+            _measure_on(plan, level)
     cpu_percent = cpu.percent() if cpu is not None else 0.0
     report("drain", 0.0, 0.0)
     pool.join(timeout=plan.request_timeout_seconds + 5.0)
@@ -208,16 +210,8 @@ def _send(
     client: HTTPClient, plan: OpenLoopPlan, level: _Level, scheduled: float, measured: bool, payload: Payload
 ) -> None:
     sent = time.perf_counter()
-    error: str | None = None
     try:
-        response = client.post(plan.path, body=payload.body, headers={"Content-Type": payload.content_type})
-        try:
-            answer = response.read()
-        finally:
-            response.release()
-        error = error_kind(response.status_code, None) or check_answer(response.status_code, answer, plan.check)
-    except (OSError, gevent.Timeout) as exc:
-        error = error_kind(0, exc)
+        _, error = exchange(client, plan.path, payload, plan.check)
     finally:
         level.in_flight -= 1
     finished = time.perf_counter()
