@@ -17,10 +17,12 @@ pytestmark = pytest.mark.torchserve
 SMOKE = Path(__file__).resolve().parents[2] / "examples" / "experiment-smoke.yaml"
 
 
-def run_shape(servinglab_cmd: list[str], folder: Path, shape: dict[str, Any], generators: int = 1) -> dict[str, Any]:
+def run_shape(
+    servinglab_cmd: list[str], folder: Path, shape: dict[str, Any], generators: int = 1, mode: str = "open"
+) -> dict[str, Any]:
     experiment = yaml.safe_load(SMOKE.read_text())
     experiment["spec"]["load"] = {
-        "mode": "open", "shape": shape, "warmupSeconds": 1, "generators": generators,
+        "mode": mode, "shape": shape, "warmupSeconds": 1, "generators": generators,
         "stability": {"windowSeconds": 1, "windows": 2, "tolerance": 1.0}, "payload": {"format": "png"},
     }  # fmt: skip
     experiment["spec"]["ceiling"] = {"enabled": False}
@@ -47,6 +49,19 @@ def test_a_step_reports_each_rate_and_its_time_series(
     series = level["stability"]["windows"]
     assert len(series) == 6, "a window per second of the measured period"
     assert sum(w["throughputRps"] for w in series[3:]) > sum(w["throughputRps"] for w in series[:3])
+
+
+def test_a_step_of_users_shared_by_two_generators_reports_each_step(
+    servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float
+) -> None:
+    # 1 then 4 users: the second generator holds none of the first step, two of the second
+    level = run_shape(servinglab_cmd, tmp_path, {"step": {"users": [1, 4], "stepSeconds": 3}}, 2, "closed")
+    one, four = level["phases"]
+    assert (one["users"], four["users"]) == (1, 4) and level["errors"] == 0
+    assert one["requests"] + four["requests"] == level["requests"]
+    # the tiny model batches: four users are served more requests than one
+    assert four["throughputRps"] > one["throughputRps"], (one, four)
+    assert level["generator"]["generators"] == 2
 
 
 def test_bursts_are_reported_apart_from_the_base_rate(

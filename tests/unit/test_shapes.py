@@ -91,6 +91,9 @@ def experiment(load: dict[str, object]) -> dict[str, object]:
     ("load", "problem"),
     [
         ({"mode": "closed", "shape": {"step": {"rates": [1, 2], "stepSeconds": 1}}}, "need mode: open"),
+        ({"mode": "open", "shape": {"step": {"users": [1, 2], "stepSeconds": 1}}}, "step.users needs mode: closed"),
+        ({"mode": "closed", "shape": {"step": {"users": [1], "stepSeconds": 1}}}, "at least 2 items"),
+        ({"mode": "closed", "shape": {"step": {"users": [1, 2], "rates": [1, 2], "stepSeconds": 1}}}, "not both"),
         ({"mode": "open", "rates": [5], "shape": {"step": {"rates": [1, 2], "stepSeconds": 1}}}, "shape replaces"),
         ({"mode": "open", "shape": {}}, "exactly one of step, burst or trace"),
         (
@@ -108,3 +111,14 @@ def experiment(load: dict[str, object]) -> dict[str, object]:
 def test_shape_specs_that_cannot_run_are_refused(load: dict[str, object], problem: str) -> None:
     with pytest.raises(SpecError, match=problem):
         parse_experiment(experiment(load))
+
+
+def test_a_step_of_users_splits_each_step_between_generators() -> None:
+    schedule = shapes.build(shape(step={"users": [1, 4, 7], "stepSeconds": 5}), 2.0, "poisson", 0)
+    assert schedule.offsets == () and [p.users for p in schedule.phases] == [1, 4, 7]
+    assert [p.name for p in schedule.phases] == ["step 1: 1 users", "step 2: 4 users", "step 3: 7 users"]
+    parts = [schedule.share(number, 2) for number in range(2)]
+    assert [[p.users for p in part.phases] for part in parts] == [[1, 2, 4], [0, 2, 3]]
+    samples = [Sample(1000.0 + t, 10.0) for t in (1.0, 6.0, 7.0, 12.0)]
+    figures = shapes.phase_figures(samples, 1000.0, schedule)
+    assert [(f["users"], f["requests"]) for f in figures] == [(1, 1), (4, 2), (7, 1)] and "rateRps" not in figures[0]

@@ -356,10 +356,17 @@ class RateSearchSpec(SpecModel):
 
 
 class StepShape(SpecModel):
-    """A staircase of open-loop rates in one run, each held `stepSeconds`."""
+    """A staircase in one run, each step held `stepSeconds`: open-loop `rates`, or closed-loop `users`."""
 
-    rates: list[Annotated[float, Field(gt=0, le=1_000_000)]] = Field(min_length=2, max_length=64)
-    step_seconds: float = Field(gt=0, le=3600, description="How long each rate is held.")
+    rates: list[Annotated[float, Field(gt=0, le=1_000_000)]] | None = Field(default=None, min_length=2, max_length=64)
+    users: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(default=None, min_length=2, max_length=64)
+    step_seconds: float = Field(gt=0, le=3600, description="How long each step is held.")
+
+    @model_validator(mode="after")
+    def _rates_or_users(self) -> StepShape:
+        if (self.rates is None) == (self.users is None):
+            raise ValueError("step needs rates (open loop) or users (closed loop), not both")
+        return self
 
 
 class BurstShape(SpecModel):
@@ -456,10 +463,10 @@ class LoadSpec(SpecModel):
 
     def describe(self) -> str:
         """One line for people: what load is about to run."""
+        if self.shape is not None:
+            return f"{self.mode} loop, {self.shape.kind} shape"
         if self.mode == "closed":
             return f"closed loop, concurrency {self.concurrency}"
-        if self.shape is not None:
-            return f"open loop, {self.shape.kind} shape"
         parts = [f"open loop ({self.arrival}), rates {self.rates} rps" if self.rates else f"open loop ({self.arrival})"]
         if self.rate_search is not None:
             parts.append(f"peak-rate search {self.rate_search.min_rps:g}..{self.rate_search.max_rps:g} rps")
@@ -469,8 +476,11 @@ class LoadSpec(SpecModel):
     def _open_loop_has_rates(self) -> LoadSpec:
         if self.mode == "open" and not self.rates and self.rate_search is None and self.shape is None:
             raise ValueError("mode open needs rates, rateSearch or shape")
-        if self.mode == "closed" and (self.rates or self.rate_search is not None or self.shape is not None):
-            raise ValueError("rates, rateSearch and shape need mode: open")
+        closed_step = self.shape is not None and self.shape.step is not None and self.shape.step.users is not None
+        if self.mode == "closed" and (self.rates or self.rate_search is not None):
+            raise ValueError("rates and rateSearch need mode: open")
+        if self.shape is not None and (self.mode == "closed") != closed_step:
+            raise ValueError("shape: step.users needs mode: closed; step.rates, burst and trace need mode: open")
         if self.shape is not None and (self.rates or self.rate_search is not None):
             raise ValueError("shape replaces rates and rateSearch: give one or the other")
         if self.shape is not None and self.repeats > 1:

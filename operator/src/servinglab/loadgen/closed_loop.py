@@ -31,6 +31,7 @@ from typing import Any
 import gevent
 from geventhttpclient import HTTPClient
 
+from servinglab.loadgen import shapes
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.stats import (
@@ -201,6 +202,31 @@ def run_levels(
         runner.quit()
 
 
+def run_schedule(
+    plan: LoadPlan, schedule: shapes.Schedule, hooks: LevelHooks | None = None, index: int = 0
+) -> tuple[LevelStats]:
+    """A closed-loop step: the first step's users warm up, then each step's users hold for its
+    stretch; one level with each step's figures."""
+    environment = Environment(user_classes=[InferenceUser], host=plan.target)
+    environment.servinglab_plan = plan  # type: ignore[attr-defined]
+    runner = environment.create_local_runner()
+    first = schedule.phases[0].users or 0
+    try:
+        stats = _run_level(runner, plan, index, first, schedule.warmup_seconds, schedule.measured_seconds,
+                           hooks or LevelHooks(), schedule)  # fmt: skip
+    finally:
+        runner.quit()
+    return (stats,)
+
+
+def _set_users(runner: Any, users: int) -> None:
+    """Locust spawns (or stops) users at up to 100 a second to reach `users`."""
+    if users == 0:
+        runner.stop()
+    else:
+        runner.start(users, spawn_rate=min(users, _MAX_SPAWN_RATE), wait=False)
+
+
 def _run_level(
     runner: Any,
     plan: LoadPlan,
@@ -209,16 +235,17 @@ def _run_level(
     warmup_seconds: float,
     duration_seconds: float,
     hooks: LevelHooks,
+    steps: shapes.Schedule | None = None,
 ) -> LevelStats:
     def report(phase: str, done: float, planned: float) -> None:
-        hooks.report(f"c={level}", phase, done, planned, len(plan.samples))
+        hooks.report(f"c={level}" if steps is None else "step shape", phase, done, planned, len(plan.samples))
 
     plan.samples = []
     plan.measuring_since = None
     plan.sending = True
     # Locust warns above 100 users/s; spawning finishes before the warm-up clock starts, so a
     # level's warm-up and measurement always run at full concurrency.
-    runner.start(level, spawn_rate=min(level, _MAX_SPAWN_RATE), wait=False)
+    _set_users(runner, level)
     while runner.user_count < level:
         gevent.sleep(0.02)
     measure_from = plan.timing.measure_from(time.time() + warmup_seconds)
@@ -228,7 +255,12 @@ def _run_level(
     plan.send_gaps_ms = []
     since = plan.measuring_since = max(measure_from, time.time())
     cpu = CpuMeter()
-    _wait(duration_seconds, lambda done: report("measure", done, duration_seconds))
+    for phase in steps.phases[1:] if steps is not None else ():  # each step's users from its start on
+        _wait(max(0.0, since + phase.start - time.time()), lambda _: report("measure", time.time() - since,
+              duration_seconds))  # fmt: skip
+        _set_users(runner, phase.users or 0)
+    _wait(max(0.0, since + duration_seconds - time.time()), lambda _: report("measure", time.time() - since,
+          duration_seconds))  # fmt: skip
     rule = plan.stability
     measured = duration_seconds
     while (extra := plan.timing.extend(list(plan.samples), since, measured, rule)) > 0:
@@ -251,7 +283,8 @@ def _run_level(
     verdict["measuredSeconds"] = round(measured, 3)
     stats = summarise(level, samples)
     generator = generator_verdict(cpu_percent, plan.send_gaps_ms, plan.generator_limits, stats.latency_ms.get("p99"))
-    return dataclasses.replace(stats, stability=verdict, generator=generator)
+    phases = shapes.phase_figures(samples, since, steps) if steps is not None else None
+    return dataclasses.replace(stats, stability=verdict, generator=generator, phases=phases)
 
 
 def _report_extension(report: Callable[[str, float, float], None], base: float, limit: float, done: float) -> None:

@@ -100,7 +100,9 @@ def serve(connection: Connection) -> None:
             continue
         share, index, measure_from, warmup_seconds, duration_seconds = order
         plan.timing = _CoordinatedTiming(connection, measure_from)
-        if isinstance(share, shapes.Schedule):
+        if isinstance(share, shapes.Schedule) and loop == "closed":
+            (stats,) = closed_loop.run_schedule(plan, share, index=index)
+        elif isinstance(share, shapes.Schedule):
             (stats,) = open_loop.run_schedule(plan, share, index=index)
         elif loop == "closed":
             (stats,) = closed_loop.run_levels(plan, [share], warmup_seconds, duration_seconds, first_index=index)
@@ -220,16 +222,19 @@ class GeneratorPool:
         return self._run(shares, setup, index, warmup_seconds, duration_seconds, hooks or LevelHooks(), label, level)
 
     def run_schedule(self, schedule: shapes.Schedule, index: int, hooks: LevelHooks | None = None) -> LevelStats:
-        """A shaped open-loop run: each generator sends every N-th request of the schedule."""
+        """A shaped run: each generator sends every N-th request of the schedule (open loop), or holds
+        its share of each step's users (closed loop)."""
         shares = [schedule.share(number, self.count) for number in range(self.count)]
-        level, label = schedule.mean_rate_rps, f"{schedule.kind} shape"
+        first_users = schedule.phases[0].users
+        level = float(first_users) if first_users is not None else schedule.mean_rate_rps
+        setup = _SETUP_SECONDS + (first_users or 0) / self.count / _SPAWN_RATE
         hooks = hooks or LevelHooks()
-        return self._run(shares, _SETUP_SECONDS, index, schedule.warmup_seconds, schedule.measured_seconds, hooks,
-                         label, level)  # fmt: skip
+        return self._run(shares, setup, index, schedule.warmup_seconds, schedule.measured_seconds, hooks,
+                         f"{schedule.kind} shape", level, schedule)  # fmt: skip
 
     def _run(
         self, shares: list[Any], setup: float, index: int, warmup_seconds: float, duration_seconds: float,
-        hooks: LevelHooks, label: str, level: float,
+        hooks: LevelHooks, label: str, level: float, schedule: shapes.Schedule | None = None,
     ) -> LevelStats:  # fmt: skip
         """Give each generator its share (users, a rate or a schedule), start them together, decide
         extensions on their merged samples, and merge their results."""
@@ -258,7 +263,6 @@ class GeneratorPool:
             stats: LevelStats = self._receive(i, "done")
             parts.append(dataclasses.replace(stats, samples=tuple(self._own_clock(i, stats.samples))))
         hooks.ended(index)
-        schedule = shares[0] if isinstance(shares[0], shapes.Schedule) else None
         return merge_levels(parts, measure_from, measured, self.plan, level, schedule)
 
     def _receive(self, number: int, expected: str) -> Any:

@@ -76,7 +76,7 @@ def run_load(
             generator_limits=load.generator,
         )  # fmt: skip
     local = 1 if remote else generators.resolve_count(load.generators)
-    if load.shape is not None and isinstance(plan, open_loop.OpenLoopPlan):
+    if load.shape is not None:
         return _run_shape(load, target, plan, hooks, local, remote)
     if local == 1 and not remote:
         return _run_levels(load, slo_p99_ms, partial(_in_process, plan, load, hooks))
@@ -90,19 +90,21 @@ def run_load(
 def _run_shape(
     load: LoadSpec,
     target: Target,
-    plan: open_loop.OpenLoopPlan,
+    plan: Plan,
     hooks: LevelHooks | None,
     local: int,
     remote: Sequence[Connection],
 ) -> LoadOutcome:
-    """A shaped open-loop run: one level over the whole schedule, never extended (its rate varies by
-    design), with each phase's figures."""
+    """A shaped run (an open-loop step, burst or trace; a closed-loop step of users): one level over
+    the whole schedule, never extended (its load varies by design), with each phase's figures."""
     assert load.shape is not None
     schedule = shapes.build(
         load.shape, load.warmup_seconds, load.arrival, load.payload.seed, target.files_dir, len(target.payloads)
     )
     plan = dataclasses.replace(plan, stability=plan.stability.model_copy(update={"max_duration_seconds": None}))
-    if local == 1 and not remote:
+    if local == 1 and not remote and isinstance(plan, closed_loop.LoadPlan):
+        (stats,) = closed_loop.run_schedule(plan, schedule, hooks)
+    elif local == 1 and not remote and isinstance(plan, open_loop.OpenLoopPlan):
         (stats,) = open_loop.run_schedule(plan, schedule, hooks)
     else:
         with generators.GeneratorPool(plan, local=local, remote=remote) as pool:

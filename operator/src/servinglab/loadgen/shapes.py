@@ -37,6 +37,7 @@ class Phase:
     start: float
     end: float
     rate_rps: float
+    users: int | None = None  # a closed-loop step: the users held in it
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,17 @@ class Schedule:
         return measured / self.measured_seconds if self.measured_seconds > 0 else 0.0
 
     def share(self, number: int, count: int) -> Schedule:
-        """Generator `number`'s part of `count`: every count-th send, starting with its own."""
+        """Generator `number`'s part of `count`: every count-th send, starting with its own (a closed-loop
+        step: its share of each step's users, split as evenly as they go)."""
         indices = self.payload_indices[number::count] if self.payload_indices is not None else None
-        return dataclasses.replace(self, offsets=self.offsets[number::count], payload_indices=indices, senders=count)
+        phases = tuple(
+            dataclasses.replace(phase, users=phase.users // count + (1 if number < phase.users % count else 0))
+            if phase.users is not None else phase
+            for phase in self.phases
+        )  # fmt: skip
+        return dataclasses.replace(
+            self, offsets=self.offsets[number::count], payload_indices=indices, senders=count, phases=phases
+        )
 
 
 def steady(rate_rps: float, warmup_seconds: float, measured_seconds: float, arrival: str, seed: int) -> Schedule:
@@ -72,11 +81,18 @@ def steady(rate_rps: float, warmup_seconds: float, measured_seconds: float, arri
 def build(shape: ShapeSpec, warmup_seconds: float, arrival: str, seed: int, trace_dir: Path | None = None,
           payload_count: int | None = None) -> Schedule:  # fmt: skip
     """The schedule of a shaped run (a trace is read from `trace_dir`)."""
-    if shape.step is not None:
-        step = shape.step
+    if shape.step is not None and shape.step.users is not None:  # closed loop: no send times, users per step
+        step, users_per_step = shape.step, shape.step.users
+        phases = [
+            Phase(f"step {i + 1}: {users} users", i * step.step_seconds, (i + 1) * step.step_seconds, 0.0, users)
+            for i, users in enumerate(users_per_step)
+        ]
+        return Schedule((), warmup_seconds, phases[-1].end, tuple(phases), kind="step")
+    if shape.step is not None and shape.step.rates is not None:
+        step, rates = shape.step, shape.step.rates
         phases = [
             Phase(f"step {i + 1}: {rate:g} rps", i * step.step_seconds, (i + 1) * step.step_seconds, rate)
-            for i, rate in enumerate(step.rates)
+            for i, rate in enumerate(rates)
         ]
         return _from_phases(phases, warmup_seconds, arrival, seed, "step")
     if shape.burst is not None:
@@ -161,10 +177,13 @@ def phase_figures(samples: Sequence[Sample], measured_start: float, schedule: Sc
     """Each phase's figures over the requests sent in it (exact, as for a level); a burst run adds
     every base and every burst phase taken together."""
 
-    def figures(name: str, rate: float, chosen: list[Sample], seconds: float) -> dict[str, object]:
+    def figures(
+        name: str, rate: float, chosen: list[Sample], seconds: float, users: int | None = None
+    ) -> dict[str, object]:
         stats = summarise(None, chosen)
         return {
-            "name": name, "rateRps": round(rate, 3), "seconds": round(seconds, 3), "requests": stats.requests,
+            "name": name, **({"users": users} if users is not None else {"rateRps": round(rate, 3)}),
+            "seconds": round(seconds, 3), "requests": stats.requests,
             "errors": stats.errors, "throughputRps": round(stats.throughput_rps, 3),
             "latencyMs": {key: round(value, 3) for key, value in stats.latency_ms.items()},
         }  # fmt: skip
@@ -177,7 +196,10 @@ def phase_figures(samples: Sequence[Sample], measured_start: float, schedule: Sc
                 by_phase[number].append(sample)
                 break
     result = [
-        {"start": round(phase.start, 3), **figures(phase.name, phase.rate_rps, chosen, phase.end - phase.start)}
+        {
+            "start": round(phase.start, 3),
+            **figures(phase.name, phase.rate_rps, chosen, phase.end - phase.start, phase.users),
+        }  # fmt: skip
         for phase, chosen in zip(schedule.phases, by_phase, strict=True)
     ]
     if schedule.kind == "burst":
