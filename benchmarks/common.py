@@ -83,6 +83,17 @@ http {{
         shutil.rmtree(root, ignore_errors=True)
 
 
+def kept(level: dict[str, Any]) -> bool:
+    """An open-loop level the generator kept: no flag, the offered rate sent, under 1 % late, no errors."""
+    sent = level["openLoop"]
+    return (
+        not level["generator"]["saturated"]
+        and sent["sentRps"] >= 0.98 * sent["offeredRps"]
+        and sent["lateSends"] <= 0.01 * level["requests"]
+        and level["errors"] == 0
+    )
+
+
 def servinglab_loadtest(
     url: str, model: str, document: dict[str, Any], payload_dir: Path | None = None
 ) -> dict[str, Any]:

@@ -12,21 +12,10 @@ against a trivial endpoint (nginx answering "ok"), next to wrk's (Debian) on the
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from common import experiment, nginx, servinglab_loadtest, table, wrk
+from common import experiment, kept, nginx, servinglab_loadtest, table, wrk
 
 RATES = (500, 1000, 1500, 2000, 3000, 4000, 6000, 8000)
-
-
-def kept(level: dict[str, Any]) -> bool:
-    sent = level["openLoop"]
-    return (
-        not level["generator"]["saturated"]
-        and sent["sentRps"] >= 0.98 * sent["offeredRps"]
-        and sent["lateSends"] <= 0.01 * level["requests"]
-        and level["errors"] == 0
-    )
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import SERVINGLAB, experiment, nginx, servinglab_loadtest, table, wrk
+from common import SERVINGLAB, experiment, kept, nginx, servinglab_loadtest, table, wrk
 
 RATES = (1000, 1500, 2000, 2500, 3000, 4000, 5000, 6000)
 
@@ -58,16 +58,6 @@ def stock_locust(url: str, users: int, seconds: float, body: Path) -> dict[str, 
         with open(f"{prefix}_stats.csv") as stats:
             aggregated = next(row for row in csv.DictReader(stats) if row["Name"] == "Aggregated")
     return {"throughputRps": float(aggregated["Requests/s"]), "p99": float(aggregated["99%"])}
-
-
-def kept(level: dict[str, Any]) -> bool:
-    sent = level["openLoop"]
-    return (
-        not level["generator"]["saturated"]
-        and sent["sentRps"] >= 0.98 * sent["offeredRps"]
-        and sent["lateSends"] <= 0.01 * level["requests"]
-        and level["errors"] == 0
-    )
 
 
 def capacity(url: str, processes: int, seconds: float, payload: dict[str, Any], rows: list[list[Any]]) -> float:
