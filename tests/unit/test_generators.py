@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from servinglab.loadgen import closed_loop, generators, open_loop
+from servinglab.loadgen import closed_loop, generators, open_loop, shapes
 from servinglab.loadgen.stats import LevelStats, Sample, generator_verdict, judge_stability, summarise
 from servinglab.spec import GeneratorLimits, StabilitySpec
 
@@ -94,7 +94,7 @@ def test_open_loop_counts_are_summed_and_the_sent_rate_is_the_unions() -> None:
 
 
 def test_levels_are_split_evenly_and_auto_is_one_per_core() -> None:
-    assert generators.split_users(7, 3) == [3, 2, 2]
-    assert generators.split_users(1, 2) == [1, 0]
+    assert shapes.split_users(7, 3) == [3, 2, 2]
+    assert shapes.split_users(1, 2) == [1, 0]
     assert generators.split_rate(90.0, 3) == [30.0, 30.0, 30.0]
     assert generators.resolve_count("auto") >= 1 and generators.resolve_count(3) == 3

@@ -1,10 +1,13 @@
-"""Several load-generator processes driving one level together, merged as if one had measured it.
+"""Several load generators driving one level together, merged as if one had measured it.
 
-One generator process keeps about 3,500 requests/s closed loop (gevent uses one core); a faster
-server needs more. A `GeneratorPool` starts `spec.load.generators` processes once per run. For each
-level it gives every process its share — of the users, or of the offered rate (each process a
-Poisson process of rate/N with its own seed: their sum is a Poisson process at the full rate) —
-and one common epoch time at which all of them start measuring, so their measured periods line up.
+One generator process is one gevent loop on one core (docs/benchmarks.md §2 and §8 give its
+capacity); a faster server needs more. A `GeneratorPool` runs `spec.load.generators` of them: local
+processes (over pipes), or the other pods of an indexed load Job, which join the first pod over TCP
+(an HMAC handshake keyed by the experiment; their clocks are aligned by a round trip). For each
+level it gives every generator its share — of the users, of the offered rate (each a Poisson
+process of rate/N with its own seed: their sum is a Poisson process at the full rate), or of a
+shaped run's schedule (every N-th send; each step's users) — and one common time at which all of
+them start measuring, so their measured periods line up.
 
 The coordinator (the calling process) decides for all of them: at the end of the measured period
 each generator sends the samples it has so far, the coordinator judges stability on their union
@@ -55,11 +58,6 @@ _TICK_SECONDS = 0.25
 def resolve_count(generators: int | str) -> int:
     """`auto` is one generator per core of this machine."""
     return (os.cpu_count() or 1) if generators == "auto" else int(generators)
-
-
-def split_users(users: int, count: int) -> list[int]:
-    """Users as evenly as they go, at most one apart; generators beyond `users` get none."""
-    return [users // count + (1 if i < users % count else 0) for i in range(count)]
 
 
 def split_rate(rate: float, count: int) -> list[float]:
@@ -214,7 +212,7 @@ class GeneratorPool:
         """One level (users or rate) split between the generators and merged exactly."""
         shares: list[Any]
         if self.loop == "closed":
-            shares = split_users(int(level), self.count)
+            shares = shapes.split_users(int(level), self.count)
             setup = _SETUP_SECONDS + max(shares) / _SPAWN_RATE
         else:
             shares, setup = split_rate(level, self.count), _SETUP_SECONDS

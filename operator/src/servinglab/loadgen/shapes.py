@@ -62,13 +62,18 @@ class Schedule:
         step: its share of each step's users, split as evenly as they go)."""
         indices = self.payload_indices[number::count] if self.payload_indices is not None else None
         phases = tuple(
-            dataclasses.replace(phase, users=phase.users // count + (1 if number < phase.users % count else 0))
-            if phase.users is not None else phase
+            dataclasses.replace(phase, users=split_users(phase.users, count)[number]) if phase.users is not None
+            else phase
             for phase in self.phases
         )  # fmt: skip
         return dataclasses.replace(
             self, offsets=self.offsets[number::count], payload_indices=indices, senders=count, phases=phases
         )
+
+
+def split_users(users: int, count: int) -> list[int]:
+    """Users as evenly as they go, at most one apart; generators beyond `users` get none."""
+    return [users // count + (1 if i < users % count else 0) for i in range(count)]
 
 
 def steady(rate_rps: float, warmup_seconds: float, measured_seconds: float, arrival: str, seed: int) -> Schedule:
