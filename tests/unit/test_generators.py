@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from servinglab.loadgen import closed_loop, generators, open_loop, shapes
+from servinglab.loadgen import shapes, sharing
 from servinglab.loadgen.stats import LevelStats, Sample, generator_verdict, judge_stability, summarise
 from servinglab.spec import GeneratorLimits, StabilitySpec
 
@@ -32,10 +32,14 @@ def generator_part(seed: int, users: int, errors: float, cpu: float, gap_ms: flo
     return dataclasses.replace(stats, generator=verdict)
 
 
+def merge(parts: list[LevelStats], level: float, closed: bool = True) -> LevelStats:
+    """The generators' 10 s levels merged (the pure half of servinglab.loadgen.generators, which runs them)."""
+    return sharing.merge_levels(parts, START, 10.0, level, closed=closed, stability=STABILITY, limits=GeneratorLimits())
+
+
 def test_the_merged_level_is_the_single_computation_over_every_sample() -> None:
     parts = [generator_part(1, 3, 0.01, 40.0, 0.2), generator_part(2, 5, 0.0, 55.0, 0.3)]
-    plan = closed_loop.LoadPlan("http://x", "/p", [], 10.0, stability=STABILITY)
-    merged = generators.merge_levels(parts, START, 10.0, plan, 8)
+    merged = merge(parts, 8)
 
     union = [sample for part in parts for sample in part.samples]
     alone = summarise(8, union)
@@ -55,8 +59,7 @@ def test_the_merged_level_is_the_single_computation_over_every_sample() -> None:
 
 def test_a_saturated_generator_flags_the_level_and_is_named() -> None:
     parts = [generator_part(1, 3, 0.0, 30.0, 0.2), generator_part(2, 3, 0.0, 97.0, 0.2)]
-    plan = closed_loop.LoadPlan("http://x", "/p", [], 10.0, stability=STABILITY)
-    generator = generators.merge_levels(parts, START, 10.0, plan, 6).generator
+    generator = merge(parts, 6).generator
     assert generator is not None and generator["saturated"] is True
     assert str(generator["reason"]).startswith("generator 2 of 2: generator CPU 97%"), generator["reason"]
     assert [g["saturated"] for g in generator["perGenerator"]] == [False, True]  # type: ignore[index, union-attr]
@@ -70,8 +73,7 @@ def test_a_send_gap_is_judged_against_the_merged_p99() -> None:
     slow_samples = [Sample(START + i * 0.05, 2000.0) for i in range(200)]
     slow = dataclasses.replace(summarise(2, slow_samples), generator=fast.generator)
     assert fast.generator is not None and fast.generator["saturated"] is True
-    plan = closed_loop.LoadPlan("http://x", "/p", [], 10.0, stability=STABILITY)
-    merged = generators.merge_levels([fast, slow], START, 10.0, plan, 4)
+    merged = merge([fast, slow], 4)
     assert merged.generator is not None and merged.generator["saturated"] is False, merged.generator
 
 
@@ -85,8 +87,7 @@ def test_open_loop_counts_are_summed_and_the_sent_rate_is_the_unions() -> None:
                    "droppedSends": number + 1}  # fmt: skip
         verdict = generator_verdict(20.0, [0.1], GeneratorLimits(), 5.0)
         parts.append(dataclasses.replace(stats, open_loop=figures, rate_rps=50.0, generator=verdict))
-    plan = open_loop.OpenLoopPlan("http://x", "/p", [], 10.0, stability=STABILITY)
-    merged = generators.merge_levels(parts, START, 10.0, plan, 100.0)
+    merged = merge(parts, 100.0, closed=False)
     assert merged.rate_rps == 100.0 and merged.concurrency is None
     assert merged.open_loop == {"offeredRps": 100.0, "arrival": "poisson", "sentRps": 100.0, "lateSends": 5,
                                 "droppedSends": 3}  # fmt: skip
@@ -96,5 +97,5 @@ def test_open_loop_counts_are_summed_and_the_sent_rate_is_the_unions() -> None:
 def test_levels_are_split_evenly_and_auto_is_one_per_core() -> None:
     assert shapes.split_users(7, 3) == [3, 2, 2]
     assert shapes.split_users(1, 2) == [1, 0]
-    assert generators.split_rate(90.0, 3) == [30.0, 30.0, 30.0]
-    assert generators.resolve_count("auto") >= 1 and generators.resolve_count(3) == 3
+    assert sharing.split_rate(90.0, 3) == [30.0, 30.0, 30.0]
+    assert sharing.resolve_count("auto") >= 1 and sharing.resolve_count(3) == 3

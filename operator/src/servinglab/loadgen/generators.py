@@ -36,15 +36,12 @@ from typing import Any
 
 import gevent
 
-from servinglab.loadgen import closed_loop, open_loop, shapes
+from servinglab.loadgen import closed_loop, open_loop, shapes, sharing
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.stats import (
     LevelStats,
     Sample,
     extension_seconds,
-    judge_stability,
-    merge_generator_verdicts,
-    summarise,
 )
 
 #: Users a generator spawns per second (Locust's advice); the common start leaves time for it.
@@ -53,15 +50,6 @@ _SETUP_SECONDS = 1.0
 #: Seeds of different generators' arrival streams are this far apart.
 _SEED_STRIDE = 1_000_003
 _TICK_SECONDS = 0.25
-
-
-def resolve_count(generators: int | str) -> int:
-    """`auto` is one generator per core of this machine."""
-    return (os.cpu_count() or 1) if generators == "auto" else int(generators)
-
-
-def split_rate(rate: float, count: int) -> list[float]:
-    return [rate / count] * count
 
 
 class _CoordinatedTiming(LevelTiming):
@@ -215,7 +203,7 @@ class GeneratorPool:
             shares = shapes.split_users(int(level), self.count)
             setup = _SETUP_SECONDS + max(shares) / _SPAWN_RATE
         else:
-            shares, setup = split_rate(level, self.count), _SETUP_SECONDS
+            shares, setup = sharing.split_rate(level, self.count), _SETUP_SECONDS
         label = f"c={int(level)}" if self.loop == "closed" else f"{level:g} rps"
         return self._run(shares, setup, index, warmup_seconds, duration_seconds, hooks or LevelHooks(), label, level)
 
@@ -261,7 +249,10 @@ class GeneratorPool:
             stats: LevelStats = self._receive(i, "done")
             parts.append(dataclasses.replace(stats, samples=tuple(self._own_clock(i, stats.samples))))
         hooks.ended(index)
-        return merge_levels(parts, measure_from, measured, self.plan, level, schedule)
+        return sharing.merge_levels(
+            parts, measure_from, measured, level, closed=self.loop == "closed", stability=self.plan.stability,
+            limits=self.plan.generator_limits, schedule=schedule,
+        )  # fmt: skip
 
     def _receive(self, number: int, expected: str) -> Any:
         try:
@@ -312,42 +303,3 @@ def _clock_offset(connection: Connection, rounds: int = 5) -> float:
             best = (answered - sent, theirs - (sent + answered) / 2)
     assert best is not None
     return best[1]
-
-
-def merge_levels(
-    parts: Sequence[LevelStats],
-    measure_from: float,
-    measured_seconds: float,
-    plan: closed_loop.LoadPlan | open_loop.OpenLoopPlan,
-    level: float,
-    schedule: shapes.Schedule | None = None,
-) -> LevelStats:
-    """The level as one process would have measured it, from every generator's samples (and a shaped
-    run's phases, from the whole schedule)."""
-    samples = [sample for part in parts for sample in part.samples]
-    closed = isinstance(plan, closed_loop.LoadPlan)
-    stats = summarise(int(level) if closed else None, samples)
-    verdict = judge_stability(samples, measure_from, measure_from + measured_seconds, plan.stability)
-    verdict["measuredSeconds"] = round(measured_seconds, 3)
-    generators = [part.generator or {} for part in parts]
-    generator = merge_generator_verdicts(generators, plan.generator_limits, stats.latency_ms.get("p99"))
-    open_loop_figures = None
-    if not closed:
-        figures: list[dict[str, Any]] = [dict(part.open_loop or {}) for part in parts]
-        sent = sum(1 for sample in samples if sample.error != "dropped")
-        open_loop_figures = {
-            "offeredRps": level,
-            "arrival": figures[0].get("arrival"),
-            "sentRps": round(sent / measured_seconds, 3) if measured_seconds > 0 else 0.0,
-            "lateSends": sum(int(f.get("lateSends", 0)) for f in figures),
-            "droppedSends": sum(int(f.get("droppedSends", 0)) for f in figures),
-        }
-    phases = shapes.phase_figures(samples, measure_from, schedule) if schedule is not None else None
-    return dataclasses.replace(
-        stats,
-        stability=verdict,
-        generator=generator,
-        rate_rps=None if closed else level,
-        open_loop=open_loop_figures,
-        phases=phases,
-    )

@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from servinglab.loadgen import closed_loop, generators, open_loop, shapes
+from servinglab.loadgen import closed_loop, generators, open_loop, shapes, sharing
 from servinglab.loadgen.hooks import LevelHooks
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.peak import search_peak_rate
@@ -75,7 +75,7 @@ def run_load(
             max_in_flight=load.max_in_flight, seed=load.payload.seed, stability=load.stability,
             generator_limits=load.generator,
         )  # fmt: skip
-    local = 1 if remote else generators.resolve_count(load.generators)
+    local = 1 if remote else sharing.resolve_count(load.generators)
     if load.shape is not None:
         return _run_shape(load, target, plan, hooks, local, remote)
     if local == 1 and not remote:
