@@ -27,7 +27,7 @@ from typing import Any
 
 from common import SERVINGLAB, experiment, kept, nginx, servinglab_loadtest, table, wrk
 
-RATES = (1000, 1500, 2000, 2500, 3000, 4000, 5000, 6000)
+RATES = (1000, 1500, 2000, 2500, 3000, 4000, 5000, 6000, 8000, 10000, 12000)
 
 STOCK_LOCUSTFILE = """
 from locust import FastHttpUser, constant, task
