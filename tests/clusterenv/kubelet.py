@@ -3,13 +3,13 @@
 KWOK moves pods through their phases but runs nothing. For end-to-end tests this harness watches
 one namespace and, for servinglab's pods (by `app.kubernetes.io/component`: the Helm chart's
 `operator` and its `test` hook, the operator's `server` and `load`), does what a kubelet would with
-the very specs stored in the API: mounts the ConfigMaps (as files, `binaryData` too) and PersistentVolumeClaims (as
-folders), runs the init container's script (a failure is reported as a kubelet would: the pod back
-to Pending, the init container's last termination with its exit code and message), starts the
-container's command with its args and env, runs its readiness probe (HTTP or exec), and reports
-back through the API — readiness via the `kwok.servinglab.dev/ready` annotation, a Job container's
-exit code and termination message via the completion annotations KWOK turns into pod status, a
-server container that ended as a terminated container status.
+the very specs stored in the API: mounts the ConfigMaps (as files, `binaryData` too) and
+PersistentVolumeClaims (as folders), runs the init container's script (a failure is reported as a
+kubelet would: the pod back to Pending, the init container's last termination with its exit code
+and message), starts the container's command with its args and env, runs its readiness probe (HTTP
+or exec), and reports back through the API — readiness via the `kwok.servinglab.dev/ready`
+annotation, a Job container's exit code and termination message via the completion annotations
+KWOK turns into pod status, a server container that ended as a terminated container status.
 
 Container paths are mapped into a per-pod folder, container ports onto free loopback ports (listen
 addresses and port numbers in args and env follow), and Service DNS names (`http://<service>:<port>`)

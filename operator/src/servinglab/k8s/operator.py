@@ -374,10 +374,16 @@ def unschedulable_reason(pods: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def _last_termination(container: dict[str, Any]) -> dict[str, Any] | None:
+    """A container status's termination: the current one, else the one before its restart."""
+    terminated = container.get("state", {}).get("terminated") or container.get("lastState", {}).get("terminated")
+    return dict(terminated) if terminated else None
+
+
 def _container_problem(pod: dict[str, Any]) -> str | None:
     for container in pod.get("status", {}).get("containerStatuses", []):
         state = container.get("state", {})
-        terminated = state.get("terminated") or container.get("lastState", {}).get("terminated")
+        terminated = _last_termination(container)
         restarts = container.get("restartCount", 0)
         if restarts > 0 or state.get("terminated"):
             detail = terminated or state.get("waiting") or {}
@@ -415,10 +421,8 @@ def _init_terminated(pod: dict[str, Any], name: str) -> tuple[dict[str, Any], bo
     for container in pod.get("status", {}).get("initContainerStatuses", []):
         if container.get("name") != name:
             continue
-        state, last = container.get("state", {}), container.get("lastState", {})
-        terminated = state.get("terminated") or last.get("terminated")
-        if terminated:
-            return terminated, terminated.get("exitCode") == 0 and "terminated" in state
+        if terminated := _last_termination(container):
+            return terminated, terminated.get("exitCode") == 0 and "terminated" in container.get("state", {})
     return None
 
 
@@ -446,10 +450,8 @@ def model_load_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
     with that termination message once the handler has failed to load (tsconfig.server_launcher)."""
     for pod in pods:
         for container in pod.get("status", {}).get("containerStatuses", []):
-            terminated = container.get("state", {}).get("terminated") or container.get("lastState", {}).get(
-                "terminated"
-            )
-            reason, _, message = str((terminated or {}).get("message") or "").strip().partition(": ")
+            terminated = _last_termination(container) or {}
+            reason, _, message = str(terminated.get("message") or "").strip().partition(": ")
             if reason == "ModelLoadFailed":
                 return reason, f"server pod {pod['metadata']['name']}: {message}"
     return None

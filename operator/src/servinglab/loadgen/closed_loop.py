@@ -20,11 +20,12 @@ from __future__ import annotations
 from locust import User, constant, task
 from locust.env import Environment
 
+import contextlib
 import dataclasses
 import functools
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,17 +190,12 @@ def run_levels(
 ) -> list[LevelStats]:
     """Run each concurrency level in turn and return its exact statistics; level i's hooks get
     `first_index + i`."""
-    environment = Environment(user_classes=[InferenceUser], host=plan.target)
-    environment.servinglab_plan = plan  # type: ignore[attr-defined]
-    runner = environment.create_local_runner()
     hooks = hooks or LevelHooks()
-    try:
+    with _locust_runner(plan) as runner:
         return [
             _run_level(runner, plan, first_index + i, level, warmup_seconds, duration_seconds, hooks)
             for i, level in enumerate(levels)
         ]
-    finally:
-        runner.quit()
 
 
 def run_schedule(
@@ -207,16 +203,22 @@ def run_schedule(
 ) -> tuple[LevelStats]:
     """A closed-loop step: the first step's users warm up, then each step's users hold for its
     stretch; one level with each step's figures."""
+    first = schedule.phases[0].users or 0
+    with _locust_runner(plan) as runner:
+        return (_run_level(runner, plan, index, first, schedule.warmup_seconds, schedule.measured_seconds,
+                           hooks or LevelHooks(), schedule),)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _locust_runner(plan: LoadPlan) -> Iterator[Any]:
+    """A local Locust runner whose users read `plan`; quit on the way out."""
     environment = Environment(user_classes=[InferenceUser], host=plan.target)
     environment.servinglab_plan = plan  # type: ignore[attr-defined]
     runner = environment.create_local_runner()
-    first = schedule.phases[0].users or 0
     try:
-        stats = _run_level(runner, plan, index, first, schedule.warmup_seconds, schedule.measured_seconds,
-                           hooks or LevelHooks(), schedule)  # fmt: skip
+        yield runner
     finally:
         runner.quit()
-    return (stats,)
 
 
 def _set_users(runner: Any, users: int) -> None:

@@ -58,14 +58,14 @@ class _CoordinatedTiming(LevelTiming):
     def __init__(self, connection: Connection, measure_from: float) -> None:
         self._connection = connection
         self._measure_from = measure_from
-        self._sent = 0
+        self.sent = 0  # samples already with the coordinator (a level's samples only ever grow)
 
     def measure_from(self, planned: float) -> float:
         return self._measure_from
 
     def extend(self, samples: Sequence[Sample], start: float, measured: float, rule: Any) -> float:
-        self._connection.send(("samples", list(samples[self._sent :])))
-        self._sent = len(samples)
+        self._connection.send(("samples", list(samples[self.sent :])))
+        self.sent = len(samples)
         while not self._connection.poll():  # the generator's users keep sending meanwhile
             gevent.sleep(0.002)
         extra: float = self._connection.recv()
@@ -85,7 +85,7 @@ def serve(connection: Connection) -> None:
             _, loop, plan = order
             continue
         share, index, measure_from, warmup_seconds, duration_seconds = order
-        plan.timing = _CoordinatedTiming(connection, measure_from)
+        plan.timing = timing = _CoordinatedTiming(connection, measure_from)
         if isinstance(share, shapes.Schedule) and loop == "closed":
             (stats,) = closed_loop.run_schedule(plan, share, index=index)
         elif isinstance(share, shapes.Schedule):
@@ -94,7 +94,8 @@ def serve(connection: Connection) -> None:
             (stats,) = closed_loop.run_levels(plan, [share], warmup_seconds, duration_seconds, first_index=index)
         else:
             (stats,) = open_loop.run_rates(plan, [share], warmup_seconds, duration_seconds, first_index=index)
-        connection.send(("done", stats))
+        # the coordinator has the samples it was sent while deciding: only the rest travel again
+        connection.send(("done", dataclasses.replace(stats, samples=stats.samples[timing.sent :])))
 
 
 def _blocking(connection: Connection) -> Connection:
@@ -232,11 +233,14 @@ class GeneratorPool:
         self._tick_until(measure_from, hooks, label, "warmup", warmup_seconds)
         hooks.started(index)
         self._tick_until(measure_from + duration_seconds, hooks, label, "measure", duration_seconds)
+        streamed: dict[int, list[Sample]] = {i: [] for i in active}  # each generator's samples so far
         samples: list[Sample] = []
         measured = duration_seconds
         while True:
             for i in active:
-                samples.extend(self._own_clock(i, self._receive(i, "samples")))
+                more = self._own_clock(i, self._receive(i, "samples"))
+                streamed[i].extend(more)
+                samples.extend(more)
             extra = extension_seconds(samples, measure_from, measured, self.plan.stability, time.time())
             for i in active:
                 self._connections[i].send(extra)
@@ -246,8 +250,9 @@ class GeneratorPool:
             hooks.report(label, "extend", measured, self.plan.stability.max_duration_seconds or measured, len(samples))
         parts = []
         for i in active:
-            stats: LevelStats = self._receive(i, "done")
-            parts.append(dataclasses.replace(stats, samples=tuple(self._own_clock(i, stats.samples))))
+            stats: LevelStats = self._receive(i, "done")  # its figures, and the samples not streamed yet
+            rest = self._own_clock(i, stats.samples)
+            parts.append(dataclasses.replace(stats, samples=tuple(streamed[i] + rest)))
         hooks.ended(index)
         return sharing.merge_levels(
             parts, measure_from, measured, level, closed=self.loop == "closed", stability=self.plan.stability,

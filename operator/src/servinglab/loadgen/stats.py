@@ -70,7 +70,7 @@ class LevelStats:
     rate_rps: float | None = None  # open loop: the offered rate
     open_loop: dict[str, object] | None = None  # open loop: late and dropped sends, sent rate
     repeats: dict[str, object] | None = None  # repeats > 1: every run's figures, mean and 95% CI
-    phases: list[dict[str, object]] | None = None  # a shaped open-loop run: each phase's figures
+    phases: list[dict[str, object]] | None = None  # a shaped run (step, burst, trace): each phase's figures
     samples: tuple[Sample, ...] = field(default=(), repr=False, compare=False)  # kept for pooling repeats
 
     def to_json(self) -> dict[str, object]:
