@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke test lint typecheck unit integration k8s control-plane chart-crd clean
+.PHONY: help setup demo smoke test lint typecheck unit integration k8s control-plane chart-crd images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ integration: setup ## tests that start a real TorchServe
 
 control-plane: ## build (or reuse the cached) Kubernetes binaries, etcd, KWOK and helm from Go modules
 	hack/build-control-plane.sh
+
+images: ## build the operator and servinglab images (docker, else podman; README "Images")
+	hack/images.sh
 
 chart-crd: setup ## regenerate the chart's CRD from the spec model
 	$(BIN)/servinglab crd > charts/serving/files/crd-servingexperiments.yaml

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build the binaries of the test control plane from Go modules (no release downloads, no Docker):
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl   <- k8s.io/kubernetes
+#   kubelet, kube-proxy (the real node that runs pods as containers)   <- k8s.io/kubernetes
 #   etcd                                                               <- go.etcd.io/etcd/server/v3
 #   kwok (+ its stage YAMLs)                                           <- sigs.k8s.io/kwok
 #   helm                                                               <- helm.sh/helm/v3
+#   coredns (cluster DNS for the real node)                            <- github.com/coredns/coredns
 #   ServiceMonitor/PodMonitor CRDs                       <- github.com/prometheus-operator/prometheus-operator
 # into a cache directory outside the repo keyed by the versions in hack/control-plane.env, and
 # print that directory. A complete cache returns at once; a partial one builds what is missing.
@@ -18,7 +20,7 @@ source "$here/control-plane.env"
 cache_root=${SERVINGLAB_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/servinglab/control-plane}
 bin="$cache_root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
 
-if [[ -f "$bin/.complete" && -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]]; then
+if [[ -f "$bin/.complete" && -x "$bin/kubelet" && -x "$bin/coredns-$COREDNS_VERSION" && -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]]; then
   echo "$bin"
   exit 0
 fi
@@ -47,7 +49,7 @@ staging_version() { # MODULE WANTED -> WANTED if the proxy serves it, else its n
   echo "$fallback"
 }
 
-build_kubernetes() {
+build_kubernetes() { # PACKAGE... under k8s.io/kubernetes/cmd
   local minor=${K8S_VERSION#v1.}          # 34.7
   local upstream_gomod
   upstream_gomod=$(module_field "k8s.io/kubernetes@$K8S_VERSION" GoMod)
@@ -71,10 +73,8 @@ build_kubernetes() {
     flags+=(-X "$pkg.gitVersion=$K8S_VERSION" -X "$pkg.gitMajor=1" -X "$pkg.gitMinor=${minor%%.*}"
             -X "$pkg.gitTreeState=clean" -X "$pkg.buildDate=$stamp")
   done
-  log "building Kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl)"
-  go build -trimpath -tags selinux,notest -ldflags "${flags[*]}" -o "$bin/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+  log "building Kubernetes $K8S_VERSION ($*)"
+  go build -trimpath -tags selinux,notest -ldflags "${flags[*]}" -o "$bin/" "${@/#/k8s.io/kubernetes/cmd/}"
 }
 
 build_etcd() {
@@ -111,6 +111,17 @@ build_helm() {
   GOFLAGS= GOBIN="$bin" go install -trimpath -ldflags "${flags[*]}" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
+build_coredns() {
+  # a wrapper module, as for etcd: CoreDNS's own go.mod has replace directives
+  mkdir -p "$scratch/coredns" && cd "$scratch/coredns"
+  go mod init servinglab.local/coredns-bin >/dev/null 2>&1
+  go mod edit -require="github.com/coredns/coredns@$COREDNS_VERSION"
+  log "building coredns $COREDNS_VERSION"
+  go build -trimpath -ldflags "-s -w" -o "$bin/coredns-$COREDNS_VERSION.partial" github.com/coredns/coredns
+  mv "$bin/coredns-$COREDNS_VERSION.partial" "$bin/coredns-$COREDNS_VERSION"
+  ln -sf "coredns-$COREDNS_VERSION" "$bin/coredns"
+}
+
 fetch_monitoring_crds() {
   # The Prometheus operator's CRDs ship in its Go module; only the two the chart can create are kept.
   local source target="$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
@@ -126,10 +137,12 @@ fetch_monitoring_crds() {
 
 started=$(date +%s)
 [[ -x "$bin/kube-apiserver" && -x "$bin/kubectl" && -x "$bin/kube-scheduler" && -x "$bin/kube-controller-manager" ]] ||
-  (build_kubernetes)
+  (build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl)
+[[ -x "$bin/kubelet" && -x "$bin/kube-proxy" ]] || (build_kubernetes kubelet kube-proxy)
 [[ -x "$bin/etcd" ]] || (build_etcd)
 [[ -x "$bin/kwok" && -d "$bin/kwok-stages" ]] || (build_kwok)
 [[ -x "$bin/helm" ]] || (build_helm)
+[[ -x "$bin/coredns-$COREDNS_VERSION" ]] || (build_coredns)
 [[ -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]] || (fetch_monitoring_crds)
 "$bin/kube-apiserver" --version >&2
 "$bin/etcd" --version | head -1 >&2

@@ -1,7 +1,8 @@
-"""Shared fixtures: paths of the examples, a tiny model archive built once per session."""
+"""Shared fixtures: paths of the examples, a tiny model archive built once per session, the images."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -47,3 +48,21 @@ def tiny_model_copy(tiny_archive: Path, tmp_path: Path) -> Path:
     target = tmp_path / "tiny"
     shutil.copytree(tiny_archive, target)
     return target
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, str]:
+    """The images, built by `hack/images.sh` (what `make images` runs) with the stand-ins this machine
+    needs: a Debian base made with debootstrap, the TorchServe stand-in, the pod sandbox image.
+    {"operator" | "servinglab" | "torchserve" | "pause": the image's full name}; unchanged images are
+    not rebuilt. torch comes from PyPI unless TORCH_INDEX_URL says otherwise (PyTorch's CPU index is
+    not reachable everywhere the suite runs)."""
+    if shutil.which("podman") is None and shutil.which("docker") is None:
+        pytest.fail("the image tests need podman (or docker): apt-get install podman runc debootstrap")
+    index = os.environ.get("TORCH_INDEX_URL", "https://pypi.org/simple")
+    env = {**os.environ, "STANDIN": "1", "TORCH_INDEX_URL": index}
+    built = subprocess.run(
+        [ROOT / "hack/images.sh"], env=env, capture_output=True, text=True, timeout=2400, check=False
+    )
+    assert built.returncode == 0, f"hack/images.sh failed:\n{built.stderr[-6000:]}"
+    return {name.rsplit("/", 1)[1].split(":")[0]: name for name in built.stdout.split()}

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import time
@@ -142,6 +143,19 @@ class ProcessGroup:
         self.processes.clear()
 
 
+def host_address() -> str:
+    """The machine's own non-loopback address (pods on a real node reach the host there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))  # sends nothing: only picks the outgoing interface's address
+            return str(probe.getsockname()[0])
+        except OSError:  # no route out: the first global address of any interface
+            listed = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                                    capture_output=True, text=True, check=False)  # fmt: skip
+            found = [line.split()[3].split("/")[0] for line in listed.stdout.splitlines()]
+            return found[0] if found else "127.0.0.1"
+
+
 def _https_ok(url: str, context: ssl.SSLContext) -> bool:
     with urllib.request.urlopen(url, context=context, timeout=5) as response:
         return bool(response.status == 200)
@@ -173,7 +187,10 @@ class LocalControlPlane:
 
     def start(self, timeout: float = 180.0) -> None:
         etcd_client, etcd_peer, apiserver, kcm, scheduler = free_ports(5)
-        self.pki = pki = make_pki(self.workdir / "pki")
+        # Pods on a real node reach the API server at the host's address (kube-proxy's target for the
+        # `kubernetes` Service); clients here keep using loopback.
+        self.address = host_address()
+        self.pki = pki = make_pki(self.workdir / "pki", (self.address,))
         self.server = f"https://127.0.0.1:{apiserver}"
 
         etcd_url, peer_url = f"http://127.0.0.1:{etcd_client}", f"http://127.0.0.1:{etcd_peer}"
@@ -187,7 +204,7 @@ class LocalControlPlane:
 
         self.api_command = [
             str(self.binaries.kube_apiserver), f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", f"--secure-port={apiserver}", "--advertise-address=127.0.0.1",
+            "--bind-address=0.0.0.0", f"--secure-port={apiserver}", f"--advertise-address={self.address}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             f"--tls-cert-file={pki.apiserver.cert}", f"--tls-private-key-file={pki.apiserver.key}",
             f"--client-ca-file={pki.ca_cert}",
@@ -195,8 +212,12 @@ class LocalControlPlane:
             f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
             "--allow-privileged=true", "--v=1",
-            # as on hardened clusters: setting blockOwnerDeletion needs update on the owner's finalizers
-            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+            # logs and exec of a real node's pods: the kubelet at its InternalIP, as a client it trusts
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki.admin.cert}", f"--kubelet-client-key={pki.admin.key}",
+            # as on hardened clusters: setting blockOwnerDeletion needs update on the owner's finalizers;
+            # a namespace's node selector and default tolerations keep its pods on the real node
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement,PodNodeSelector,PodTolerationRestriction",
         ]  # fmt: skip
         self.admin_context = admin_context = ssl.create_default_context(cafile=str(pki.ca_cert))
         admin_context.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))

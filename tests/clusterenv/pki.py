@@ -53,7 +53,8 @@ class Pki:
         return _signed(self.directory, name, subject, "extendedKeyUsage=clientAuth\n")
 
 
-def make_pki(directory: Path) -> Pki:
+def make_pki(directory: Path, addresses: tuple[str, ...] = ()) -> Pki:
+    """`addresses`: more IP addresses the API server's certificate is valid for."""
     directory.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
              "-days", "7", "-subj", "/CN=servinglab-test-ca",
@@ -61,7 +62,8 @@ def make_pki(directory: Path) -> Pki:
              "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", cwd=directory)  # fmt: skip
     client_ext = "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
     server_ext = (
-        f"subjectAltName={APISERVER_SANS}\nextendedKeyUsage=serverAuth\n"
+        f"subjectAltName={','.join([APISERVER_SANS, *(f'IP:{address}' for address in addresses)])}\n"
+        "extendedKeyUsage=serverAuth\n"
         "keyUsage=critical,digitalSignature,keyEncipherment\n"
     )
     apiserver = _signed(directory, "apiserver", "/CN=kube-apiserver", server_ext)

@@ -396,6 +396,11 @@ def finished(cluster: Cluster, installed: Installed) -> dict[str, Any]:
         .get("summary", {}).get("state") == "Succeeded",
         240, "the chart's sweep",
     )  # fmt: skip
+    sweep = cluster.kubectl.get("servingsweep", "chart-sweep", "-n", ns)
+    if "bestConfig" not in sweep["status"]["summary"]:  # the trial did not measure: say why, the dashboards can't
+        trials = cluster.kubectl.get("sx", "-n", ns, "-l", "servinglab.dev/sweep=chart-sweep")["items"]
+        outcomes = [(trial["metadata"]["name"], trial.get("status", {}).get("conditions")) for trial in trials]
+        pytest.fail(f"the sweep measured nothing: {sweep['status']}\ntrials: {outcomes}\n{operator_log(installed)}")
     return body
 
 

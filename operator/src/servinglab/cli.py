@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -180,6 +181,9 @@ def operator(namespaces: tuple[str, ...], all_namespaces: bool, liveness: str) -
         clusterwide=all_namespaces,
         namespaces=list(namespaces),
         liveness_endpoint=liveness,
+        # kopf's default identity asks the passwd database for the user, which has no entry for the
+        # image's UID 65532 (nor for the arbitrary UIDs some clusters assign): the pod's name will do
+        identity=socket.gethostname(),  # type: ignore[arg-type]  # a NewType of str kopf does not export
     )
 
 

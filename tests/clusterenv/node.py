@@ -1,0 +1,290 @@
+"""A real node for the test cluster: containerd + runc + CNI bridge + kubelet + kube-proxy + CoreDNS.
+
+Pods scheduled onto it run as real containers from the images `hack/images.sh` built (imported into
+containerd; nothing is pulled): probes, init containers, emptyDirs, ConfigMap, Secret and projected
+service-account volumes, security contexts, Services (kube-proxy, iptables) and cluster DNS (CoreDNS,
+out of cluster, reading the API) are the real implementations. It advertises `nvidia.com/gpu` and
+the T4 labels and taint, so the operator's GPU pods schedule onto it; they run on the CPU.
+
+What this machine kind needs (../shared/reference/containers-recipe.md): runc, not crun; a runc
+wrapper that turns the negative `oom_score_adj` containerd and the kubelet ask for into 0 (refused
+here); cgroup v1 allowed (`failCgroupV1: false`). Pods reach the API server and the host's services
+on the host's address (the control plane listens there too); nothing is routed off the machine.
+
+`stop()` kills the pods' containers, the node's processes, its iptables rules and its bridge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from clusterenv.controlplane import Binaries, ClusterError, Kubectl, ProcessGroup, _http_ok, host_address
+from clusterenv.pki import Pki
+from servinglab.local_server import free_ports
+
+#: Pod addresses on the real node (apart from KWOK's simulated pods, 10.244.0.0/16).
+NODE_POD_CIDR = "10.250.0.0/24"
+#: The real node's label and taint: only pods of namespaces made by `node_namespace` land on it.
+REAL_NODE_KEY = "servinglab.dev/real-node"
+BRIDGE = "slcni0"
+CLUSTER_DOMAIN = "cluster.local"
+SANDBOX_IMAGE = "docker.io/servinglab/pause:1"
+
+RUNC_WRAPPER = """#!/bin/sh
+# runc, with a negative oomScoreAdj in the bundle's config.json made 0: this machine refuses
+# negative oom_score_adj values, which containerd (sandboxes) and the kubelet (Guaranteed pods) ask for.
+prev=""
+for arg in "$@"; do
+  if [ "$prev" = "--bundle" ] && [ -f "$arg/config.json" ]; then
+    sed -i 's/"oomScoreAdj":-[0-9]*/"oomScoreAdj":0/' "$arg/config.json"
+  fi
+  prev=$arg
+done
+exec runc "$@"
+"""
+
+
+def image_archive(images: list[str], cache: Path) -> Path:
+    """One docker-archive of `images` (shared layers once) for containerd to import, kept in `cache`
+    under the images' IDs: saved again only when an image changed."""
+    engine = ["podman", "--runtime", "runc"] if shutil.which("podman") else ["docker"]
+    inspected = subprocess.run([*engine, "image", "inspect", "--format", "{{.Id}}", *images],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+    key = hashlib.sha256(inspected.stdout.encode()).hexdigest()[:16]
+    archive = cache / f"images-{key}.tar"
+    if not archive.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        for old in cache.glob("images-*.tar*"):  # one archive of several GB is enough
+            old.unlink()
+        partial = archive.with_suffix(".tar.partial")
+        multiple = ["--format", "docker-archive", "-m"] if engine[0] == "podman" else []
+        subprocess.run([*engine, "save", *multiple, "-o", str(partial), *images], capture_output=True, check=True)
+        partial.rename(archive)
+    return archive
+
+
+def node_namespace(name: str) -> dict[str, Any]:
+    """A namespace whose pods all run on the real node (and nowhere else), under the `restricted` Pod
+    Security Standard; the API server's PodNodeSelector and PodTolerationRestriction apply it."""
+    # the node is a GPU node too: its `nvidia.com/gpu` taint must not keep the operator and load pods away
+    keys = (REAL_NODE_KEY, "nvidia.com/gpu")
+    toleration = [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in keys]
+    return {
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+            "annotations": {"scheduler.alpha.kubernetes.io/node-selector": f"{REAL_NODE_KEY}=true",
+                            "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(toleration)},
+        },
+    }  # fmt: skip
+
+
+def cni_config() -> dict[str, Any]:
+    return {
+        "cniVersion": "0.4.0",
+        "name": "servinglab",
+        "plugins": [
+            {
+                "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": True, "hairpinMode": True,
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": NODE_POD_CIDR}]],
+                         "routes": [{"dst": "0.0.0.0/0"}]},
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+            {"type": "loopback"},
+        ],
+    }  # fmt: skip
+
+
+def containerd_config(default: str, root: Path, state: Path, cni_dir: Path, runc: Path) -> str:
+    """containerd's default configuration with this node's paths, sandbox image and runc wrapper."""
+    replacements = {
+        'root = "/var/lib/containerd"': f'root = "{root}"',
+        'state = "/run/containerd"': f'state = "{state}"',
+        'address = "/run/containerd/containerd.sock"': f'address = "{state}/containerd.sock"',
+        'sandbox_image = "registry.k8s.io/pause:3.6"': f'sandbox_image = "{SANDBOX_IMAGE}"',
+        'bin_dir = "/opt/cni/bin"': 'bin_dir = "/usr/lib/cni"',
+        'conf_dir = "/etc/cni/net.d"': f'conf_dir = "{cni_dir}"',
+        'BinaryName = ""': f'BinaryName = "{runc}"',
+    }
+    for old, new in replacements.items():
+        if old not in default:
+            raise ClusterError(f"containerd's default config has no {old!r}")
+        default = default.replace(old, new, 1)
+    return default
+
+
+def kubelet_config(address: str, port: int, healthz: int, socket_path: Path, ca: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": address, "port": port, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": healthz,
+        "containerRuntimeEndpoint": f"unix://{socket_path}",
+        "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False,
+        "cgroupsPerQOS": False, "enforceNodeAllocatable": [],
+        "localStorageCapacityIsolation": False, "evictionHard": {},
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                           "x509": {"clientCAFile": str(ca)}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "clusterDNS": [address], "clusterDomain": CLUSTER_DOMAIN,
+        "registerWithTaints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                               {"key": REAL_NODE_KEY, "value": "true", "effect": "NoSchedule"}],
+        "serializeImagePulls": False, "maxPods": 40,
+        "syncFrequency": "5s", "fileCheckFrequency": "5s",
+    }  # fmt: skip
+
+
+def corefile(address: str, port: int, kubeconfig: Path, health: int) -> str:
+    return (
+        f"{CLUSTER_DOMAIN}:{port} {{\n"
+        f"    bind {address}\n"
+        f"    kubernetes {CLUSTER_DOMAIN} {{\n        kubeconfig {kubeconfig}\n        pods insecure\n    }}\n"
+        f"    health 127.0.0.1:{health}\n    cache 5\n}}\n"
+        f".:{port} {{\n    bind {address}\n    template ANY ANY {{\n        rcode NXDOMAIN\n    }}\n}}\n"
+    )
+
+
+class RealNode:
+    """One real node named `name`, for the pods of any namespace."""
+
+    def __init__(
+        self,
+        binaries: Binaries,
+        workdir: Path,
+        kubectl: Kubectl,
+        pki: Pki,
+        server: str,
+        name: str = "t4-real",
+        labels: dict[str, str] | None = None,
+        gpus: int = 1,
+    ) -> None:
+        self.binaries = binaries
+        self.workdir = workdir
+        self.kubectl = kubectl
+        self.pki = pki
+        self.server = server
+        self.name = name
+        self.labels = {**(labels or {}), REAL_NODE_KEY: "true"}
+        self.gpus = gpus
+        self.address = host_address()
+        self.group = ProcessGroup(workdir)
+        # unix sockets (containerd's and its shims') must stay short
+        self.state = Path(tempfile.mkdtemp(prefix="sl-ctrd-", dir="/run"))
+        self.socket = self.state / "containerd.sock"
+
+    def ctr(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
+                              capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+
+    # -- start -----------------------------------------------------------------------------------
+
+    def start(self, image_archive: Path, timeout: float = 180) -> None:
+        self._start_containerd(timeout)
+        imported = self.ctr("images", "import", "--no-unpack", str(image_archive))
+        if imported.returncode != 0:
+            raise ClusterError(f"importing {image_archive} into containerd failed: {imported.stderr[-2000:]}")
+        self._start_dns(timeout)
+        self._start_kubelet(timeout)
+        self._start_kube_proxy(timeout)
+
+    def _start_containerd(self, timeout: float) -> None:
+        root = self.workdir / "containerd"
+        cni_dir = self.workdir / "cni"
+        cni_dir.mkdir(parents=True)
+        (cni_dir / "10-servinglab.conflist").write_text(json.dumps(cni_config()))
+        runc = self.workdir / "runc-wrapper"
+        runc.write_text(RUNC_WRAPPER)
+        runc.chmod(0o755)
+        default = subprocess.run(["containerd", "config", "default"], capture_output=True, text=True, check=True)
+        config = self.workdir / "containerd.toml"
+        config.write_text(containerd_config(default.stdout, root, self.state, cni_dir, runc))
+        containerd = self.group.start("containerd", ["containerd", "--config", str(config)])
+        self.group.wait_until(
+            containerd, lambda: self.ctr("version", timeout=10).returncode == 0, timeout, "its socket"
+        )
+
+    def _start_dns(self, timeout: float) -> None:
+        (port,) = free_ports(1)
+        self.dns_port = 53
+        health = port
+        kubeconfig = self._kubeconfig("coredns", "system:coredns-test", "system:masters")
+        core = self.workdir / "Corefile"
+        core.write_text(corefile(self.address, self.dns_port, kubeconfig, health))
+        dns = self.group.start("coredns", [str(self.binaries.coredns), "-conf", str(core)])
+        self.group.wait_until(dns, lambda: _http_ok(f"http://127.0.0.1:{health}/health"), timeout, "/health")
+
+    def _kubeconfig(self, file: str, user: str, group: str) -> Path:
+        from clusterenv import manifests
+
+        cert = self.pki.client(file, user, group)
+        path = self.workdir / f"{file}.kubeconfig"
+        path.write_text(manifests.kubeconfig(self.server, self.pki.ca_cert, cert.cert, cert.key))
+        return path
+
+    def _start_kubelet(self, timeout: float) -> None:
+        port, healthz = free_ports(2)
+        config = self.workdir / "kubelet.yaml"
+        config.write_text(json.dumps(kubelet_config(self.address, port, healthz, self.socket, self.pki.ca_cert)))
+        kubeconfig = self._kubeconfig("kubelet", f"system:node:{self.name}", "system:nodes")
+        labels = ",".join(f"{key}={value}" for key, value in self.labels.items())
+        kubelet = self.group.start("kubelet", [
+            str(self.binaries.kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}",
+            f"--hostname-override={self.name}", f"--node-ip={self.address}",
+            f"--root-dir={self.workdir / 'kubelet'}", f"--cert-dir={self.workdir / 'kubelet-pki'}",
+            *([f"--node-labels={labels}"] if labels else []), "--v=1",
+        ])  # fmt: skip
+        self.group.wait_until(kubelet, self._ready, timeout, f"node {self.name} Ready")
+        # an extended resource, as a device plugin would advertise it (the kubelet keeps it)
+        patch = {"status": {"capacity": {"nvidia.com/gpu": str(self.gpus)}}}
+        self.kubectl.run("patch", "node", self.name, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+        self.group.wait_until(kubelet, self._gpus_allocatable, timeout, f"nvidia.com/gpu on {self.name}")
+
+    def _node(self) -> dict[str, Any] | None:
+        found = self.kubectl.run("get", "node", self.name, "-o", "json", check=False)
+        return json.loads(found.stdout) if found.returncode == 0 else None
+
+    def _ready(self) -> bool:
+        node = self._node()
+        conditions = (node or {}).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def _gpus_allocatable(self) -> bool:
+        node = self._node()
+        return (node or {}).get("status", {}).get("allocatable", {}).get("nvidia.com/gpu") == str(self.gpus)
+
+    def _start_kube_proxy(self, timeout: float) -> None:
+        metrics, healthz = free_ports(2)
+        kubeconfig = self._kubeconfig("kube-proxy", "system:kube-proxy", "system:node-proxier")
+        proxy = self.group.start("kube-proxy", [
+            str(self.binaries.kube_proxy), f"--kubeconfig={kubeconfig}", f"--hostname-override={self.name}",
+            "--proxy-mode=iptables", f"--cluster-cidr={NODE_POD_CIDR}",
+            f"--metrics-bind-address=127.0.0.1:{metrics}", f"--healthz-bind-address=127.0.0.1:{healthz}",
+            "--conntrack-max-per-core=0", "--v=1",
+        ])  # fmt: skip
+        self.group.wait_until(proxy, lambda: _http_ok(f"http://127.0.0.1:{healthz}/healthz"), timeout, "/healthz")
+
+    # -- stop ------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Pods' containers first (their shims outlive containerd), then the node's processes and rules."""
+        listed = self.ctr("tasks", "ls", "-q", timeout=30)
+        for task in listed.stdout.split():
+            self.ctr("tasks", "kill", "-s", "SIGKILL", task, timeout=30)
+        time.sleep(1)
+        self.group.stop()
+        subprocess.run([str(self.binaries.kube_proxy), "--cleanup"], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
+        for mount in reversed(Path("/proc/mounts").read_text().splitlines()):
+            target = mount.split()[1]
+            if target.startswith((str(self.workdir), str(self.state))):
+                subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+        shutil.rmtree(self.state, ignore_errors=True)
