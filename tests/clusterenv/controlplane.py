@@ -161,7 +161,7 @@ def _https_ok(url: str, context: ssl.SSLContext) -> bool:
         return bool(response.status == 200)
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=5) as response:
         return bool(response.status == 200)
 
@@ -200,7 +200,7 @@ class LocalControlPlane:
             f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
             f"--initial-cluster=default={peer_url}", "--unsafe-no-fsync=true", "--log-level=warn",
         ])  # fmt: skip
-        self.group.wait_until(etcd, lambda: _http_ok(f"{etcd_url}/health"), timeout, "/health")
+        self.group.wait_until(etcd, lambda: http_ok(f"{etcd_url}/health"), timeout, "/health")
 
         self.api_command = [
             str(self.binaries.kube_apiserver), f"--etcd-servers={etcd_url}",
@@ -312,7 +312,7 @@ class Kwok:
         ]  # fmt: skip
         # HOME here keeps a developer's ~/.kwok/kwok.yaml from being loaded into the tests.
         kwok = self.group.start("kwok", command, env={"HOME": str(self.workdir), "KWOK_WORKDIR": str(self.workdir)})
-        self.group.wait_until(kwok, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), timeout, "/healthz")
+        self.group.wait_until(kwok, lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), timeout, "/healthz")
 
     def stop(self) -> None:
         self.group.stop()

@@ -25,13 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clusterenv.controlplane import Binaries, ClusterError, Kubectl, ProcessGroup, _http_ok, host_address
+from clusterenv import manifests
+from clusterenv.controlplane import Binaries, ClusterError, Kubectl, ProcessGroup, host_address, http_ok
 from clusterenv.pki import Pki
 from servinglab.local_server import free_ports
 
 #: Pod addresses on the real node (apart from KWOK's simulated pods, 10.244.0.0/16).
 NODE_POD_CIDR = "10.250.0.0/24"
-#: The real node's label and taint: only pods of namespaces made by `node_namespace` land on it.
+#: The real node's label: every pod of a namespace made by `node_namespace` lands on it. No taint of its
+#: own keeps other pods away (the node lives only while its test module runs): the operator checks a
+#: server's nodeSelector and tolerations against the nodes, and knows nothing of namespace defaults.
 REAL_NODE_KEY = "servinglab.dev/real-node"
 BRIDGE = "slcni0"
 CLUSTER_DOMAIN = "cluster.local"
@@ -73,9 +76,8 @@ def image_archive(images: list[str], cache: Path) -> Path:
 def node_namespace(name: str) -> dict[str, Any]:
     """A namespace whose pods all run on the real node (and nowhere else), under the `restricted` Pod
     Security Standard; the API server's PodNodeSelector and PodTolerationRestriction apply it."""
-    # the node is a GPU node too: its `nvidia.com/gpu` taint must not keep the operator and load pods away
-    keys = (REAL_NODE_KEY, "nvidia.com/gpu")
-    toleration = [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in keys]
+    # the node is a GPU node: its `nvidia.com/gpu` taint must not keep the operator and load pods away
+    toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return {
         "apiVersion": "v1", "kind": "Namespace",
         "metadata": {
@@ -136,8 +138,7 @@ def kubelet_config(address: str, port: int, healthz: int, socket_path: Path, ca:
                            "x509": {"clientCAFile": str(ca)}},
         "authorization": {"mode": "AlwaysAllow"},
         "clusterDNS": [address], "clusterDomain": CLUSTER_DOMAIN,
-        "registerWithTaints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-                               {"key": REAL_NODE_KEY, "value": "true", "effect": "NoSchedule"}],
+        "registerWithTaints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
         "serializeImagePulls": False, "maxPods": 40,
         "syncFrequency": "5s", "fileCheckFrequency": "5s",
     }  # fmt: skip
@@ -180,6 +181,7 @@ class RealNode:
         # unix sockets (containerd's and its shims') must stay short
         self.state = Path(tempfile.mkdtemp(prefix="sl-ctrd-", dir="/run"))
         self.socket = self.state / "containerd.sock"
+        self.timings: dict[str, float] = {}
 
     def ctr(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
@@ -188,13 +190,23 @@ class RealNode:
     # -- start -----------------------------------------------------------------------------------
 
     def start(self, image_archive: Path, timeout: float = 180) -> None:
-        self._start_containerd(timeout)
-        imported = self.ctr("images", "import", "--no-unpack", str(image_archive))
+        """Start it all, with the images of `image_archive`; `timings` says how long each step took."""
+        steps = [
+            ("containerd", lambda: self._start_containerd(timeout)),
+            ("image import", lambda: self._import(image_archive)),
+            ("CoreDNS", lambda: self._start_dns(timeout)),
+            ("kubelet until Ready", lambda: self._start_kubelet(timeout)),
+            ("kube-proxy", lambda: self._start_kube_proxy(timeout)),
+        ]
+        for name, step in steps:
+            begun = time.monotonic()
+            step()
+            self.timings[name] = time.monotonic() - begun
+
+    def _import(self, archive: Path) -> None:
+        imported = self.ctr("images", "import", "--no-unpack", str(archive))
         if imported.returncode != 0:
-            raise ClusterError(f"importing {image_archive} into containerd failed: {imported.stderr[-2000:]}")
-        self._start_dns(timeout)
-        self._start_kubelet(timeout)
-        self._start_kube_proxy(timeout)
+            raise ClusterError(f"importing {archive} into containerd failed: {imported.stderr[-2000:]}")
 
     def _start_containerd(self, timeout: float) -> None:
         root = self.workdir / "containerd"
@@ -213,18 +225,17 @@ class RealNode:
         )
 
     def _start_dns(self, timeout: float) -> None:
-        (port,) = free_ports(1)
-        self.dns_port = 53
-        health = port
+        """CoreDNS on the host's address, port 53: the kubelet gives pods one nameserver, without a port."""
+        (health,) = free_ports(1)
         kubeconfig = self._kubeconfig("coredns", "system:coredns-test", "system:masters")
         core = self.workdir / "Corefile"
-        core.write_text(corefile(self.address, self.dns_port, kubeconfig, health))
+        core.write_text(corefile(self.address, 53, kubeconfig, health))
         dns = self.group.start("coredns", [str(self.binaries.coredns), "-conf", str(core)])
-        self.group.wait_until(dns, lambda: _http_ok(f"http://127.0.0.1:{health}/health"), timeout, "/health")
+        self.group.wait_until(dns, lambda: http_ok(f"http://127.0.0.1:{health}/health"), timeout, "/health")
 
     def _kubeconfig(self, file: str, user: str, group: str) -> Path:
-        from clusterenv import manifests
-
+        """A kubeconfig with a client certificate of its own: the kubelet is `system:node:<name>` (the
+        Node authorizer's rules), kube-proxy `system:kube-proxy` (bound to system:node-proxier)."""
         cert = self.pki.client(file, user, group)
         path = self.workdir / f"{file}.kubeconfig"
         path.write_text(manifests.kubeconfig(self.server, self.pki.ca_cert, cert.cert, cert.key))
@@ -270,7 +281,7 @@ class RealNode:
             f"--metrics-bind-address=127.0.0.1:{metrics}", f"--healthz-bind-address=127.0.0.1:{healthz}",
             "--conntrack-max-per-core=0", "--v=1",
         ])  # fmt: skip
-        self.group.wait_until(proxy, lambda: _http_ok(f"http://127.0.0.1:{healthz}/healthz"), timeout, "/healthz")
+        self.group.wait_until(proxy, lambda: http_ok(f"http://127.0.0.1:{healthz}/healthz"), timeout, "/healthz")
 
     # -- stop ------------------------------------------------------------------------------------
 
@@ -288,3 +299,6 @@ class RealNode:
             if target.startswith((str(self.workdir), str(self.state))):
                 subprocess.run(["umount", "-l", target], capture_output=True, check=False)
         shutil.rmtree(self.state, ignore_errors=True)
+        # the imported and unpacked images (about 12 GB), which pytest's kept temp folders would pile up
+        for kept in ("containerd", "kubelet"):
+            shutil.rmtree(self.workdir / kept, ignore_errors=True)
