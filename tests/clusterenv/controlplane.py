@@ -1,4 +1,5 @@
-"""Run a real Kubernetes control plane and KWOK as local processes, on free 127.0.0.1 ports.
+"""Run a real Kubernetes control plane and KWOK as local processes, on free 127.0.0.1 ports (the API
+server also on the host's address, where a real node's pods reach it: tests/clusterenv/node.py).
 
 `LocalControlPlane` starts etcd, kube-apiserver (own PKI, RBAC, service-account tokens),
 kube-controller-manager (all controllers: Deployments, Jobs, garbage collection, service accounts)
