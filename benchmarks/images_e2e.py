@@ -30,13 +30,14 @@ from common import table  # noqa: E402
 
 from clusterenv import manifests  # noqa: E402 (after the path)
 from clusterenv.controlplane import (  # noqa: E402
+    Cluster,
     Kubectl,
     LocalControlPlane,
     build_binaries,
     remove_tree,
     wait_default_service_account,
 )
-from clusterenv.experiments import experiment  # noqa: E402
+from clusterenv.experiments import experiment, wait_finished  # noqa: E402
 from clusterenv.node import RealNode, image_archive, node_namespace  # noqa: E402
 
 PODMAN = ["podman", "--runtime", "runc"]
@@ -84,14 +85,9 @@ def measure_images(cold: bool, steps: list[list[str]]) -> tuple[Path, list[list[
     return archive, sizes
 
 
-def run_experiment(kubectl: Kubectl, namespace: str) -> dict[str, Any]:
-    kubectl.apply(experiment("bench"), namespace=namespace)
-    while True:
-        body: dict[str, Any] = kubectl.get("sx", "bench", "-n", namespace)
-        states = {c["type"]: c["status"] for c in body.get("status", {}).get("conditions", [])}
-        if "True" in (states.get("Succeeded"), states.get("Failed")):
-            return body
-        time.sleep(0.5)
+def run_experiment(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    cluster.kubectl.apply(experiment("bench"), namespace=namespace)
+    return wait_finished(cluster, namespace, "bench", lambda: "", timeout=480)
 
 
 def measure_chain(archive: Path, steps: list[list[str]]) -> None:
@@ -104,6 +100,7 @@ def measure_chain(archive: Path, steps: list[list[str]]) -> None:
     try:
         timed("control plane", plane.start, steps)
         kubectl = Kubectl(binaries.kubectl, plane.kubeconfig)
+        cluster = Cluster(plane.kubeconfig, kubectl, binaries, plane)
         wait_default_service_account(kubectl)
         assert plane.pki is not None
         labels = manifests.node("t4", gpus=1)["metadata"]["labels"]
@@ -119,7 +116,7 @@ def measure_chain(archive: Path, steps: list[list[str]]) -> None:
         timed("helm install until the operator is available",
               lambda: subprocess.run(install, env=env, check=True, capture_output=True), steps)  # fmt: skip
         body = timed("experiment: kubectl apply -> Succeeded (2 levels, 1 s warm-up + 3 s each)",
-                     lambda: run_experiment(kubectl, namespace), steps)  # fmt: skip
+                     lambda: run_experiment(cluster, namespace), steps)  # fmt: skip
         assert isinstance(body, dict)
         status = body["status"]
         if not any(c["type"] == "Succeeded" and c["status"] == "True" for c in status["conditions"]):

@@ -23,7 +23,7 @@ import pytest
 
 from clusterenv import manifests
 from clusterenv.controlplane import Cluster
-from clusterenv.experiments import condition, experiment
+from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.node import RealNode, image_archive, node_namespace
 from servinglab.k8s import resources
 
@@ -103,13 +103,7 @@ def finished(cluster: Cluster, installed: str) -> tuple[dict[str, Any], float]:
     """An experiment of the tiny model, through the chart's operator, run to its end; and its wall time."""
     begun = time.monotonic()
     cluster.kubectl.apply(experiment("on-real-node"), namespace=installed)
-
-    def done() -> dict[str, Any] | None:
-        body = cluster.kubectl.get("sx", "on-real-node", "-n", installed)
-        kinds = {c["type"]: c["status"] for c in body.get("status", {}).get("conditions", [])}
-        return body if "True" in (kinds.get("Succeeded"), kinds.get("Failed")) else None
-
-    body = wait_for(done, 480, "the experiment's end", lambda: describe(cluster, installed))
+    body = wait_finished(cluster, installed, "on-real-node", lambda: describe(cluster, installed), timeout=480)
     return body, time.monotonic() - begun
 
 
