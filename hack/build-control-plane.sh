@@ -30,6 +30,19 @@ mkdir -p "$bin"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 log() { printf '[build-control-plane %s] %s\n' "$(date +%T)" "$*" >&2; }
+# A failing command names itself: no step may end the build without saying which command failed.
+failed() { log "failed (exit $1): line $2: $3"; }
+set -E
+trap 'failed $? $LINENO "$BASH_COMMAND"' ERR
+
+workspace() { # NAME -> a new, empty folder for one build's wrapper module (never shared between builds)
+  mktemp -d "$scratch/$1.XXXX"
+}
+
+wrapper_module() { # MODULE-PATH: `go mod init` in the current folder, its output shown only if it fails
+  local out
+  out=$(go mod init "$1" 2>&1) || { printf '%s\n' "$out" >&2; return 1; }
+}
 
 module_field() { # MODULE@VERSION FIELD -> a field of `go mod download -json`
   (cd "$scratch" && GOFLAGS= go mod download -json "$1") |
@@ -53,8 +66,8 @@ build_kubernetes() { # PACKAGE... under k8s.io/kubernetes/cmd
   local minor=${K8S_VERSION#v1.}          # 34.7
   local upstream_gomod
   upstream_gomod=$(module_field "k8s.io/kubernetes@$K8S_VERSION" GoMod)
-  mkdir -p "$scratch/k8s" && cd "$scratch/k8s"
-  go mod init servinglab.local/k8s-bins >/dev/null 2>&1
+  cd "$(workspace k8s)"
+  wrapper_module servinglab.local/k8s-bins
   # Same Go language version and GODEBUG defaults as upstream (godebug only counts in the main module).
   go mod edit -go="$(awk '$1 == "go" {print $2; exit}' "$upstream_gomod")" -require="k8s.io/kubernetes@$K8S_VERSION"
   awk '$1 == "godebug" && NF == 2 {print $2}' "$upstream_gomod" | while read -r setting; do
@@ -80,8 +93,8 @@ build_kubernetes() { # PACKAGE... under k8s.io/kubernetes/cmd
 build_etcd() {
   # etcd's server module has a main package at its root but replace directives in its go.mod,
   # so `go install ...@version` is refused: build it from a wrapper module instead.
-  mkdir -p "$scratch/etcd" && cd "$scratch/etcd"
-  go mod init servinglab.local/etcd-bin >/dev/null 2>&1
+  cd "$(workspace etcd)"
+  wrapper_module servinglab.local/etcd-bin
   go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION"
   log "building etcd $ETCD_VERSION"
   go build -trimpath -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
@@ -113,8 +126,8 @@ build_helm() {
 
 build_coredns() {
   # a wrapper module, as for etcd: CoreDNS's own go.mod has replace directives
-  mkdir -p "$scratch/coredns" && cd "$scratch/coredns"
-  go mod init servinglab.local/coredns-bin >/dev/null 2>&1
+  cd "$(workspace coredns)"
+  wrapper_module servinglab.local/coredns-bin
   go mod edit -require="github.com/coredns/coredns@$COREDNS_VERSION"
   log "building coredns $COREDNS_VERSION"
   go build -trimpath -ldflags "-s -w" -o "$bin/coredns-$COREDNS_VERSION.partial" github.com/coredns/coredns
@@ -135,15 +148,35 @@ fetch_monitoring_crds() {
   mv "$target.partial" "$target"
 }
 
+step() { # NAME COMMAND...: run one build step in a subshell; a failure without a compiler error
+  # (a download cut off, a module proxy hiccup) is retried once, a compiler error is not
+  local name=$1 output="$scratch/$1.log" status; shift
+  for attempt in 1 2; do
+    # not in an `if`: there bash would switch errexit off inside the step's functions
+    set +e
+    trap - ERR  # the step names its own failing command; the pipeline's status is read below
+    (set -e; trap 'failed $? $LINENO "$BASH_COMMAND"' ERR; "$@") 2>&1 | tee "$output" >&2
+    status=${PIPESTATUS[0]}
+    trap 'failed $? $LINENO "$BASH_COMMAND"' ERR
+    set -e
+    ((status == 0)) && return 0
+    if grep -qE '\.go:[0-9]+(:[0-9]+)?: ' "$output" || ((attempt == 2)); then
+      log "step $name failed (attempt $attempt); its output is above"
+      return 1
+    fi
+    log "step $name failed without a compiler error; retrying once"
+  done
+}
+
 started=$(date +%s)
 [[ -x "$bin/kube-apiserver" && -x "$bin/kubectl" && -x "$bin/kube-scheduler" && -x "$bin/kube-controller-manager" ]] ||
-  (build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl)
-[[ -x "$bin/kubelet" && -x "$bin/kube-proxy" ]] || (build_kubernetes kubelet kube-proxy)
-[[ -x "$bin/etcd" ]] || (build_etcd)
-[[ -x "$bin/kwok" && -d "$bin/kwok-stages" ]] || (build_kwok)
-[[ -x "$bin/helm" ]] || (build_helm)
-[[ -x "$bin/coredns-$COREDNS_VERSION" ]] || (build_coredns)
-[[ -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]] || (fetch_monitoring_crds)
+  step kubernetes build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl
+[[ -x "$bin/kubelet" && -x "$bin/kube-proxy" ]] || step node build_kubernetes kubelet kube-proxy
+[[ -x "$bin/etcd" ]] || step etcd build_etcd
+[[ -x "$bin/kwok" && -d "$bin/kwok-stages" ]] || step kwok build_kwok
+[[ -x "$bin/helm" ]] || step helm build_helm
+[[ -x "$bin/coredns-$COREDNS_VERSION" ]] || step coredns build_coredns
+[[ -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]] || step monitoring-crds fetch_monitoring_crds
 "$bin/kube-apiserver" --version >&2
 "$bin/etcd" --version | head -1 >&2
 touch "$bin/.complete"
