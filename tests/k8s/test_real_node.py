@@ -131,12 +131,14 @@ def test_the_server_pod_runs_non_root_with_a_read_only_root(cluster: Cluster, in
     held = experiment("held")
     held["spec"]["load"] = {"concurrency": [1], "warmupSeconds": 1, "durationSeconds": 60}  # time to look inside
     cluster.kubectl.apply(held, namespace=installed)
-    selector = "app.kubernetes.io/component=server"
+    # this experiment's server only: the finished one's may still be ready while its cleanup deletes it,
+    # and an exec into a pod being deleted fails
+    selector = "app.kubernetes.io/component=server,servinglab.dev/experiment=held"
 
     def ready_pod() -> str | None:
         for pod in cluster.kubectl.get("pods", "-n", installed, "-l", selector)["items"]:
             statuses = pod["status"].get("containerStatuses", [])
-            if statuses and all(status["ready"] for status in statuses):
+            if not pod["metadata"].get("deletionTimestamp") and statuses and all(s["ready"] for s in statuses):
                 return str(pod["metadata"]["name"])
         return None
 
@@ -145,21 +147,27 @@ def test_the_server_pod_runs_non_root_with_a_read_only_root(cluster: Cluster, in
     def inside(*command: str) -> subprocess.CompletedProcess[str]:
         return cluster.kubectl.run("exec", pod, "-n", installed, "-c", "torchserve", "--", *command, check=False)
 
-    status = dict(line.split(":\t", 1) for line in inside("cat", "/proc/self/status").stdout.splitlines())
+    def read(*command: str) -> str:
+        """What a command that must succeed printed inside the container (its failure, said, if not)."""
+        done = inside(*command)
+        assert done.returncode == 0, f"kubectl exec {pod} -- {' '.join(command)}: {done.stderr or done.stdout}"
+        return done.stdout
+
+    status = dict(line.split(":\t", 1) for line in read("cat", "/proc/self/status").splitlines())
     assert status["Uid"].split() == [str(resources.TORCHSERVE_UID)] * 4
     assert status["CapEff"].strip() == "0" * 16 and status["NoNewPrivs"].strip() == "1"
-    mounts = [line.split() for line in inside("cat", "/proc/self/mounts").stdout.splitlines()]
+    mounts = [line.split() for line in read("cat", "/proc/self/mounts").splitlines()]
     root = next(fields for fields in mounts if fields[1] == "/")
     assert "ro" in root[3].split(","), root
     written = inside("sh", "-c", "echo x > /home/model-server/probe")
     assert written.returncode != 0 and "Read-only file system" in written.stderr, written
-    model = inside("sh", "-c", f"ls {resources.MODEL_STORE}/tiny")
-    assert re.search(r"MAR-INF|model-config\.yaml", model.stdout), model  # written by the init container
+    model = read("sh", "-c", f"ls {resources.MODEL_STORE}/tiny")
+    assert re.search(r"MAR-INF|model-config\.yaml", model), model  # written by the init container
     # TorchServe itself (the JVM), not only the shell exec'd here, runs as that user
     found = 'for p in /proc/[0-9]*; do case "$(readlink $p/exe)" in */java) grep Uid $p/status;; esac; done'
-    assert inside("sh", "-c", found).stdout.split()[1:] == [str(resources.TORCHSERVE_UID)] * 4
+    assert read("sh", "-c", found).split()[1:] == [str(resources.TORCHSERVE_UID)] * 4
     # the stand-in is laid out like upstream's image: its user, home, config and entrypoint
-    passwd = inside("getent", "passwd", "model-server").stdout.split(":")
+    passwd = read("getent", "passwd", "model-server").split(":")
     assert passwd[2] == str(resources.TORCHSERVE_UID) and passwd[5] == "/home/model-server", passwd
     for path in ("/home/model-server/config.properties", "/usr/local/bin/dockerd-entrypoint.sh"):
         assert inside("test", "-f", path).returncode == 0, path
