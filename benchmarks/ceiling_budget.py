@@ -22,7 +22,7 @@ from common import table
 
 from servinglab import ceiling, rawprobe, tsconfig
 from servinglab.rawmeasure import Probe
-from servinglab.spec import LoadSpec
+from servinglab.api import LoadSpec
 
 OLD_WARMUP_PASSES, OLD_SEGMENTS, OLD_PASSES_PER_SEGMENT = 3, 5, 2
 

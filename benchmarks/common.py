@@ -25,7 +25,7 @@ from servinglab import models
 from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
 from servinglab.local_server import LocalTorchServe, free_ports
 from servinglab.runner import resolve_archive
-from servinglab.spec import parse_experiment
+from servinglab.api import parse_experiment
 
 _BESIDE = Path(sys.executable).with_name("servinglab")
 #: the CLI beside this interpreter (a venv), else the one on PATH (a machine set up by hack/device-setup.sh)

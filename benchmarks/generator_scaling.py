@@ -89,7 +89,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
     body = folder / "body.jpg"
     from servinglab.loadgen.payloads import make_payloads
-    from servinglab.spec import PayloadFormat
+    from servinglab.api import PayloadFormat
 
     body.write_bytes(make_payloads(PayloadFormat.JPEG, 224, 1, seed=0)[0])
     with nginx() as url:

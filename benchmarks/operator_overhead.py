@@ -43,7 +43,7 @@ from clusterenv.controlplane import (  # noqa: E402
 from clusterenv.experiments import experiment  # noqa: E402
 from clusterenv.kubelet import LocalKubelet  # noqa: E402
 from clusterenv.operatorproc import Operator  # noqa: E402
-from servinglab.crd import crd_manifest  # noqa: E402
+from servinglab.api.crd import crd_manifest  # noqa: E402
 from usermodels import file_server, make_user_models  # noqa: E402
 
 

@@ -110,7 +110,7 @@ def main() -> None:
 
 def by_hand_runs(document: dict[str, Any], folder: Path) -> list[float]:
     """Each configuration of the sweep as its own experiment file and `servinglab run`: wall seconds each."""
-    from servinglab.sweepspec import grid, parse_sweep, trial_name, trial_spec
+    from servinglab.api import grid, parse_sweep, trial_name, trial_spec
 
     sweep = parse_sweep(document)
     walls = []

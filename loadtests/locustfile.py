@@ -14,7 +14,7 @@ from typing import Any
 
 from servinglab.loadgen.closed_loop import InferenceUser, LoadPlan
 from servinglab.loadgen.payloads import CONTENT_TYPES, Payload, make_payloads
-from servinglab.spec import PayloadFormat
+from servinglab.api import PayloadFormat
 
 __all__ = ["InferenceUser"]
 

@@ -15,7 +15,7 @@ import yaml
 
 from servinglab import tsmetrics
 from servinglab.local_server import LocalTorchServe
-from servinglab.spec import ServerSpec
+from servinglab.api import ServerSpec
 
 pytestmark = pytest.mark.torchserve
 

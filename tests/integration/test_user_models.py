@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from servinglab.loadgen.payloads import make_payloads
-from servinglab.spec import PayloadFormat
+from servinglab.api import PayloadFormat
 from usermodels import UserModels, file_server, make_user_models
 
 pytestmark = pytest.mark.torchserve

@@ -35,7 +35,7 @@ from clusterenv.controlplane import (
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus
 from clusterenv.operatorproc import Operator
-from servinglab.crd import crd_manifest, sweep_crd_manifest
+from servinglab.api.crd import crd_manifest, sweep_crd_manifest
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus
-from servinglab.crd import crd_manifest, sweep_crd_manifest
+from servinglab.api.crd import crd_manifest, sweep_crd_manifest
 
 pytestmark = [pytest.mark.k8s]
 

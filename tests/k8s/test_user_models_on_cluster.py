@@ -21,7 +21,7 @@ from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus
 from clusterenv.operatorproc import Operator
 from servinglab.loadgen.payloads import make_payloads
-from servinglab.spec import PayloadFormat
+from servinglab.api import PayloadFormat
 from usermodels import UserModels, file_server, make_user_models
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]

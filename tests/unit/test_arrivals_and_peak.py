@@ -11,7 +11,7 @@ import pytest
 from servinglab.loadgen.arrivals import arrival_offsets
 from servinglab.loadgen.peak import search_peak_rate
 from servinglab.loadgen.stats import LevelStats
-from servinglab.spec import RateSearchSpec
+from servinglab.api import RateSearchSpec
 
 
 def test_constant_arrivals_are_evenly_spaced() -> None:

@@ -109,7 +109,7 @@ def test_the_scan_covers_powers_of_two_up_to_the_maximum_formed_size_first() -> 
 
 def test_the_accelerator_follows_the_servers_node_selector() -> None:
     from servinglab.ceiling import accelerator_from_spec
-    from servinglab.spec import ServerSpec
+    from servinglab.api import ServerSpec
 
     assert accelerator_from_spec(ServerSpec(gpus=1, node_selector={"nvidia.com/gpu.product": "Tesla-T4"})) == "T4"
     assert (

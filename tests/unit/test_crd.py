@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from servinglab.crd import crd_manifest, spec_schema
+from servinglab.api.crd import crd_manifest, spec_schema
 
 
 def walk(schema: Any) -> list[dict[str, Any]]:
@@ -51,7 +51,7 @@ def test_crd_names_columns_and_status_subresource() -> None:
 
 
 def test_the_sweep_crd_is_generated_from_the_sweep_spec_with_its_own_short_name_and_columns() -> None:
-    from servinglab.crd import sweep_crd_manifest
+    from servinglab.api.crd import sweep_crd_manifest
 
     crd = sweep_crd_manifest()
     assert crd["metadata"]["name"] == "servingsweeps.servinglab.dev"

@@ -46,7 +46,7 @@ def test_a_request_no_node_could_ever_hold_is_refused_naming_the_largest_offer()
 
 def test_offers_lists_what_each_node_that_can_host_the_server_gives_it() -> None:
     from servinglab.k8s.gpuqueue import offers
-    from servinglab.spec import ServerSpec
+    from servinglab.api import ServerSpec
 
     server = ServerSpec.model_validate({"gpus": 1, "nodeSelector": T4, "tolerations": TOLERATE_GPU})
     t4 = node("1", T4, [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])

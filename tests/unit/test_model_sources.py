@@ -15,7 +15,7 @@ from servinglab import modelsource
 from servinglab.k8s import resources
 from servinglab.k8s.operator import cluster_problems, model_description, model_init_failure, model_load_failure
 from servinglab.loadgen.payloads import PayloadError, own_payloads
-from servinglab.spec import ModelRef, ModelSource, PayloadSpec, Precision, SpecError, parse_experiment
+from servinglab.api import ModelRef, ModelSource, PayloadSpec, Precision, SpecError, parse_experiment
 from usermodels import file_server
 
 OWNER = resources.Owner("mine", "team", "uid-1")

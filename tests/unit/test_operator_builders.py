@@ -10,11 +10,11 @@ import yaml
 
 from servinglab.k8s import conditions as cond
 from servinglab.k8s import resources, summary
-from servinglab.k8s.kube import Ref
+from servinglab.k8s.client import Ref
 from servinglab.k8s.leader import lease_manifest
 from servinglab.k8s.operator import crash_reason, replaced_server, unschedulable_reason
 from servinglab.k8s.promql import query_text
-from servinglab.spec import load_experiment
+from servinglab.api import load_experiment
 
 HALFP = load_experiment(Path(__file__).resolve().parents[2] / "examples" / "experiment-halfp.yaml").spec
 OWNER = resources.Owner("resnet50-halfp", "bench", "uid-1")

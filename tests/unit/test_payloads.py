@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servinglab.loadgen.payloads import make_payloads
-from servinglab.spec import PayloadFormat
+from servinglab.api import PayloadFormat
 from servinglab_imaging import decode_image
 
 

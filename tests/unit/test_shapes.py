@@ -9,7 +9,7 @@ import pytest
 
 from servinglab.loadgen import shapes
 from servinglab.loadgen.stats import Sample, summarise
-from servinglab.spec import ShapeSpec, SpecError, parse_experiment
+from servinglab.api import ShapeSpec, SpecError, parse_experiment
 
 
 def shape(**fields: object) -> ShapeSpec:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from servinglab.spec import Precision, SpecError, load_experiment, parse_experiment
+from servinglab.api import Precision, SpecError, load_experiment, parse_experiment
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from servinglab.spec import SpecError
+from servinglab.api import SpecError
 from servinglab.sweep import rollup
-from servinglab.sweepspec import MAX_SPACE, TrialConfig, grid, parse_sweep, space_size, trial_name, trial_spec
+from servinglab.api import MAX_SPACE, TrialConfig, grid, parse_sweep, space_size, trial_name, trial_spec
 
 
 def document(**spec: Any) -> dict[str, Any]:

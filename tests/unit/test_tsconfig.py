@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from servinglab import tsconfig
-from servinglab.spec import Precision, ServerSpec
+from servinglab.api import Precision, ServerSpec
 
 SERVER = ServerSpec(batch_size=16, max_batch_delay_ms=25, workers=3, precision=Precision.BF16)
 
@@ -67,7 +67,7 @@ def test_metrics_config_declares_the_handler_counters_and_frontend_counters() ->
 
 def test_the_handler_warms_up_only_the_batches_the_load_can_form() -> None:
     """A closed loop of at most 8 users never forms a batch above 8: warming 16..1024 is wasted start-up."""
-    from servinglab.spec import LoadSpec
+    from servinglab.api import LoadSpec
 
     big = ServerSpec(batch_size=1024, warmup_seconds=30)
     closed = yaml.safe_load(tsconfig.render_model_config(big, LoadSpec(concurrency=[1, 8])))["handler"]

@@ -31,7 +31,7 @@ from typing import Any
 
 from servinglab import models, paths
 from servinglab.results import meets_slo
-from servinglab.spec import ExperimentSpec, ServerSpec
+from servinglab.api import ExperimentSpec, ServerSpec
 from servinglab.tsconfig import powers_of_two_up_to
 
 #: Dense peak TFLOPS by accelerator and precision (None: the precision has no hardware path there).

@@ -29,14 +29,12 @@ from typing import Any
 import psutil
 
 from servinglab import tsconfig
-from servinglab.java import find_java_home
-from servinglab.spec import LoadSpec, ServerSpec
+from servinglab.api import LoadSpec, ServerSpec
+from servinglab.api.results import EffectiveSettings, Warmup
+from servinglab.servers.base import RuntimeNotes, ServerError
+from servinglab.servers.torchserve.java import find_java_home
 
 _LINK_ABOVE_BYTES = 1 << 20
-
-
-class ServerError(RuntimeError):
-    """TorchServe failed to start, crashed, or answered unexpectedly; the message says which."""
 
 
 def free_ports(count: int) -> list[int]:
@@ -67,14 +65,11 @@ class WorkerStatus:
     def ready_workers(self) -> int:
         return sum(1 for state in self.worker_states if state == "READY")
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "batchSize": self.batch_size,
-            "maxBatchDelayMs": self.max_batch_delay_ms,
-            "minWorkers": self.min_workers,
-            "maxWorkers": self.max_workers,
-            "readyWorkers": self.ready_workers,
-        }
+    def effective(self) -> EffectiveSettings:
+        return EffectiveSettings(
+            batch_size=self.batch_size, max_batch_delay_ms=self.max_batch_delay_ms, min_workers=self.min_workers,
+            max_workers=self.max_workers, ready_workers=self.ready_workers,
+        )  # fmt: skip
 
 
 class LocalTorchServe:
@@ -321,17 +316,36 @@ class LocalTorchServe:
             worker_states=tuple(str(w.get("status")) for w in model.get("workers", [])),
         )
 
+    def effective(self) -> EffectiveSettings:
+        return self.status().effective()
+
     def metrics_text(self) -> str:
         return self._http(f"{self.addresses.metrics}/metrics").decode()
 
     @property
-    def predictions_path(self) -> str:
+    def inference_url(self) -> str:
+        return self.addresses.inference
+
+    @property
+    def request_path(self) -> str:
         return f"/predictions/{self.model_name}"
+
+    def notes(self) -> RuntimeNotes:
+        """What the handler logged about how it runs: its precision, and its warm-up (the slowest of the
+        current workers: they warm up side by side)."""
+        logs = self.workdir / "logs"
+        precision = _worker_statements(logs, "servinglab precision:")
+        reports = [Warmup.model_validate_json(text) for text in _worker_statements(logs, "servinglab warm-up:")]
+        warmups = reports[-self.server.workers :]
+        return RuntimeNotes(
+            precision_note=precision[-1] if precision else None,
+            warmup=max(warmups, key=lambda report: report.seconds) if warmups else None,
+        )
 
     def predict(self, body: bytes, content_type: str, timeout: float = 60.0) -> tuple[int, Any]:
         """One inference request (used by tests and the runner's sanity check)."""
         request = urllib.request.Request(
-            self.addresses.inference + self.predictions_path,
+            self.addresses.inference + self.request_path,
             data=body,
             headers={"Content-Type": content_type},
             method="POST",
@@ -341,6 +355,15 @@ class LocalTorchServe:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _worker_statements(logs: Path, marker: str) -> list[str]:
+    """What the handler logged after `marker` ("servinglab precision:", ...), oldest first."""
+    log = logs / "model_log.log"
+    if not log.exists():
+        return []
+    lines = log.read_text(errors="replace").splitlines()
+    return [line.split(marker, 1)[1].strip() for line in lines if marker in line]
 
 
 def _visible_gpus() -> int:

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from servinglab import paths
-from servinglab.spec import ModelInput, ModelRef, PayloadSpec
+from servinglab.api import ModelInput, ModelRef, PayloadSpec
 from servinglab.tsconfig import ARCHIVE_VERSION
 
 HANDLER_FILE = "servinglab_image_handler.py"

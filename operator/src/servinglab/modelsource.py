@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from servinglab import modelprobe, models
-from servinglab.spec import ModelFormat, ModelInput, ModelRef, ModelSource, Precision
+from servinglab.api import ModelFormat, ModelInput, ModelRef, ModelSource, Precision
 
 #: Written into every folder this module lays out: what was served and where it came from.
 INFO_FILE = "servinglab-model.json"

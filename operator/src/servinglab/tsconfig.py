@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from servinglab.spec import LoadSpec, ServerSpec
+from servinglab.api import LoadSpec, ServerSpec
 
 ARCHIVE_VERSION = "1.0"
 

@@ -1,51 +1,69 @@
 """`servinglab run FILE --cluster` and `servinglab results NAME`: the client side of the operator.
 
 Applies an experiment to the current kubeconfig's cluster, follows its conditions until it has
-Succeeded or Failed, and turns its status into the same results document (and so the same table)
-a local run produces.
+Succeeded or Failed, and turns its typed status into the same results document a local run produces
+(:func:`servinglab.measure.document.experiment_results`), so the table is the same: trust warnings,
+peak rate and ceiling included. A sweep's document is rebuilt from its trials as the reconciler does.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from servinglab.k8s import conditions as cond
-from servinglab.k8s.kube import Kube, Ref
-from servinglab.spec import API_GROUP, API_VERSION, KIND, ServingExperiment
-from servinglab.sweepspec import ServingSweep
+from pydantic import ValidationError
+
+from servinglab.api import API_GROUP, API_VERSION, KIND, ExperimentSpec, ServingExperiment, ServingSweep
+from servinglab.api import conditions as cond
+from servinglab.api.results import ExperimentResults, PeakRate, Runtime
+from servinglab.api.status import ExperimentStatus
+from servinglab.api.trials import SweepResults
+from servinglab.k8s.client import Kube, KubeError, Ref
+from servinglab.measure.document import experiment_results
+
+
+@dataclass(frozen=True)
+class ClusterExperiment:
+    """A cluster experiment as a results document, its state, and why it failed (if it did)."""
+
+    results: ExperimentResults
+    state: str
+    failure: str | None
+
+
+@dataclass(frozen=True)
+class ClusterSweep:
+    sweep: ServingSweep
+    results: SweepResults
 
 
 def _ref(namespace: str, name: str) -> Ref:
     return Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace, name)
 
 
-def status_document(body: dict[str, Any]) -> dict[str, Any]:
-    """The local results layout, from an experiment's spec and status (for the same table)."""
-    spec, status = body["spec"], body.get("status") or {}
-    server = spec.get("server", {})
-    summary = status.get("summary") or {}
-    best = None
-    if "bestThroughputRps" in summary:
-        level = (
-            {"concurrency": summary["bestConcurrency"]}
-            if "bestConcurrency" in summary
-            else {"rateRps": summary.get("bestRateRps")}
-        )
-        best = {**level, "throughputRps": summary["bestThroughputRps"], "p99LatencyMs": summary.get("bestP99LatencyMs")}
-    slo = (spec.get("slo") or {}).get("p99LatencyMs")
-    return {
-        "experiment": body["metadata"]["name"],
-        "model": spec["model"]["name"],
-        "server": {k: server.get(k) for k in ("batchSize", "maxBatchDelayMs", "workers", "precision")},
-        "slo": {"p99LatencyMs": slo} if slo is not None else None,
-        "coldStartSeconds": status.get("coldStartSeconds", 0.0),
-        "results": status.get("results", []),
-        "best": best,
-        "runtime": {"mode": "cluster", "serverPod": status.get("serverPod")},
-        "conditions": status.get("conditions", []),
-    }
+def experiment_of(body: dict[str, Any]) -> ClusterExperiment:
+    """The results document of a stored experiment, from its spec and its status."""
+    name = body["metadata"]["name"]
+    try:
+        spec = ExperimentSpec.model_validate(body["spec"])
+        status = ExperimentStatus.model_validate(body.get("status") or {})
+    except ValidationError as exc:
+        raise KubeError(f"{KIND} {name} cannot be read: {exc.errors()[0]['msg']}") from None
+    summary = status.summary
+    peak = status.peak_rate
+    if peak is None and summary is not None and summary.peak_rate_rps is not None:
+        peak = PeakRate(rate_rps=summary.peak_rate_rps)  # a status written before the peak rate was typed
+    document = experiment_results(
+        name, spec, status.results or [],
+        runtime=Runtime(mode="cluster", server_pod=status.server_pod), cold_start_seconds=status.cold_start_seconds,
+        peak_rate=peak, ceiling=status.ceiling, model=status.model, started_at=status.started_at,
+        finished_at=status.finished_at,
+    ).model_copy(update={"conditions": status.conditions, "generator": None})  # fmt: skip
+    failed = cond.get(status.conditions, cond.FAILED)
+    failure = f"{failed.reason}: {failed.message}" if failed is not None and failed.status == "True" else None
+    return ClusterExperiment(document, summary.state if summary is not None else "Pending", failure)
 
 
 async def _apply_and_follow(
@@ -72,13 +90,12 @@ async def _follow(
         body = await kube.get(_ref(namespace, name))
         if body is None:
             raise LookupError(f"{KIND} {namespace}/{name} disappeared")
-        conditions = (body.get("status") or {}).get("conditions", [])
+        conditions = ExperimentStatus.model_validate(body.get("status") or {}).conditions
         for condition in conditions:
-            key = (condition["type"], condition["status"], condition.get("reason", ""))
+            key = (condition.type, condition.status, condition.reason)
             if key not in seen:
                 seen.add(key)
-                report(f"{condition['type']}={condition['status']} {condition.get('reason', '')}: "
-                       f"{condition.get('message', '')}")  # fmt: skip
+                report(f"{condition.type}={condition.status} {condition.reason}: {condition.message}")
         if cond.finished(conditions):
             return body
         await asyncio.sleep(2)
@@ -87,11 +104,11 @@ async def _follow(
 
 def run_on_cluster(
     experiment: ServingExperiment, namespace: str, report: Callable[[str], None], timeout: float
-) -> dict[str, Any]:
-    return asyncio.run(_apply_and_follow(experiment, namespace, report, timeout))
+) -> ClusterExperiment:
+    return experiment_of(asyncio.run(_apply_and_follow(experiment, namespace, report, timeout)))
 
 
-def fetch(namespace: str, name: str) -> dict[str, Any] | None:
+def fetch(namespace: str, name: str) -> ClusterExperiment | None:
     async def get() -> dict[str, Any] | None:
         kube = await Kube.connect()
         try:
@@ -99,18 +116,20 @@ def fetch(namespace: str, name: str) -> dict[str, Any] | None:
         finally:
             await kube.close()
 
-    return asyncio.run(get())
+    body = asyncio.run(get())
+    return experiment_of(body) if body is not None else None
 
 
-def fetch_sweep(namespace: str, name: str) -> tuple[ServingSweep, dict[str, Any]] | None:
-    """The sweep and its results document rebuilt from its trials (:func:`servinglab.k8s.sweeps.sweep_document`)."""
+def fetch_sweep(namespace: str, name: str) -> ClusterSweep | None:
+    """The sweep and its results document rebuilt from its trials (:func:`servinglab.k8s.sweep.sweep_document`)."""
     from servinglab.k8s.sweeps import sweep_document
 
-    async def get() -> tuple[ServingSweep, dict[str, Any]] | None:
+    async def get() -> ClusterSweep | None:
         kube = await Kube.connect()
         try:
-            return await sweep_document(kube, namespace, name)
+            found = await sweep_document(kube, namespace, name)
         finally:
             await kube.close()
+        return ClusterSweep(*found) if found is not None else None
 
     return asyncio.run(get())

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from servinglab.spec import ServerSpec
+from servinglab.api import ServerSpec
 
 GPU = "nvidia.com/gpu"
 

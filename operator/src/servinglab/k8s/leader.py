@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from servinglab.k8s.kube import Conflict, Kube, KubeError, Ref
+from servinglab.k8s.client import Conflict, Kube, KubeError, Ref
 
 LOG = logging.getLogger("servinglab.leader")
 LEASE_NAME = "servinglab-operator"

@@ -40,11 +40,11 @@ import kopf
 
 from servinglab.k8s import conditions as cond
 from servinglab.k8s import gpuqueue, leader, opmetrics, resources, summary, sweeps
-from servinglab.k8s.kube import Kube, KubeError, Ref
+from servinglab.k8s.client import Kube, KubeError, Ref
 from servinglab.k8s.promql import GpuMetrics, PrometheusError
 from servinglab.loadgen.results_sink import RESULTS_KEY, ResultsUnreadable, decode_results, part_name
-from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
-from servinglab.sweepspec import SWEEP_KIND
+from servinglab.api import API_GROUP, API_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
+from servinglab.api import SWEEP_KIND
 
 PLURAL = "servingexperiments"
 LOG = logging.getLogger("servinglab.operator")

@@ -20,7 +20,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, start_http_server
 
-from servinglab.spec import ExperimentSpec
+from servinglab.api import ExperimentSpec
 
 _CONFIG_LABELS = (
     "namespace",

@@ -27,7 +27,7 @@ import yaml
 
 from servinglab import modelsource, tsconfig
 from servinglab.loadgen import results_sink
-from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec
+from servinglab.api import API_GROUP, API_VERSION, KIND, ExperimentSpec
 
 INFERENCE_PORT = 8080
 MANAGEMENT_PORT = 8081

@@ -17,12 +17,12 @@ from typing import Any
 
 from servinglab.k8s import conditions as cond
 from servinglab.k8s import gpuqueue, opmetrics
-from servinglab.k8s.kube import Kube, Ref
+from servinglab.k8s.client import Kube, Ref
 from servinglab.k8s.resources import MANAGED_BY
-from servinglab.spec import API_GROUP, API_VERSION, KIND, SpecError
+from servinglab.api import API_GROUP, API_VERSION, KIND, SpecError
 from servinglab.sweep import rollup
 from servinglab.sweep.search import propose
-from servinglab.sweepspec import SWEEP_KIND, ServingSweep, TrialConfig, parse_sweep, space_size, trial_name, trial_spec
+from servinglab.api import SWEEP_KIND, ServingSweep, TrialConfig, parse_sweep, space_size, trial_name, trial_spec
 
 SWEEP_PLURAL = "servingsweeps"
 SWEEP_LABEL = f"{API_GROUP}/sweep"

@@ -32,6 +32,7 @@ from typing import Any
 import gevent
 from geventhttpclient import HTTPClient
 
+from servinglab.api import GeneratorLimits, ResponseCheck, StabilitySpec
 from servinglab.loadgen import shapes
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
@@ -43,7 +44,6 @@ from servinglab.loadgen.stats import (
     judge_stability,
     summarise,
 )
-from servinglab.spec import GeneratorLimits, ResponseCheck, StabilitySpec
 
 _TICK_SECONDS = 0.25
 _MAX_SPAWN_RATE = 100

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from servinglab.api import StabilitySpec
 from servinglab.loadgen.stats import Sample, extension_seconds
-from servinglab.spec import StabilitySpec
 
 #: Progress callback: (level label e.g. "c=4" or "40 rps", phase "warmup"|"measure"|"extend"|"drain",
 #: seconds done, seconds planned, measured requests so far).

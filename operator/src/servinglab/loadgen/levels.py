@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
+from servinglab.api import LoadSpec, ResponseCheck
+from servinglab.api.results import PeakRate
 from servinglab.loadgen import closed_loop, generators, open_loop, shapes, sharing
 from servinglab.loadgen.hooks import LevelHooks
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.peak import search_peak_rate
 from servinglab.loadgen.stats import LevelStats, combine_repeats
-from servinglab.spec import LoadSpec, ResponseCheck
 
 
 @dataclass(frozen=True)
@@ -49,18 +49,19 @@ Plan = closed_loop.LoadPlan | open_loop.OpenLoopPlan
 class LoadOutcome:
     levels: list[LevelStats] = field(default_factory=list)
     sweep_levels: int = 0  # levels[:sweep_levels] are the requested levels, the rest peak-search probes
-    peak: dict[str, Any] | None = None
+    peak: PeakRate | None = None
 
 
 def run_load(
     load: LoadSpec,
-    slo_p99_ms: float | None,
+    probe_passes: Callable[[LevelStats], bool] | None,
     target: Target,
     hooks: LevelHooks | None = None,
     remote: Sequence[Connection] = (),
 ) -> LoadOutcome:
     """Every level of `load`, in this process or split between generators: `load.generators` local
-    processes, or one local process and the `remote` generators (the other load pods) that joined."""
+    processes, or one local process and the `remote` generators (the other load pods) that joined.
+    `probe_passes` judges the peak-rate search's probes against the SLO (no search without it)."""
     plan: Plan
     if load.mode == "closed":
         plan = closed_loop.LoadPlan(
@@ -79,10 +80,10 @@ def run_load(
     if load.shape is not None:
         return _run_shape(load, target, plan, hooks, local, remote)
     if local == 1 and not remote:
-        return _run_levels(load, slo_p99_ms, partial(_in_process, plan, load, hooks))
+        return _run_levels(load, probe_passes, partial(_in_process, plan, load, hooks))
     with generators.GeneratorPool(plan, local=local, remote=remote) as pool:
         return _run_levels(
-            load, slo_p99_ms,
+            load, probe_passes,
             lambda level, index: pool.run_level(level, index, load.warmup_seconds, load.duration_seconds, hooks),
         )  # fmt: skip
 
@@ -120,7 +121,9 @@ def _in_process(plan: Plan, load: LoadSpec, hooks: LevelHooks | None, level: flo
     return run[0]
 
 
-def _run_levels(load: LoadSpec, slo_p99_ms: float | None, run_one: Callable[[float, int], LevelStats]) -> LoadOutcome:
+def _run_levels(
+    load: LoadSpec, probe_passes: Callable[[LevelStats], bool] | None, run_one: Callable[[float, int], LevelStats]
+) -> LoadOutcome:
     """The requested levels (each repeated), then the open loop's peak-rate search if asked for."""
     if load.mode == "closed":
         stats = _each_repeated(run_one, [float(users) for users in load.concurrency], 0, load.repeats)
@@ -129,14 +132,14 @@ def _run_levels(load: LoadSpec, slo_p99_ms: float | None, run_one: Callable[[flo
     outcome = LoadOutcome()
     outcome.levels = _each_repeated(run_one, load.rates, 0, load.repeats)
     outcome.sweep_levels = len(outcome.levels)
-    if load.rate_search is not None and slo_p99_ms is not None:
+    if load.rate_search is not None and probe_passes is not None:
 
         def probe(rate: float) -> LevelStats:
             (stats,) = _each_repeated(run_one, [rate], len(outcome.levels), load.repeats)
             outcome.levels.append(stats)
             return stats
 
-        outcome.peak, _ = search_peak_rate(probe, load.rate_search, slo_p99_ms)
+        outcome.peak, _ = search_peak_rate(probe, load.rate_search, probe_passes)
     return outcome
 
 

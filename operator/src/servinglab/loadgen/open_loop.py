@@ -27,6 +27,7 @@ import gevent
 import gevent.pool
 from geventhttpclient import HTTPClient
 
+from servinglab.api import GeneratorLimits, ResponseCheck, StabilitySpec
 from servinglab.loadgen import shapes
 from servinglab.loadgen.closed_loop import exchange
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
@@ -40,7 +41,6 @@ from servinglab.loadgen.stats import (
     judge_stability,
     summarise,
 )
-from servinglab.spec import GeneratorLimits, ResponseCheck, StabilitySpec
 
 _START_DELAY_SECONDS = 0.2  # lets the schedule start on time after setting up the level
 

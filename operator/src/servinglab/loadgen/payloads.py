@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
-from servinglab.spec import PayloadFormat, PayloadSpec
+from servinglab.api import PayloadFormat, PayloadSpec
 
 CONTENT_TYPES = {
     PayloadFormat.JPEG: "image/jpeg",

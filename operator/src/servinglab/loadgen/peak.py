@@ -3,37 +3,32 @@
 In the spirit of MLPerf's server-scenario peak finding and perf_analyzer's latency threshold: from
 `minRps`, the rate doubles until one misses the SLO (or `maxRps` passes), which brackets the peak;
 the bracket is then halved (geometrically: rates span orders of magnitude) until it is within
-`precision` or the probe budget is spent. A probe passes when its p99 is within the SLO, nothing
-failed or was dropped, and the load generator did not limit it (a saturated generator cannot vouch
-for the server).
+`precision` or the probe budget is spent. Whether a probe passes is the caller's to say (the SLO is
+defined in :mod:`servinglab.measure.levels`: p99 within it, nothing failed or dropped, and the load
+generator did not limit it, since a saturated generator cannot vouch for the server).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
+from servinglab.api import RateSearchSpec
+from servinglab.api.results import PeakRate
 from servinglab.loadgen.stats import LevelStats
-from servinglab.results import meets_slo
-from servinglab.spec import RateSearchSpec
-
-
-def passes(stats: LevelStats, slo_p99_ms: float) -> bool:
-    saturated = bool((stats.generator or {}).get("saturated"))
-    return meets_slo(stats.latency_ms.get("p99"), stats.errors, slo_p99_ms) and not saturated
 
 
 def search_peak_rate(
-    probe: Callable[[float], LevelStats], search: RateSearchSpec, slo_p99_ms: float
-) -> tuple[dict[str, Any], list[LevelStats]]:
-    """Probe rates until the peak is bracketed within `search.precision`; (peak summary, probes)."""
+    probe: Callable[[float], LevelStats], search: RateSearchSpec, passes: Callable[[LevelStats], bool]
+) -> tuple[PeakRate, list[LevelStats]]:
+    """Probe rates until the peak is bracketed within `search.precision`; (peak summary, probes).
+    `passes` says whether a probe met the objective (:func:`servinglab.measure.levels.probe_passes`)."""
     probes: list[LevelStats] = []
 
     def run(rate: float) -> bool:
         stats = probe(rate)
         probes.append(stats)
-        return passes(stats, slo_p99_ms)
+        return passes(stats)
 
     low = search.min_rps
     if not run(low):
@@ -61,14 +56,15 @@ def search_peak_rate(
 
 def _summary(
     peak: float | None, failed_at: float | None, probes: list[LevelStats], search: RateSearchSpec, note: str | None
-) -> dict[str, Any]:
+) -> PeakRate:
     at_peak = next((p for p in probes if p.rate_rps == peak), None)
-    return {
-        "rateRps": round(peak, 3) if peak is not None else None,
-        "p99LatencyMs": at_peak.latency_ms.get("p99") if at_peak is not None else None,
-        "throughputRps": round(at_peak.throughput_rps, 3) if at_peak is not None else None,
-        "firstFailingRps": round(failed_at, 3) if failed_at is not None else None,
-        "probes": len(probes),
-        "precision": search.precision,
-        **({"note": note} if note else {}),
-    }
+    p99 = at_peak.latency_ms.get("p99") if at_peak is not None else None
+    return PeakRate(
+        rate_rps=round(peak, 3) if peak is not None else None,
+        p99_latency_ms=round(p99, 3) if p99 is not None else None,
+        throughput_rps=round(at_peak.throughput_rps, 3) if at_peak is not None else None,
+        first_failing_rps=round(failed_at, 3) if failed_at is not None else None,
+        probes=len(probes),
+        precision=search.precision,
+        note=note,
+    )

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servinglab.api import ShapeSpec
 from servinglab.loadgen.arrivals import arrival_offsets
 from servinglab.loadgen.stats import Sample, summarise
-from servinglab.spec import ShapeSpec
 
 
 class TraceError(ValueError):

@@ -11,9 +11,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from servinglab.api import GeneratorLimits, StabilitySpec
 from servinglab.loadgen import shapes
 from servinglab.loadgen.stats import LevelStats, judge_stability, merge_generator_verdicts, summarise
-from servinglab.spec import GeneratorLimits, StabilitySpec
 
 
 def resolve_count(generators: int | str) -> int:

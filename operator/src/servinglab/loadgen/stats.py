@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from servinglab.spec import GeneratorLimits, StabilitySpec
+from servinglab.api import GeneratorLimits, StabilitySpec
 
 PERCENTILES = (50, 90, 95, 99)
 CDF_STEP_PERCENT = 0.5  # the stored latency CDF: exact nearest-rank values every half percent

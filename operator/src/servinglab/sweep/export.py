@@ -1,37 +1,34 @@
 """The winning configuration, ready to deploy: a ServingExperiment that measures it again and the
-TorchServe files that reproduce it in production (pure rendering plus one folder write).
+server's own files that reproduce it in production (through the seam: each server kind writes its
+own), rendered purely and written to one folder.
 
-Written by the local sweep into `<output>/best/` and printed by `servinglab results --sweep`.
+Written by the local sweep into `<output>/best/` and by `servinglab results --sweep --export`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from servinglab import tsconfig
-from servinglab.k8s.resources import pod_config_properties
-from servinglab.sweepspec import ServingSweep, TrialConfig, trial_spec
+from servinglab import servers
+from servinglab.api import KIND, ServingSweep, TrialConfig, trial_spec
 
 
 def best_files(sweep: ServingSweep, config: TrialConfig) -> dict[str, str]:
-    """File name -> text: experiment.yaml, config.properties, model-config.yaml, metrics.yaml."""
+    """File name -> text: experiment.yaml, and the server's files for this configuration."""
     spec = trial_spec(sweep.spec, config)
-    experiment: dict[str, Any] = {
+    experiment = {
         "apiVersion": sweep.api_version,
-        "kind": "ServingExperiment",
+        "kind": KIND,
         "metadata": {"name": f"{sweep.metadata.name[:47]}-best"},
         "spec": spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
     }
     header = f"# The best configuration of sweep {sweep.metadata.name}: {config.label()}\n"
-    return {
-        "experiment.yaml": header + yaml.safe_dump(experiment, sort_keys=False),
-        "config.properties": header + pod_config_properties(spec.model.name, spec),
-        "model-config.yaml": header + tsconfig.render_model_config(spec.server, spec.load),
-        "metrics.yaml": tsconfig.render_metrics_config(),
-    }
+    files = {"experiment.yaml": header + yaml.safe_dump(experiment, sort_keys=False)}
+    for name, text in servers.get(spec.server.kind).export_files(spec).items():
+        files[name] = (header if not name.endswith(".json") else "") + text
+    return files
 
 
 def write_best(sweep: ServingSweep, config: TrialConfig, folder: Path) -> list[Path]:

@@ -2,23 +2,32 @@
 front of throughput against p99 over every measured point, and why the sweep stopped (pure).
 
 A trial *record* is what one trial leaves behind, locally a file `trials/<name>.json` and on the
-cluster a child experiment's status: ``{"name", "order", "config", "state", "reason", "message",
-"results"}``, where `state` is Succeeded (measured; `capacityRps` may still be None when no level
-met the SLO) or Infeasible (out of memory, never ready, crashed: a result, not a sweep failure) and
-`results` the experiment's results document. The local runner and the sweep reconciler build the
-same records, so `servinglab sweep` and `kubectl get servingsweep` report the same document.
+cluster a child experiment's status: a :class:`~servinglab.api.trials.TrialRecord`. The local sweep and
+the sweep reconciler build the same records from the same typed results, so `servinglab sweep` and
+`kubectl get servingsweep` report the same document.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from servinglab.results import now_iso
+from servinglab.api import ServingSweep, TrialConfig, axis_values, grid, space_size
+from servinglab.api.conditions import now
+from servinglab.api.results import ExperimentResults, LevelResult
+from servinglab.api.trials import (
+    INFEASIBLE,
+    SUCCEEDED,
+    PrunedConfig,
+    SweepBest,
+    SweepCounts,
+    SweepObjective,
+    SweepPoint,
+    SweepResults,
+    SweepSpace,
+    TrialRecord,
+)
 from servinglab.sweep.search import OUT_OF_MEMORY, Outcome, pruned_by
-from servinglab.sweepspec import ServingSweep, TrialConfig, axis_values, grid, space_size
-
-SWEEP_RESULTS_KIND = "ServingSweepResults"
-SUCCEEDED, INFEASIBLE = "Succeeded", "Infeasible"
 
 #: Substrings of a failure that say which kind of infeasibility it was, checked in order.
 _FAILURE_KINDS = (
@@ -39,27 +48,34 @@ def classify_failure(message: str) -> str:
     return "Failed"
 
 
-def meets_objective(level: dict[str, Any], slo_p99_ms: float | None, max_error_rate: float) -> bool:
+def meets_objective(level: LevelResult, slo_p99_ms: float | None, max_error_rate: float) -> bool:
     """A level counts when its p99 is within the SLO (if any) and its error share is allowed."""
-    requests = max(int(level.get("requests") or 0), 1)
-    if int(level.get("errors") or 0) / requests > max_error_rate:
+    if level.errors / max(level.requests, 1) > max_error_rate:
         return False
-    p99 = (level.get("latencyMs") or {}).get("p99")
-    return slo_p99_ms is None or (p99 is not None and p99 <= slo_p99_ms)
+    return slo_p99_ms is None or (level.latency_ms.p99 is not None and level.latency_ms.p99 <= slo_p99_ms)
 
 
-def capacity(document: dict[str, Any], slo_p99_ms: float | None, max_error_rate: float) -> dict[str, Any] | None:
-    """The trial's figure of merit: the peak rate the open-loop search found within the SLO, else the
-    highest-throughput level that meets the objective; None when nothing does."""
-    peak = document.get("peakRate") or {}
-    if peak.get("rateRps") is not None:
-        return {"capacityRps": peak["rateRps"], "p99LatencyMs": peak.get("p99LatencyMs"), "level": "peak rate"}
-    levels = [e for e in document.get("results", []) if meets_objective(e, slo_p99_ms, max_error_rate)]
+@dataclass(frozen=True)
+class Capacity:
+    """A trial's figure of merit: its capacity within the objective, the p99 there, and which level."""
+
+    capacity_rps: float
+    p99_latency_ms: float | None
+    level: str
+
+
+def capacity(document: ExperimentResults, slo_p99_ms: float | None, max_error_rate: float) -> Capacity | None:
+    """The peak rate the open-loop search found within the SLO, else the highest-throughput level that
+    meets the objective; None when nothing does."""
+    peak = document.peak_rate
+    if peak is not None and peak.rate_rps is not None:
+        return Capacity(peak.rate_rps, peak.p99_latency_ms, "peak rate")
+    levels = [level for level in document.results if meets_objective(level, slo_p99_ms, max_error_rate)]
     if not levels:
         return None
-    top = max(levels, key=lambda e: float(e["throughputRps"]))
-    label = f"{top['concurrency']} users" if "concurrency" in top else f"{top.get('rateRps')} rps"
-    return {"capacityRps": top["throughputRps"], "p99LatencyMs": top["latencyMs"].get("p99"), "level": label}
+    top = max(levels, key=lambda level: level.throughput_rps)
+    label = f"{top.concurrency} users" if top.concurrency is not None else f"{top.rate_rps} rps"
+    return Capacity(top.throughput_rps, top.latency_ms.p99, label)
 
 
 def record(
@@ -67,111 +83,103 @@ def record(
     name: str,
     order: int,
     config: TrialConfig,
-    document: dict[str, Any] | None,
+    document: ExperimentResults | None,
     failure: str | None,
-) -> dict[str, Any]:
+    finished_at: str | None = None,
+) -> TrialRecord:
     """The record of one finished trial (measured, or infeasible with the failure's kind)."""
-    state = SUCCEEDED if document is not None else INFEASIBLE
-    entry: dict[str, Any] = {
-        "name": name,
-        "order": order,
-        "config": config.model_dump(by_alias=True, mode="json"),
-        "state": state,
-        "reason": None if failure is None else classify_failure(failure),
-        "message": failure,
-        "finishedAt": now_iso(),
-    }
-    if document is not None:
-        slo = sweep.spec.template.slo.p99_latency_ms
-        found = capacity(document, slo, sweep.spec.objective.max_error_rate)
-        entry.update(found or {"capacityRps": None, "p99LatencyMs": None, "level": None})
-        if found is None:
-            entry["reason"] = "NoLevelWithinSlo"
-        entry["readySeconds"] = document.get("reconfiguredSeconds", document.get("coldStartSeconds"))
-        entry["reconfigured"] = "reconfiguredSeconds" in document
-    entry["results"] = document
-    return entry
+    if document is None:
+        return TrialRecord(
+            name=name, order=order, config=config, state=INFEASIBLE,
+            reason=classify_failure(failure or ""), message=failure, finished_at=finished_at or now(),
+        )  # fmt: skip
+    found = capacity(document, sweep.spec.template.slo.p99_latency_ms, sweep.spec.objective.max_error_rate)
+    return TrialRecord(
+        name=name, order=order, config=config, state=SUCCEEDED,
+        reason=None if found is not None else "NoLevelWithinSlo", message=failure,
+        finished_at=finished_at or now(),
+        capacity_rps=found.capacity_rps if found else None, p99_latency_ms=found.p99_latency_ms if found else None,
+        level=found.level if found else None, ready_seconds=document.ready_seconds,
+        reconfigured=document.reconfigured_seconds is not None, results=document,
+    )  # fmt: skip
 
 
-def outcome(entry: dict[str, Any]) -> Outcome:
+def outcome(record: TrialRecord) -> Outcome:
     """What the search needs of a record."""
-    config = TrialConfig.model_validate(entry["config"])
-    return Outcome(config, entry.get("capacityRps"), entry["state"] == SUCCEEDED, entry.get("reason"))
+    return Outcome(record.config, record.capacity_rps, record.succeeded, record.reason)
 
 
-def points(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def points(records: Sequence[TrialRecord]) -> list[SweepPoint]:
     """Every measured level of every trial: (trial, configuration, level, throughput, p99)."""
     found = []
-    for entry in entries:
-        for level in (entry.get("results") or {}).get("results", []):
-            p99 = (level.get("latencyMs") or {}).get("p99")
-            if p99 is None or not level.get("throughputRps"):
+    for record in records:
+        for level in record.results.results if record.results is not None else []:
+            p99 = level.latency_ms.p99
+            if p99 is None or not level.throughput_rps:
                 continue
-            found.append({
-                "trial": entry["name"], "config": entry["config"],
-                "level": level.get("concurrency", level.get("rateRps")),
-                "throughputRps": level["throughputRps"], "p99LatencyMs": p99,
-            })  # fmt: skip
+            which = level.concurrency if level.concurrency is not None else level.rate_rps
+            found.append(SweepPoint(trial=record.name, config=record.config, level=which,
+                                    throughput_rps=level.throughput_rps, p99_latency_ms=p99))  # fmt: skip
     return found
 
 
-def pareto_front(candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def pareto_front(candidates: Sequence[SweepPoint]) -> list[SweepPoint]:
     """The points no other point beats on both throughput (higher) and p99 (lower), by p99."""
-    ordered = sorted(candidates, key=lambda p: (p["p99LatencyMs"], -p["throughputRps"]))
+    ordered = sorted(candidates, key=lambda p: (p.p99_latency_ms, -p.throughput_rps))
     front, best_rps = [], float("-inf")
     for point in ordered:
-        if point["throughputRps"] > best_rps:
+        if point.throughput_rps > best_rps:
             front.append(point)
-            best_rps = point["throughputRps"]
+            best_rps = point.throughput_rps
     return front
 
 
 def document(
-    sweep: ServingSweep, entries: list[dict[str, Any]], stop_reason: str | None, started_at: str
-) -> dict[str, Any]:
-    """The sweep's results document (local `sweep.json`; on the cluster the full-results object)."""
+    sweep: ServingSweep, records: Sequence[TrialRecord], stop_reason: str | None, started_at: str
+) -> SweepResults:
+    """The sweep's results document (local `sweep.json`; on the cluster rebuilt from its trials). The
+    trials are listed without their results (each trial's file, or its experiment, has them)."""
     spec = sweep.spec
-    ordered = sorted(entries, key=lambda e: e["order"])
-    history = [outcome(e) for e in ordered]
+    ordered = sorted(records, key=lambda record: record.order)
+    history = [outcome(record) for record in ordered]
     done = {o.config.key() for o in history}
     pruned = [
-        {"config": c.model_dump(by_alias=True, mode="json"), "reason": why}
-        for c in grid(spec)
-        if c.key() not in done and (why := pruned_by(history, c))
+        PrunedConfig(config=config, reason=why)
+        for config in grid(spec)
+        if config.key() not in done and (why := pruned_by(history, config))
     ]
-    scored = [e for e in ordered if e.get("capacityRps") is not None]
-    top = max(scored, key=lambda e: e["capacityRps"]) if scored else None
-    counts = {state: sum(1 for e in ordered if e["state"] == state) for state in (SUCCEEDED, INFEASIBLE)}
-    axes = axis_values(spec)
-    return {
-        "apiVersion": sweep.api_version,
-        "kind": SWEEP_RESULTS_KIND,
-        "sweep": sweep.metadata.name,
-        "model": spec.template.model.name,
-        "strategy": spec.strategy,
-        "space": {
-            name: [str(v) if name == "precision" else v for v in values]
-            for name, values in zip(("batchSize", "maxBatchDelayMs", "workers", "precision"), axes, strict=False)
-        }
-        if spec.strategy != "list"
-        else {"configurations": len(spec.configurations)},  # fmt: skip
-        "gridSize": space_size(spec) if spec.strategy != "list" else len(spec.configurations),
-        "objective": {"p99LatencyMs": spec.template.slo.p99_latency_ms, "maxErrorRate": spec.objective.max_error_rate},
-        "trials": [{k: v for k, v in e.items() if k != "results"} for e in ordered],
-        "counts": {**counts, "pruned": len(pruned), "run": len(ordered)},
-        "pruned": pruned,
-        "best": None
-        if top is None
-        else {
-            "trial": top["name"],
-            "config": top["config"],
-            "capacityRps": top["capacityRps"],
-            "p99LatencyMs": top["p99LatencyMs"],
-            "level": top["level"],
-        },  # fmt: skip
-        "points": (every := points(ordered)),
-        "front": pareto_front(every),
-        "stopReason": stop_reason,
-        "startedAt": started_at,
-        "finishedAt": now_iso() if stop_reason else None,
-    }
+    scored = [record for record in ordered if record.capacity_rps is not None]
+    top = max(scored, key=lambda record: record.capacity_rps or 0.0) if scored else None
+    if spec.strategy == "list":
+        space = SweepSpace(configurations=len(spec.configurations))
+    else:
+        batches, delays, workers, precisions = axis_values(spec)
+        space = SweepSpace(batch_size=batches, max_batch_delay_ms=delays, workers=workers,
+                           precision=[str(p) for p in precisions])  # fmt: skip
+    every = points(ordered)
+    return SweepResults(
+        api_version=sweep.api_version,
+        sweep=sweep.metadata.name,
+        model=spec.template.model.name,
+        strategy=spec.strategy,
+        space=space,
+        grid_size=space_size(spec) if spec.strategy != "list" else len(spec.configurations),
+        objective=SweepObjective(p99_latency_ms=spec.template.slo.p99_latency_ms,
+                                 max_error_rate=spec.objective.max_error_rate),  # fmt: skip
+        trials=[record.model_copy(update={"results": None}) for record in ordered],
+        counts=SweepCounts(
+            succeeded=sum(1 for record in ordered if record.state == SUCCEEDED),
+            infeasible=sum(1 for record in ordered if record.state == INFEASIBLE),
+            pruned=len(pruned), run=len(ordered),
+        ),  # fmt: skip
+        pruned=pruned,
+        best=None if top is None else SweepBest(
+            trial=top.name, config=top.config, capacity_rps=top.capacity_rps or 0.0,
+            p99_latency_ms=top.p99_latency_ms, level=top.level,
+        ),  # fmt: skip
+        points=every,
+        front=pareto_front(every),
+        stop_reason=stop_reason,
+        started_at=started_at,
+        finished_at=now() if stop_reason else None,
+    )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servinglab.sweepspec import SweepSpec, TrialConfig, axis_values, grid
+from servinglab.api import SweepSpec, TrialConfig, axis_values, grid
 
 #: A precision whose best is below this share of the overall best is not climbed.
 SCREEN_RATIO = 0.75

@@ -18,7 +18,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from servinglab.spec import API_GROUP, API_VERSION
+from servinglab.api import API_GROUP, API_VERSION
 
 FIELD_MANAGER = "servinglab-operator"
 

@@ -17,13 +17,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from servinglab.report import html_page
+from servinglab.api.trials import SweepPoint, SweepResults
+from servinglab.present.page import html_page
 
 PLOTS = ("pareto.png", "capacity.png")
 _COLOURS = {"fp32": "tab:blue", "tf32": "tab:green", "fp16": "tab:orange", "bf16": "tab:red"}
 
 
-def render_sweep(document: dict[str, Any], out_dir: Path) -> Path:
+def render_sweep(document: SweepResults, out_dir: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,67 +36,67 @@ def render_sweep(document: dict[str, Any], out_dir: Path) -> Path:
     return page
 
 
-def _pareto(document: dict[str, Any], path: Path) -> None:
+def _pareto(document: SweepResults, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 5))
     for precision, colour in _COLOURS.items():
-        mine = [p for p in document.get("points", []) if p["config"]["precision"] == precision]
+        mine = [p for p in document.points if str(p.config.precision) == precision]
         if mine:
-            axes.scatter([p["p99LatencyMs"] for p in mine], [p["throughputRps"] for p in mine], s=18, alpha=0.5,
+            axes.scatter([p.p99_latency_ms for p in mine], [p.throughput_rps for p in mine], s=18, alpha=0.5,
                          color=colour, label=precision)  # fmt: skip
-    front = document.get("front", [])
+    front: list[SweepPoint] = document.front
     if front:
-        axes.plot([p["p99LatencyMs"] for p in front], [p["throughputRps"] for p in front], "k-o", markersize=4,
+        axes.plot([p.p99_latency_ms for p in front], [p.throughput_rps for p in front], "k-o", markersize=4,
                   linewidth=1.2, label="Pareto front")  # fmt: skip
-    slo = (document.get("objective") or {}).get("p99LatencyMs")
+    slo = document.objective.p99_latency_ms
     if slo:
         axes.axvline(slo, color="grey", linestyle="--", label=f"SLO p99 {slo:g} ms")
-    if best := document.get("best"):
-        axes.scatter([best["p99LatencyMs"]], [best["capacityRps"]], marker="*", s=220, color="gold",
+    if (best := document.best) is not None:
+        axes.scatter([best.p99_latency_ms], [best.capacity_rps], marker="*", s=220, color="gold",
                      edgecolors="black", zorder=5, label="best within the SLO")  # fmt: skip
     axes.set_xscale("log")
     axes.set_xlabel("p99 latency (ms)")
     axes.set_ylabel("throughput (requests/s)")
-    axes.set_title(f"{document.get('sweep')}: every measured point")
+    axes.set_title(f"{document.sweep}: every measured point")
     axes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
-def _capacity(document: dict[str, Any], path: Path) -> None:
+def _capacity(document: SweepResults, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    trials = document.get("trials", [])
-    configs = [t["config"] for t in trials] + [p["config"] for p in document.get("pruned", [])]
-    space = document.get("space") or {}  # the whole space (grid/search), so untried cells show as blanks
-    batches = sorted({c["batchSize"] for c in configs} | set(space.get("batchSize", []))) or [0]
-    delays = sorted({c["maxBatchDelayMs"] for c in configs} | set(space.get("maxBatchDelayMs", []))) or [0]
-    panels = sorted({(c["precision"], c["workers"]) for c in configs}) or [("-", 0)]
+    trials = document.trials
+    configs = [t.config for t in trials] + [p.config for p in document.pruned]
+    space = document.space  # the whole space (grid/search), so untried cells show as blanks
+    batches = sorted({c.batch_size for c in configs} | set(space.batch_size or [])) or [0]
+    delays = sorted({c.max_batch_delay_ms for c in configs} | set(space.max_batch_delay_ms or [])) or [0]
+    panels = sorted({(str(c.precision), c.workers) for c in configs}) or [("-", 0)]
     columns = min(len(panels), 3)
     rows = math.ceil(len(panels) / columns)
     figure, grid = plt.subplots(
         rows, columns, figsize=(4.2 * columns + 1, 3.4 * rows), squeeze=False, layout="constrained"
     )
-    top = max((t.get("capacityRps") or 0 for t in trials), default=0) or 1
+    top = max((t.capacity_rps or 0 for t in trials), default=0) or 1
     for index, (precision, workers) in enumerate(panels):
         axes = grid[index // columns][index % columns]
         values = [[math.nan] * len(batches) for _ in delays]
         crosses = []
         for trial in trials:
-            config = trial["config"]
-            if (config["precision"], config["workers"]) != (precision, workers):
+            config = trial.config
+            if (str(config.precision), config.workers) != (precision, workers):
                 continue
-            row, column = delays.index(config["maxBatchDelayMs"]), batches.index(config["batchSize"])
-            if trial.get("capacityRps") is not None:
-                values[row][column] = trial["capacityRps"]
+            row, column = delays.index(config.max_batch_delay_ms), batches.index(config.batch_size)
+            if trial.capacity_rps is not None:
+                values[row][column] = trial.capacity_rps
             else:
                 crosses.append((column, row))
-        for pruned in document.get("pruned", []):
-            config = pruned["config"]
-            if (config["precision"], config["workers"]) == (precision, workers):
-                crosses.append((batches.index(config["batchSize"]), delays.index(config["maxBatchDelayMs"])))
+        for pruned in document.pruned:
+            config = pruned.config
+            if (str(config.precision), config.workers) == (precision, workers):
+                crosses.append((batches.index(config.batch_size), delays.index(config.max_batch_delay_ms)))
         image = axes.imshow(values, origin="lower", cmap="viridis", vmin=0, vmax=top, aspect="auto")
         for column, row in crosses:
             axes.text(column, row, "x", ha="center", va="center", color="crimson")
@@ -117,30 +118,28 @@ def _cell(value: Any) -> str:
     return f"{value:.1f}" if isinstance(value, float) else html.escape(str(value))
 
 
-def _page(document: dict[str, Any]) -> str:
-    title = f"Sweep {document.get('sweep')}: {document.get('model')}"
-    counts, best = document.get("counts", {}), document.get("best")
+def _page(document: SweepResults) -> str:
+    title = f"Sweep {document.sweep}: {document.model}"
+    counts, best = document.counts, document.best
     facts = [
-        f"{counts.get('run', 0)} trials run of {document.get('gridSize')} configurations "
-        f"({counts.get('pruned', 0)} pruned, {counts.get('Infeasible', 0)} infeasible), "
-        f"strategy {document.get('strategy')}",
-        f"Stopped: {html.escape(str(document.get('stopReason') or 'not finished'))}",
-        f"Pareto front: {len(document.get('front', []))} of {len(document.get('points', []))} measured points",
+        f"{counts.run} trials run of {document.grid_size} configurations "
+        f"({counts.pruned} pruned, {counts.infeasible} infeasible), strategy {document.strategy}",
+        f"Stopped: {html.escape(str(document.stop_reason or 'not finished'))}",
+        f"Pareto front: {len(document.front)} of {len(document.points)} measured points",
     ]
-    if best:
-        config = best["config"]
-        figure = f"{_cell(best['capacityRps'])} rps at p99 {_cell(best['p99LatencyMs'])} ms ({best['trial']})"
-        setting = f"batch {config['batchSize']}, max delay {config['maxBatchDelayMs']} ms"
-        setting += f", {config['workers']} worker(s)"
-        facts.insert(0, f"<b>Best within the SLO</b>: {setting}, {config['precision']}: {figure}")
+    if best is not None:
+        config = best.config
+        figure = f"{_cell(best.capacity_rps)} rps at p99 {_cell(best.p99_latency_ms)} ms ({best.trial})"
+        setting = f"batch {config.batch_size}, max delay {config.max_batch_delay_ms} ms, {config.workers} worker(s)"
+        facts.insert(0, f"<b>Best within the SLO</b>: {setting}, {config.precision}: {figure}")
     header = ["#", "trial", "batch", "delay ms", "workers", "precision", "state", "capacity rps", "p99 ms", "at",
               "ready s", "reason"]  # fmt: skip
     rows = []
-    for trial in document.get("trials", []):
-        config = trial["config"]
-        cells = [trial["order"] + 1, trial["name"], config["batchSize"], config["maxBatchDelayMs"], config["workers"],
-                 config["precision"], trial["state"], trial.get("capacityRps"), trial.get("p99LatencyMs"),
-                 trial.get("level"), trial.get("readySeconds"), trial.get("reason")]  # fmt: skip
+    for trial in document.trials:
+        config = trial.config
+        cells = [trial.order + 1, trial.name, config.batch_size, config.max_batch_delay_ms, config.workers,
+                 str(config.precision), trial.state, trial.capacity_rps, trial.p99_latency_ms, trial.level,
+                 trial.ready_seconds, trial.reason]  # fmt: skip
         rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
     table = f"<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>\n{''.join(rows)}\n</table>"
     return html_page(title, "", facts, table, PLOTS, images_last=False)

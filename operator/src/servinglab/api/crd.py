@@ -15,12 +15,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec
-from servinglab.sweepspec import SWEEP_KIND, SweepSpec
+from servinglab.api.experiment import ExperimentSpec
+from servinglab.api.meta import API_GROUP, API_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL
+from servinglab.api.sweep import SweepSpec
 
-PLURAL = "servingexperiments"
 SHORT_NAMES = ["sx"]
-SWEEP_PLURAL = "servingsweeps"
 SWEEP_SHORT_NAMES = ["ssw"]
 
 _DROPPED_KEYS = {"title", "$defs"}

@@ -20,20 +20,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from servinglab.spec import (
-    ExperimentSpec,
-    ObjectMeta,
-    Precision,
-    ServerSpec,
-    SpecError,
-    SpecModel,
-    as_json,
-    describe_error,
-    field_path,
-    read_document,
-)
+from servinglab.api.experiment import ExperimentSpec, Precision, ServerSpec
+from servinglab.api.meta import ObjectMeta, SpecModel, describe_error, parse_document, read_document
 
-SWEEP_KIND = "ServingSweep"
 #: A space larger than this is refused: at a minute or more per trial it would run for days.
 MAX_SPACE = 512
 
@@ -252,18 +241,10 @@ def _axis_bounds(document: Mapping[str, Any]) -> list[str]:
 
 
 def parse_sweep(document: Any, source: str | None = None) -> ServingSweep:
-    """Validate one parsed sweep document; raise :class:`SpecError` naming every bad field."""
-    if not isinstance(document, Mapping):
-        raise SpecError([f"(document): expected a mapping, got {type(document).__name__}"], source, "sweep")
-    problems = _axis_bounds(document)
-    try:
-        sweep = ServingSweep.model_validate_json(as_json(document), strict=True)
-    except ValidationError as exc:
-        problems += [f"{field_path(e['loc'])}: {describe_error(e)}" for e in exc.errors()]
-        raise SpecError(problems, source, "sweep") from None
-    if problems:
-        raise SpecError(problems, source, "sweep")
-    return sweep
+    """Validate one parsed sweep document; raise :class:`~servinglab.api.meta.SpecError` naming every bad
+    field (an axis value the experiment would refuse included)."""
+    problems = _axis_bounds(document) if isinstance(document, Mapping) else []
+    return parse_document(ServingSweep, document, source, "sweep", problems)
 
 
 def load_sweep(path: str | Path) -> ServingSweep:

@@ -7,16 +7,17 @@ difference of two scrapes, one at the start and one at the end of a measured win
 * mean server time = delta(ts_inference_latency_microseconds) / delta(ts_inference_requests_total)
 * per-stage handler time per batch, and the mean batch size, from the handler's counters.
 
-Used by the local runner; the operator will use the same arithmetic on PromQL increases.
+Reached through the seam (:meth:`servinglab.servers.torchserve.TorchServe.metrics`): the measurement
+driver reads a snapshot at each edge of each measured window, locally and in the load Job.
 """
 
 from __future__ import annotations
 
-import urllib.request
 from collections import defaultdict
-from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from servinglab.api.results import ServerBreakdown
 
 Snapshot = dict[str, float]
 
@@ -53,7 +54,7 @@ def parse(text: str, model_name: str | None = None) -> Snapshot:
     return {name: totals.get(name, 0.0) for name in _COUNTERS}
 
 
-def breakdown(before: Snapshot, after: Snapshot) -> dict[str, float | None]:
+def breakdown(before: Snapshot, after: Snapshot) -> ServerBreakdown:
     """Means over the window between two snapshots; None where the window saw no such events."""
 
     def delta(name: str) -> float:
@@ -65,42 +66,13 @@ def breakdown(before: Snapshot, after: Snapshot) -> dict[str, float | None]:
     def per(total: float, count: float, scale: float = 1.0) -> float | None:
         return round(total / count * scale, 3) if count > 0 else None
 
-    return {
-        "queueMsMean": per(delta("ts_queue_latency_microseconds"), requests, 1e-3),
-        "serverLatencyMsMean": per(delta("ts_inference_latency_microseconds"), requests, 1e-3),
-        "preprocessMsPerBatch": per(delta("ServinglabPreprocessMs"), batches),
-        "inferenceMsPerBatch": per(delta("ServinglabInferenceMs"), batches),
-        "postprocessMsPerBatch": per(delta("ServinglabPostprocessMs"), batches),
-        "meanBatchSize": per(delta("ServinglabBatchedRequests"), batches),
-        "batches": batches,
-        "serverRequests": requests,
-    }
-
-
-class WindowReader:
-    """Scrapes a TorchServe metrics endpoint at the start and end of each measured window and
-    keeps each level's breakdown; its two methods are the load generator's window hooks."""
-
-    def __init__(self, fetch: Callable[[], str], model_name: str) -> None:
-        self._fetch = fetch
-        self._model_name = model_name
-        self._before: dict[int, Snapshot] = {}
-        self.breakdowns: dict[int, dict[str, float | None]] = {}
-
-    def window_start(self, level: int) -> None:
-        self._before[level] = parse(self._fetch(), self._model_name)
-
-    def window_end(self, level: int) -> None:
-        after = parse(self._fetch(), self._model_name)
-        self.breakdowns[level] = breakdown(self._before[level], after)
-
-
-def http_fetcher(url: str, timeout: float = 10.0) -> Callable[[], str]:
-    """A fetch function for :class:`WindowReader` reading `url` (TorchServe's /metrics)."""
-
-    def fetch() -> str:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            text: str = response.read().decode()
-            return text
-
-    return fetch
+    return ServerBreakdown(
+        queue_ms_mean=per(delta("ts_queue_latency_microseconds"), requests, 1e-3),
+        server_latency_ms_mean=per(delta("ts_inference_latency_microseconds"), requests, 1e-3),
+        preprocess_ms_per_batch=per(delta("ServinglabPreprocessMs"), batches),
+        inference_ms_per_batch=per(delta("ServinglabInferenceMs"), batches),
+        postprocess_ms_per_batch=per(delta("ServinglabPostprocessMs"), batches),
+        mean_batch_size=per(delta("ServinglabBatchedRequests"), batches),
+        batches=batches,
+        server_requests=requests,
+    )

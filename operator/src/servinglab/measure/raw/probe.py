@@ -1,7 +1,7 @@
-"""Run :mod:`servinglab.rawmeasure` as a child process and collect its figures, with progress,
+"""Run :mod:`servinglab.measure.raw.child` as a child process and collect its figures, with progress,
 prompt interruption and a cache shared by the trials of a sweep.
 
-Called by the local runner after the server has stopped (`runner._ceiling`) and by benchmarks. The
+Called by the local runner after the server has stopped and by benchmarks. The
 parent never imports torch. While the child runs, the parent reads its lines with a one-second
 select (cooperative under gevent, so the runner's SIGINT/SIGTERM handler still runs), reports which
 batch size is being measured and for how long, and on any exception — an interrupt included — kills
@@ -19,8 +19,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
+
+from servinglab.api.results import RawRow
+from servinglab.measure.raw.figures import RawCache, RawFigures
 
 #: Seconds between "still measuring" progress messages during one long pass.
 HEARTBEAT_SECONDS = 10.0
@@ -28,31 +30,6 @@ HEARTBEAT_SECONDS = 10.0
 
 class RawProbeError(RuntimeError):
     """The child failed; the message carries the end of its stderr."""
-
-
-@dataclass
-class RawFigures:
-    """What one probe (or the cache) knows: per batch size, a measured row or a skip reason."""
-
-    device: str
-    measured: dict[int, dict[str, Any]] = field(default_factory=dict)
-    skipped: dict[int, str] = field(default_factory=dict)
-    setup_seconds: float = 0.0
-    measure_seconds: float = 0.0
-    from_cache: list[int] = field(default_factory=list)
-
-
-CacheKey = tuple[str, str, str, int]  # (model, precision, device kind, batch size)
-
-
-@dataclass
-class RawCache:
-    """Measured rows and skip reasons by (model, precision, device, batch size): a sweep's trials
-    measure each size once, and do not spend their budget again on a size already skipped."""
-
-    rows: dict[CacheKey, dict[str, Any]] = field(default_factory=dict)
-    skipped: dict[CacheKey, str] = field(default_factory=dict)
-    device_names: dict[str, str] = field(default_factory=dict)
 
 
 def measure(
@@ -80,9 +57,9 @@ def measure(
             figures.device, figures.setup_seconds = event["device"], event["setupSeconds"]
             cache.device_names[device] = event["device"]
         elif kind == "measured":
-            row = {k: v for k, v in event.items() if k != "event"}
-            figures.measured[row["batchSize"]] = row
-            cache.rows[(model, precision, device, row["batchSize"])] = row
+            row = RawRow.model_validate(event)
+            figures.measured[row.batch_size] = row
+            cache.rows[(model, precision, device, row.batch_size)] = row
         elif kind == "skipped":
             figures.skipped[event["batchSize"]] = event["reason"]
             cache.skipped[(model, precision, device, event["batchSize"])] = event["reason"]
@@ -94,7 +71,7 @@ def measure(
 def _child_events(request: dict[str, Any], progress: Callable[[str], None]) -> Any:
     errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed in finally) a file, not a pipe: never blocks the child
     child = subprocess.Popen(
-        [sys.executable, "-m", "servinglab.rawmeasure", json.dumps(request)],
+        [sys.executable, "-m", "servinglab.measure.raw.child", json.dumps(request)],
         stdout=subprocess.PIPE,
         stderr=errors,
         stdin=subprocess.DEVNULL,

@@ -1,9 +1,9 @@
 """The model alone, in a child process: raw throughput at several batch sizes within a time budget.
 
-    python -m servinglab.rawmeasure '{"model": "tiny", "precision": "fp32", "device": "cpu",
+    python -m servinglab.measure.raw.child '{"model": "tiny", "precision": "fp32", "device": "cpu",
                                       "batchSizes": [8, 1, 2, 4], "seconds": 5}'
 
-Started by :mod:`servinglab.rawprobe` (never imported by the load-generating process: it imports
+Started by :mod:`servinglab.measure.raw.probe` (never imported by the load-generating process: it imports
 torch). It runs in its own process so that Ctrl-C/SIGTERM end it at once even inside a forward pass
 that does not return to Python for a minute, and so that its memory is given back when it exits.
 

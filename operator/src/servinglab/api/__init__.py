@@ -1,0 +1,78 @@
+"""What users write and read: the experiment and sweep specs, typed results and status, the CRDs.
+
+The bottom layer of the package: it imports nothing else of servinglab. The spec's names are
+re-exported here (`from servinglab.api import ServingExperiment, LoadSpec`); results, status and the
+CRD generator are imported from their modules.
+"""
+
+from servinglab.api.experiment import (
+    CeilingSpec,
+    CleanupSpec,
+    ExperimentSpec,
+    MetricsSpec,
+    Precision,
+    Resources,
+    ServerKind,
+    ServerSpec,
+    ServingExperiment,
+    SloSpec,
+    Toleration,
+    load_experiment,
+    parse_experiment,
+)
+from servinglab.api.load import (
+    MAX_GENERATORS,
+    BurstShape,
+    GeneratorLimits,
+    LoadSpec,
+    PayloadFormat,
+    PayloadSpec,
+    RateSearchSpec,
+    ResponseCheck,
+    ShapeSpec,
+    StabilitySpec,
+    StepShape,
+    TraceShape,
+)
+from servinglab.api.meta import (
+    API_GROUP,
+    API_VERSION,
+    EXPERIMENT_LABEL,
+    EXPERIMENT_UID_LABEL,
+    KIND,
+    PLURAL,
+    SWEEP_KIND,
+    SWEEP_LABEL,
+    SWEEP_PLURAL,
+    ObjectMeta,
+    SpecError,
+    SpecModel,
+    VolumePath,
+    read_document,
+)
+from servinglab.api.modelref import BUILTIN_MODELS, ModelFormat, ModelInput, ModelRef, ModelSource, SecretKeyRef
+from servinglab.api.sweep import (
+    MAX_SPACE,
+    ServingSweep,
+    SweepSpec,
+    TrialConfig,
+    axis_values,
+    grid,
+    load_sweep,
+    parse_sweep,
+    space_size,
+    trial_name,
+    trial_spec,
+)
+
+__all__ = [
+    "API_GROUP", "API_VERSION", "BUILTIN_MODELS", "EXPERIMENT_LABEL", "EXPERIMENT_UID_LABEL", "KIND",
+    "MAX_GENERATORS", "MAX_SPACE", "PLURAL", "SWEEP_KIND", "SWEEP_LABEL", "SWEEP_PLURAL",
+    "BurstShape", "CeilingSpec", "CleanupSpec", "ExperimentSpec", "GeneratorLimits", "LoadSpec", "MetricsSpec",
+    "ModelFormat", "ModelInput", "ModelRef", "ModelSource", "ObjectMeta", "PayloadFormat", "PayloadSpec",
+    "Precision", "RateSearchSpec", "Resources", "ResponseCheck", "SecretKeyRef", "ServerKind", "ServerSpec",
+    "ServingExperiment", "ServingSweep", "ShapeSpec", "SloSpec", "SpecError", "SpecModel", "StabilitySpec",
+    "StepShape", "SweepSpec", "Toleration", "TraceShape", "TrialConfig", "VolumePath",
+    "axis_values", "grid", "load_experiment", "load_sweep", "parse_experiment", "parse_sweep", "read_document",
+    "space_size", "trial_name", "trial_spec",
+]  # fmt: skip

@@ -1,0 +1,133 @@
+"""Which model an experiment serves: a built-in demo model, or the user's own from a source.
+
+Part of the experiment spec (:mod:`servinglab.api.experiment`); the model store
+(:mod:`servinglab.models`) fetches, checks and counts what these name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from servinglab.api.meta import SpecModel, VolumePath
+
+#: Built-in demo models shipped in model-store/ (see :mod:`servinglab.models`).
+BUILTIN_MODELS = ("resnet50", "tiny")
+
+
+class ModelFormat(StrEnum):
+    """What a model source holds. `auto` decides from the file name, then from the content."""
+
+    AUTO = "auto"
+    MAR = "mar"  # a TorchServe archive (.mar), served with its own handler
+    DIRECTORY = "directory"  # a TorchServe no-archive directory (MAR-INF/MANIFEST.json inside)
+    TORCHSCRIPT = "torchscript"  # torch.jit.save output, packed with servinglab's handler
+    EXPORTED = "exported"  # torch.export.save output (.pt2), packed with servinglab's handler
+
+
+class SecretKeyRef(SpecModel):
+    """One key of a Secret in the experiment's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+
+
+class ModelSource(SpecModel):
+    """Where a model that is not built in comes from: exactly one of url, path and pvc."""
+
+    url: str | None = Field(default=None, description="http(s) URL of the model file, archive or tarless folder.")
+    path: str | None = Field(default=None, description="Local runs only: a file or no-archive folder on this machine.")
+    pvc: VolumePath | None = Field(default=None, description="Kubernetes only: a file or folder on a claim.")
+    sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Expected sha256 of the file (lowercase hex), checked before serving; unset: recorded only.",
+    )
+    format: ModelFormat = ModelFormat.AUTO
+    authorization_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="url only: a Secret key whose value is sent as the Authorization header "
+        "(mounted only into the fetching init container).",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        given = [name for name in ("url", "path", "pvc") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"set exactly one of url, path, pvc (got {', '.join(given) or 'none'})")
+        if self.url is not None and not re.match(r"^https?://[^/\s]+", self.url):
+            raise ValueError(f"url: '{self.url}' is not an http(s) URL")
+        if self.authorization_secret is not None and self.url is None:
+            raise ValueError("authorizationSecret: only a url source sends credentials")
+        if self.sha256 is not None and self.format is ModelFormat.DIRECTORY:
+            raise ValueError("sha256: a folder has no single digest; give it for a file (.mar, .pt, .pt2)")
+        return self
+
+    def describe(self) -> str:
+        if self.url is not None:
+            return self.url
+        if self.pvc is not None:
+            return f"pvc://{self.pvc.claim_name}/{self.pvc.path}"
+        return str(self.path)
+
+
+class ModelInput(SpecModel):
+    """What one request decodes to for a model packed with servinglab's handler (TorchScript, .pt2)."""
+
+    kind: Literal["image", "tensor"] = Field(
+        default="image",
+        description="image: an encoded image, decoded and resized to size x size RGB; "
+        "tensor: a .npy array or JSON list of `shape`, cast to `dtype`.",
+    )
+    size: int = Field(default=224, ge=8, le=4096, description="image: the side length the model takes.")
+    shape: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=list, max_length=6, description="tensor: the shape of one sample (no batch dimension)."
+    )
+    dtype: Literal["float32", "float16", "bfloat16", "int64", "int32", "uint8"] = Field(
+        default="float32", description="tensor: the element type the model takes at fp32 (floats follow precision)."
+    )
+
+    @model_validator(mode="after")
+    def _tensor_has_shape(self) -> ModelInput:
+        if self.kind == "tensor" and not self.shape:
+            raise ValueError("kind tensor needs shape (one sample's dimensions, e.g. [16])")
+        if self.kind == "image" and self.shape:
+            raise ValueError("shape is for kind tensor; an image input takes size")
+        return self
+
+
+class ModelRef(SpecModel):
+    """Which model to serve: a built-in demo model, or the user's own from a source."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
+    source: ModelSource | None = Field(default=None, description="Unset: `name` must be a built-in model.")
+    input: ModelInput | None = Field(
+        default=None, description="TorchScript and exported programs: what a request decodes to. Default: image 224."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _archive_was_renamed(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "archive" in data:
+            raise ValueError(
+                f"archive: replaced by source (url, path or pvc); write source: {{path: {data['archive']!r}}} "
+                f"or source: {{url: ...}}"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _builtin_or_source(self) -> ModelRef:
+        if self.source is None and self.name not in BUILTIN_MODELS:
+            raise ValueError(
+                f"'{self.name}' is not a built-in model ({', '.join(BUILTIN_MODELS)}); "
+                "set model.source to serve your own"
+            )
+        if self.source is None and self.input is not None:
+            raise ValueError("input: built-in models declare their own input; it is for a model.source")
+        if self.source is not None and self.source.format in (ModelFormat.MAR, ModelFormat.DIRECTORY) and self.input:
+            raise ValueError("input: an archive's own handler decodes requests; input is for TorchScript and .pt2")
+        return self

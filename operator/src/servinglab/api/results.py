@@ -1,0 +1,421 @@
+"""What an experiment measured, as typed models: one level, and one experiment's whole document.
+
+The one family every part of servinglab produces and reads: the local runner and the load Job write
+:class:`ExperimentResults` / :class:`LoadJobResults`, the operator keeps each level's
+:meth:`LevelResult.compact` form in the experiment's status, `servinglab results` rebuilds an
+:class:`ExperimentResults` from that status, and the table, the report and the sweep roll-up read it.
+Field names on the wire are camelCase (the status and the JSON files), snake_case in Python; fields
+that are None are left out of what is written (:func:`to_json`), so a document reads the same after a
+round trip. Documents written by earlier versions parse: fields they lack are optional, and the flat
+`stable` / `generatorSaturated` flags of the first status layout are kept as such.
+
+Nothing here imports the rest of servinglab: the API layer is the bottom of the package.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from servinglab.api.conditions import Condition
+from servinglab.api.meta import API_GROUP, API_VERSION
+
+RESULTS_KIND = "ServingExperimentResults"
+
+#: A JSON object at the edge (files, the API): what the models are read from and written to.
+JsonObject = dict[str, Any]
+
+
+class ResultModel(BaseModel):
+    """camelCase on the wire; unknown fields of a newer document are ignored, not refused."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+def to_json(model: BaseModel) -> JsonObject:
+    """The model as JSON-ready data: camelCase, None left out (a missing field reads back as None)."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# -- one level ----------------------------------------------------------------------------------------
+
+
+class Latency(ResultModel):
+    """Exact nearest-rank percentiles of the successful requests (ms); None when none succeeded."""
+
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    min: float | None = None
+    mean: float | None = None
+
+
+class Window(ResultModel):
+    """One stability window: requests sent in it, answered throughput and exact p99."""
+
+    start: float
+    throughput_rps: float
+    p99_ms: float | None = None
+
+
+class Stability(ResultModel):
+    """Whether a level's last windows agreed; `stable` None means too few windows to judge."""
+
+    windows: list[Window] = Field(default_factory=list)
+    tolerance: float | None = None
+    stable: bool | None = None
+    reason: str | None = None
+    throughput_spread: float | None = None
+    throughput_tolerance: float | None = None
+    p99_spread: float | None = None
+    p99_compared: bool | None = None
+    measured_seconds: float | None = None
+
+
+class SendGap(ResultModel):
+    """How late the generator sent (ms): a closed loop's gap between answer and next send, an open
+    loop's lag behind the schedule."""
+
+    p50: float | None = None
+    p99: float = 0.0
+    max: float | None = None
+
+
+class OneGenerator(ResultModel):
+    """Whether one load generator, not the server, limited the level: its CPU, or its send gaps."""
+
+    cpu_percent: float
+    send_gap_ms: SendGap
+    saturated: bool
+    reason: str | None = None
+
+
+class GeneratorVerdict(OneGenerator):
+    """The level's verdict; with several generators the worst one's figures, any saturated one named,
+    and each one's own verdict."""
+
+    generators: int | None = None
+    per_generator: list[OneGenerator] | None = None
+
+
+class OpenLoopFigures(ResultModel):
+    """What an open-loop generator offered and could not do."""
+
+    offered_rps: float | None = None
+    arrival: str | None = None
+    sent_rps: float
+    late_sends: int
+    dropped_sends: int
+
+
+class MeanCi(ResultModel):
+    """A mean and the half-width of its 95 % confidence interval."""
+
+    mean: float
+    ci95: float
+
+
+class Repeats(ResultModel):
+    """A level run several times: each run's throughput and p99, and their means with a 95 % CI."""
+
+    runs: int
+    throughput_rps: list[float]
+    p99_ms: list[float]
+    throughput_rps_mean: MeanCi
+    p99_ms_mean: MeanCi | None = None
+
+
+class PhaseFigures(ResultModel):
+    """One phase of a shaped run (a step, a burst, a trace; or all bursts or all base periods together)."""
+
+    name: str
+    start: float | None = None
+    users: int | None = None
+    rate_rps: float | None = None
+    seconds: float
+    requests: int
+    errors: int
+    throughput_rps: float
+    latency_ms: Latency = Field(default_factory=Latency)
+
+
+class ServerBreakdown(ResultModel):
+    """Where the server's time went over the measured window, from its own counters: means per request
+    and per batch, the mean batch it formed, and how many batches and requests it counted."""
+
+    queue_ms_mean: float | None = None
+    server_latency_ms_mean: float | None = None
+    preprocess_ms_per_batch: float | None = None
+    inference_ms_per_batch: float | None = None
+    postprocess_ms_per_batch: float | None = None
+    mean_batch_size: float | None = None
+    batches: float | None = None
+    server_requests: float | None = None
+
+
+class GpuFigures(ResultModel):
+    """The server's GPU over the measured window (DCGM through Prometheus on a cluster)."""
+
+    utilization_avg_percent: float | None = None
+    utilization_max_percent: float | None = None
+    memory_used_max_mib: float | None = Field(default=None, alias="memoryUsedMaxMiB")
+    power_avg_watts: float | None = None
+    energy_joules: float | None = None
+    energy_per_inference_joules: float | None = None
+
+
+class LevelResult(ResultModel):
+    """One measured level: a closed loop's `concurrency` or an open loop's offered `rate_rps`."""
+
+    concurrency: int | None = None
+    rate_rps: float | None = None
+    throughput_rps: float
+    latency_ms: Latency = Field(default_factory=Latency)
+    requests: int
+    errors: int
+    errors_by_kind: dict[str, int] | None = None
+    window_seconds: float | None = None
+    window_start: float | None = None
+    window_end: float | None = None
+    latency_cdf_ms: list[list[float]] | None = None
+    stability: Stability | None = None
+    generator: GeneratorVerdict | None = None
+    open_loop: OpenLoopFigures | None = None
+    repeats: Repeats | None = None
+    phases: list[PhaseFigures] | None = None
+    server: ServerBreakdown | None = None
+    gpu: GpuFigures | None = None
+    meets_slo: bool | None = None
+    peak_search_probe: bool | None = None
+    # the first status layout's flat trust flags (read from old statuses; never written now)
+    stable: bool | None = None
+    generator_saturated: bool | None = None
+
+    @property
+    def label(self) -> str:
+        """The level for people: "4" users or "50 rps"."""
+        return str(self.concurrency) if self.concurrency is not None else f"{self.rate_rps or 0:g} rps"
+
+    @property
+    def is_stable(self) -> bool | None:
+        return self.stability.stable if self.stability is not None else self.stable
+
+    @property
+    def generator_limited(self) -> bool:
+        if self.generator is not None:
+            return self.generator.saturated
+        return bool(self.generator_saturated)
+
+    def compact(self) -> LevelResult:
+        """What an experiment's status keeps: everything the table and the report show, without the
+        latency CDF, the stability windows and every generator's own verdict (those stay in the full
+        document the status references)."""
+        stability = self.stability.model_copy(update={"windows": []}) if self.stability is not None else None
+        generator = self.generator.model_copy(update={"per_generator": None}) if self.generator is not None else None
+        return self.model_copy(update={"latency_cdf_ms": None, "stability": stability, "generator": generator})
+
+
+# -- one experiment -----------------------------------------------------------------------------------
+
+
+class EffectiveSettings(ResultModel):
+    """What the server reported it applied (checked against the request before any load is sent)."""
+
+    batch_size: int | None = None
+    max_batch_delay_ms: int | None = None
+    min_workers: int | None = None
+    max_workers: int | None = None
+    ready_workers: int | None = None
+
+
+class ServerSettings(ResultModel):
+    """The configuration under test, as requested, and as the server applied it."""
+
+    kind: str | None = None
+    batch_size: int | None = None
+    max_batch_delay_ms: int | None = None
+    workers: int | None = None
+    precision: str | None = None
+    effective: EffectiveSettings | None = None
+
+
+class LoadSummary(ResultModel):
+    mode: str
+    arrival: str | None = None
+    warmup_seconds: float | None = None
+    duration_seconds: float | None = None
+    payload: str | None = None
+
+
+class Slo(ResultModel):
+    p99_latency_ms: float | None = None
+
+
+class BestLevel(ResultModel):
+    """The level with the highest throughput (among those within the SLO, if one is set)."""
+
+    concurrency: int | None = None
+    rate_rps: float | None = None
+    throughput_rps: float
+    p99_latency_ms: float | None = None
+
+    @property
+    def label(self) -> str:
+        return str(self.concurrency) if self.concurrency is not None else f"{self.rate_rps or 0:g} rps"
+
+
+class PeakRate(ResultModel):
+    """The highest open-loop rate whose p99 met the SLO, and how the search got there."""
+
+    rate_rps: float | None = None
+    p99_latency_ms: float | None = None
+    throughput_rps: float | None = None
+    first_failing_rps: float | None = None
+    probes: int | None = None
+    precision: float | None = None
+    note: str | None = None
+
+
+class RawRow(ResultModel):
+    """The model alone at one batch size."""
+
+    batch_size: int
+    throughput_rps: float
+    passes: int | None = None
+    pass_seconds: float | None = None
+    note: str | None = None
+
+
+class RawSkip(ResultModel):
+    batch_size: int
+    reason: str
+
+
+class Ceiling(ResultModel):
+    """How far the served throughput is from the model alone (raw) and from the chip's peak."""
+
+    flops_per_inference: int
+    raw_batch_size: int | None = None
+    formed_batch_size_mean: float | None = None
+    raw_at_formed_batch_rps: float | None = None
+    raw_best_rps: float | None = None
+    raw_best_batch_size: int | None = None
+    raw_device: str | None = None
+    raw_budget_seconds: float | None = None
+    raw_measure_seconds: float | None = None
+    raw_setup_seconds: float | None = None
+    raw_table: list[RawRow] | None = None
+    raw_skipped: list[RawSkip] | None = None
+    raw_reused_batch_sizes: list[int] | None = None
+    accelerator: str | None = None
+    peak_tflops: float | None = None
+    theoretical_rps: float | None = None
+    served_rps: float | None = None
+    served_over_raw: float | None = None
+    served_over_best_raw: float | None = None
+    served_over_theoretical: float | None = None
+    note: str | None = None
+
+
+class Warmup(ResultModel):
+    """The handler's warm-up as its slowest worker reported it."""
+
+    seconds: float
+    batch_sizes: list[int] = Field(default_factory=list)
+    skipped: list[int] = Field(default_factory=list)
+    budget_seconds: float | None = None
+
+
+class Runtime(ResultModel):
+    """Where the experiment ran."""
+
+    mode: Literal["local", "cluster"]
+    device: str | None = None
+    precision_note: str | None = None
+    warmup: Warmup | None = None
+    cpu_count: int | None = None
+    machine: str | None = None
+    server_pod: str | None = None
+
+
+class DeclaredInput(ResultModel):
+    """What one request decodes to, for a model packed with servinglab's handler."""
+
+    format: str | None = None
+    kind: str | None = None
+    size: int | None = None
+    shape: list[int] | None = None
+    dtype: str | None = None
+
+
+class ModelDescription(ResultModel):
+    """What was served and where it came from (a built-in, or the user's source)."""
+
+    name: str
+    source: str | None = None
+    format: str | None = None
+    sha256: str | None = None
+    size_bytes: int | None = None
+    downloaded: bool | None = None
+    handler: str | None = None
+    input: DeclaredInput | None = None
+    parameters: int | None = None
+    flops_per_inference: float | None = None
+    count_note: str | None = None
+    archive_config_replaced: str | None = None
+
+
+class Producer(ResultModel):
+    """Which servinglab wrote the document."""
+
+    servinglab: str
+    python: str | None = None
+
+
+class ExperimentResults(ResultModel):
+    """One experiment's results document: the local `--output` file, `servinglab results -o`, and
+    what the table and the report read."""
+
+    api_version: str = f"{API_GROUP}/{API_VERSION}"
+    kind: str = RESULTS_KIND
+    experiment: str
+    model: str
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    load: LoadSummary | None = None
+    slo: Slo | None = None
+    cold_start_seconds: float | None = None
+    reconfigured_seconds: float | None = None
+    warmup_seconds: float | None = None
+    results: list[LevelResult] = Field(default_factory=list)
+    best: BestLevel | None = None
+    peak_rate: PeakRate | None = None
+    ceiling: Ceiling | None = None
+    runtime: Runtime | None = None
+    model_info: ModelDescription | None = None
+    conditions: list[Condition] | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    generator: Producer | None = None
+
+    @property
+    def slo_p99_ms(self) -> float | None:
+        return self.slo.p99_latency_ms if self.slo is not None else None
+
+    @property
+    def ready_seconds(self) -> float | None:
+        """Until the server was ready: its cold start, or its reconfiguration in a sweep."""
+        return self.reconfigured_seconds if self.reconfigured_seconds is not None else self.cold_start_seconds
+
+
+class LoadJobResults(ResultModel):
+    """What the load Job writes into the experiment's results ConfigMap for the operator."""
+
+    results: list[LevelResult]
+    server_answered_at: float | None = None
+    peak_rate: PeakRate | None = None
+    ceiling: Ceiling | None = None
+    experiment_uid: str | None = None

@@ -1,0 +1,72 @@
+"""The status of a ServingExperiment and of a ServingSweep, typed; the CRDs' status schemas are
+generated from these models (:mod:`servinglab.api.crd`), so the API server stores exactly them.
+
+Written by the reconcilers (:mod:`servinglab.k8s.experiment.status`, :mod:`servinglab.k8s.sweep`),
+read back by them after a restart, and turned into a results document by `servinglab results`.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from servinglab.api.conditions import Condition
+from servinglab.api.results import Ceiling, LevelResult, ModelDescription, PeakRate, ResultModel
+from servinglab.api.trials import PrunedConfig, SweepBest, SweepCounts, SweepPoint, SweepSummary, TrialRecord
+
+
+class ExperimentSummary(ResultModel):
+    """What `kubectl get servingexperiments` shows: the best level, and a display-only `state` digest of
+    the conditions."""
+
+    state: str
+    levels: int | None = None
+    best_concurrency: int | None = None
+    best_rate_rps: float | None = None
+    best_throughput_rps: float | None = None
+    best_p99_latency_ms: float | None = None
+    peak_rate_rps: float | None = None
+
+
+class ResultsRef(ResultModel):
+    """Where the full results document is: the results ConfigMap and its key."""
+
+    kind: str = "ConfigMap"
+    name: str
+    key: str
+
+
+class ExperimentStatus(ResultModel):
+    """`status` of a ServingExperiment."""
+
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    started_at: str | None = None
+    queued_at: str | None = None
+    queued_seconds: float | None = None
+    server_ready_at: str | None = None
+    cold_start_seconds: float | None = None
+    server_pod: str | None = None
+    model: ModelDescription | None = None
+    results: list[LevelResult] | None = None
+    summary: ExperimentSummary | None = None
+    results_ref: ResultsRef | None = None
+    peak_rate: PeakRate | None = None
+    ceiling: Ceiling | None = None
+    finished_at: str | None = None
+    cleaned_up_at: str | None = None
+
+
+class SweepStatus(ResultModel):
+    """`status` of a ServingSweep: the roll-up of its trials (their measured points stay with them)."""
+
+    conditions: list[Condition] = Field(default_factory=list)
+    summary: SweepSummary | None = None
+    trials: list[TrialRecord] | None = None
+    counts: SweepCounts | None = None
+    pruned: list[PrunedConfig] | None = None
+    best: SweepBest | None = None
+    front: list[SweepPoint] | None = None
+    stop_reason: str | None = None
+    grid_size: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None

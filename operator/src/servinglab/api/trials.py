@@ -1,0 +1,127 @@
+"""A sweep's results, typed: each trial's record, the best configuration, the Pareto front.
+
+A trial *record* is what one trial leaves behind (locally the file `trials/<name>.json`, on the
+cluster a child experiment's status read back): its configuration, its state — Succeeded (measured;
+`capacity_rps` may still be None when no level met the objective) or Infeasible (out of memory, never
+ready, crashed: a result, not a failure of the sweep) — and, locally, the trial's whole results.
+:class:`SweepResults` is the sweep's document (`sweep.json`; `servinglab results --sweep`), built by
+:mod:`servinglab.sweep.rollup` from the records, the same locally and on a cluster.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from servinglab.api.meta import API_GROUP, API_VERSION
+from servinglab.api.results import ExperimentResults, ResultModel
+from servinglab.api.sweep import TrialConfig
+
+SWEEP_RESULTS_KIND = "ServingSweepResults"
+SUCCEEDED, INFEASIBLE = "Succeeded", "Infeasible"
+
+
+class TrialRecord(ResultModel):
+    """One finished trial."""
+
+    name: str
+    order: int
+    config: TrialConfig
+    state: str
+    reason: str | None = None
+    message: str | None = None
+    finished_at: str | None = None
+    capacity_rps: float | None = None
+    p99_latency_ms: float | None = None
+    level: str | None = None
+    ready_seconds: float | None = None
+    reconfigured: bool | None = None
+    wall_seconds: float | None = None
+    results: ExperimentResults | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == SUCCEEDED
+
+
+class PrunedConfig(ResultModel):
+    """A configuration not run because an earlier outcome implies it would fail."""
+
+    config: TrialConfig
+    reason: str
+
+
+class SweepBest(ResultModel):
+    """The configuration with the highest capacity within the objective."""
+
+    trial: str
+    config: TrialConfig
+    capacity_rps: float
+    p99_latency_ms: float | None = None
+    level: str | None = None
+
+
+class SweepPoint(ResultModel):
+    """One measured level of one trial: a point of the throughput-p99 plane."""
+
+    trial: str
+    config: TrialConfig
+    level: float | None = None
+    throughput_rps: float
+    p99_latency_ms: float
+
+
+class SweepCounts(ResultModel):
+    succeeded: int = Field(default=0, alias="Succeeded")
+    infeasible: int = Field(default=0, alias="Infeasible")
+    pruned: int = 0
+    run: int = 0
+
+
+class SweepObjective(ResultModel):
+    p99_latency_ms: float | None = None
+    max_error_rate: float = 0.0
+
+
+class SweepSpace(ResultModel):
+    """The values each axis took (grid and search), or how many configurations were listed."""
+
+    batch_size: list[int] | None = None
+    max_batch_delay_ms: list[int] | None = None
+    workers: list[int] | None = None
+    precision: list[str] | None = None
+    configurations: int | None = None
+
+
+class SweepSummary(ResultModel):
+    """What `kubectl get servingsweeps` shows."""
+
+    state: str
+    trials_done: int | None = None
+    trials_running: int | None = None
+    trials_total: int | None = None
+    best_config: str | None = None
+    best_throughput_rps: float | None = None
+    best_p99_latency_ms: float | None = None
+
+
+class SweepResults(ResultModel):
+    """A sweep's document."""
+
+    api_version: str = f"{API_GROUP}/{API_VERSION}"
+    kind: str = SWEEP_RESULTS_KIND
+    sweep: str
+    model: str
+    strategy: str
+    space: SweepSpace = Field(default_factory=SweepSpace)
+    grid_size: int
+    objective: SweepObjective = Field(default_factory=SweepObjective)
+    trials: list[TrialRecord] = Field(default_factory=list)
+    counts: SweepCounts = Field(default_factory=SweepCounts)
+    pruned: list[PrunedConfig] = Field(default_factory=list)
+    best: SweepBest | None = None
+    points: list[SweepPoint] = Field(default_factory=list)
+    front: list[SweepPoint] = Field(default_factory=list)
+    stop_reason: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    summary: SweepSummary | None = None

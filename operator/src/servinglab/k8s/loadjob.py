@@ -1,0 +1,155 @@
+"""The load Job's program (`servinglab loadtest`): measure a server that runs in the cluster and store
+the results where the operator reads them.
+
+Pod 0 of the Job (the only pod, unless `load.generators` > 1) waits until the server answers a first
+request, measures every level through the measurement driver (:mod:`servinglab.measure.driver`),
+reading the server's metrics at each window's edges, and writes a :class:`LoadJobResults` into the
+experiment's results ConfigMap (:mod:`servinglab.k8s.sink`). The other pods of an indexed Job join pod 0
+and generate their share of each level. Each way of ending has its exit code
+(:class:`~servinglab.api.exitcodes.ExitCode`) and a one-line termination message the operator shows.
+
+The caller must have imported Locust first (see :mod:`servinglab.entry`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from servinglab import servers
+from servinglab.api import ExperimentSpec, SpecError, load_experiment
+from servinglab.api.exitcodes import ExitCode
+from servinglab.api.results import LoadJobResults, to_json
+from servinglab.k8s import sink
+from servinglab.loadgen import generators, levels, shapes
+from servinglab.loadgen.payloads import PayloadError, request_payloads
+from servinglab.measure.ceiling import ceiling_of
+from servinglab.measure.driver import ServerWindows, measure_load
+from servinglab.measure.windows import http_fetcher
+from servinglab.models import request_image_size
+
+
+@dataclass(frozen=True)
+class LoadJobOptions:
+    """The `servinglab loadtest` command line."""
+
+    target: str
+    model_name: str
+    spec_file: Path
+    metrics_url: str | None = None
+    image_size: int | None = None
+    output: Path | None = None
+    results_configmap: str | None = None
+    ready_timeout: float = 600.0
+    flops_per_inference: float | None = None
+    payload_dir: Path = Path(".")
+    generators_listen: str | None = None
+    generators_join: str | None = None
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the Job's pod ends: its exit code and the termination message Kubernetes keeps."""
+
+    code: ExitCode
+    message: str
+
+
+def run(options: LoadJobOptions) -> Ending:
+    """The whole program of one load pod."""
+    try:
+        experiment = load_experiment(options.spec_file)
+    except SpecError as exc:
+        return Ending(ExitCode.INVALID, str(exc))
+    spec = experiment.spec
+    # pods of one indexed Job share the spec file: its digest keeps other connections out
+    authkey = hashlib.sha256(options.spec_file.read_bytes()).digest()
+    index = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
+    if index > 0 and options.generators_join:  # one of the other load pods: a generator for the first
+        # the first pod waits for the server (up to ready_timeout) before it takes generators
+        problem = _generate_for(options.generators_join, authkey, options.ready_timeout + 120)
+        if problem:
+            return Ending(ExitCode.GENERATORS_FAILED, problem)
+        return Ending(ExitCode.OK, f"load generator {index + 1} done")
+    try:
+        target = _target(spec, options)
+    except (PayloadError, shapes.TraceError) as exc:
+        return Ending(ExitCode.INVALID, str(exc))
+    load = spec.load
+    answered_at, problem = levels.wait_until_serving(target, load.request_timeout_seconds, options.ready_timeout)
+    if problem is not None:
+        return Ending(ExitCode.SERVER_NEVER_ANSWERED, problem)
+    kind = servers.get(spec.server.kind)
+    windows = ServerWindows(http_fetcher(options.metrics_url), kind.metrics(options.model_name)) if (
+        options.metrics_url) else None  # fmt: skip
+    try:
+        remote = _other_generators(spec, options.generators_listen, authkey, options.ready_timeout)
+        measured = measure_load(load, spec.slo.p99_latency_ms, target, windows, remote=remote)
+    except generators.GeneratorError as exc:
+        return Ending(ExitCode.GENERATORS_FAILED, str(exc))
+    except OSError as exc:
+        return Ending(ExitCode.METRICS_UNREADABLE, f"reading the server's metrics failed: {exc}")
+    flops = options.flops_per_inference
+    document = LoadJobResults(
+        results=measured.levels,
+        server_answered_at=answered_at,
+        peak_rate=measured.peak_rate,
+        ceiling=ceiling_of(spec, measured.levels, flops) if spec.ceiling.enabled and flops else None,
+    )
+    _write_json(to_json(document), options.output)
+    if options.results_configmap:
+        try:
+            sink.write_results(options.results_configmap, to_json(document))
+        except sink.SinkError as exc:
+            return Ending(ExitCode.RESULTS_NOT_STORED, str(exc))
+    summary = f"{len(measured.levels)} levels measured, {measured.requests} requests, {measured.errors} errors"
+    return Ending(ExitCode.OK, summary)
+
+
+def _target(spec: ExperimentSpec, options: LoadJobOptions) -> levels.Target:
+    """Where the load goes and what it sends; a bad payload or trace raises before anything is sent."""
+    load = spec.load
+    size = options.image_size or request_image_size(spec.model, load.payload)
+    payloads = request_payloads(load.payload, size, options.payload_dir)
+    if load.shape is not None and load.shape.trace is not None:
+        shapes.read_trace(options.payload_dir / load.shape.trace.file, len(payloads))
+    path = servers.get(spec.server.kind).request_path(options.model_name)
+    return levels.Target(options.target.rstrip("/"), path, payloads, load.payload.check, options.payload_dir)
+
+
+def _other_generators(
+    spec: ExperimentSpec, listen: str | None, authkey: bytes, timeout_seconds: float
+) -> list[Connection]:
+    """The other load pods' generators, once they have joined this (the first) pod."""
+    count = spec.load.generators
+    if not listen or not isinstance(count, int) or count == 1:
+        return []
+    return generators.accept_generators(_host_port(listen), count - 1, authkey, timeout_seconds)
+
+
+def _generate_for(coordinator: str, authkey: bytes, timeout_seconds: float) -> str | None:
+    """Join the first load pod and generate its share of every level; why not, if it failed."""
+    try:
+        generators.serve(generators.join_coordinator(_host_port(coordinator), authkey, timeout_seconds))
+    except (generators.GeneratorError, EOFError, OSError) as exc:
+        return f"load generator for {coordinator}: {exc}"
+    return None
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+def _write_json(document: dict[str, object], output: Path | None) -> None:
+    """To the file, or to stdout when there is none or it is '-' (the Job's log keeps a copy)."""
+    text = json.dumps(document, indent=2) + "\n"
+    if output is None or str(output) == "-":
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)

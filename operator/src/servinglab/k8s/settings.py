@@ -1,0 +1,46 @@
+"""The operator's settings, read from its environment (the Helm chart sets it from its values).
+
+Read once at start-up by :mod:`servinglab.k8s.main` and handed to every reconcile pass.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Operator settings; :meth:`from_env` reads them from the environment (the Helm chart sets it)."""
+
+    servinglab_image: str = "servinglab/servinglab:0.1.0"
+    """Image of the model-builder init container and the load Job (SERVINGLAB_IMAGE)."""
+    prometheus_url: str | None = None
+    """Default Prometheus for GPU metrics when an experiment names none (SERVINGLAB_PROMETHEUS_URL)."""
+    poll_seconds: float = 2.0
+    """How often a running experiment is reconciled (SERVINGLAB_POLL_SECONDS)."""
+    unschedulable_grace_seconds: float = 30.0
+    """How long the server pod may stay unschedulable before the experiment fails
+    (SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS)."""
+    lease_namespace: str = "default"
+    """Where the leader-election Lease lives (SERVINGLAB_LEASE_NAMESPACE; the CLI sets it)."""
+    lease_seconds: float = 15.0
+    """How long a silent leader keeps the Lease before a standby takes over (SERVINGLAB_LEASE_SECONDS)."""
+    model_cache_claim: str | None = None
+    """A ReadWriteMany claim, in each watched namespace, where server pods keep models by digest
+    (SERVINGLAB_MODEL_CACHE_CLAIM; the chart's modelCache.claimName)."""
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        env = os.environ
+        return cls(
+            servinglab_image=env.get("SERVINGLAB_IMAGE", cls.servinglab_image),
+            prometheus_url=env.get("SERVINGLAB_PROMETHEUS_URL") or None,
+            poll_seconds=float(env.get("SERVINGLAB_POLL_SECONDS", cls.poll_seconds)),
+            unschedulable_grace_seconds=float(
+                env.get("SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS", cls.unschedulable_grace_seconds)
+            ),
+            lease_namespace=env.get("SERVINGLAB_LEASE_NAMESPACE") or cls.lease_namespace,
+            lease_seconds=float(env.get("SERVINGLAB_LEASE_SECONDS", cls.lease_seconds)),
+            model_cache_claim=env.get("SERVINGLAB_MODEL_CACHE_CLAIM") or None,
+        )

@@ -1,0 +1,257 @@
+"""The local runner behind `servinglab run FILE`: one experiment on this machine, no cluster.
+
+Flow: prepare the model (built in a child process: torch stays out of this one) -> start the server the
+spec names (:func:`servinglab.servers.get`) -> wait for every worker (cold start) -> check one request
+and that the server applied the requested batch size, delay and workers -> measure every load level
+(:mod:`servinglab.measure.driver`) -> the model alone (the ceiling, in a child process, after the server
+stopped) -> the typed results document. The server is stopped on success, failure, Ctrl-C or SIGTERM;
+its work directory (configs, logs) is kept only on failure.
+
+The caller must have imported Locust first (see :mod:`servinglab.entry`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from servinglab import servers
+from servinglab.api import ServingExperiment
+from servinglab.api.conditions import now
+from servinglab.api.results import Ceiling, ExperimentResults, Runtime
+from servinglab.loadgen import shapes
+from servinglab.loadgen.hooks import ProgressFn
+from servinglab.loadgen.levels import Target
+from servinglab.loadgen.payloads import PayloadError, request_payloads
+from servinglab.measure import ceiling
+from servinglab.measure.document import experiment_results
+from servinglab.measure.driver import ServerWindows, measure_load
+from servinglab.measure.raw import probe as raw_probe
+from servinglab.measure.raw.figures import RawCache
+from servinglab.servers.base import LocalServer, ModelError, ServedModel, ServerError
+
+
+class RunError(RuntimeError):
+    """The experiment could not produce trustworthy results; the message says why."""
+
+
+@dataclass
+class RunHooks:
+    """Callbacks for the console: phase messages and per-tick load progress."""
+
+    phase: Callable[[str], None] = lambda message: None
+    progress: ProgressFn | None = None
+
+
+class Interrupted(BaseException):  # like KeyboardInterrupt: not an error to catch
+    """SIGINT or SIGTERM arrived; raised in the main greenlet so cleanup runs in one place."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def interrupts_stop_the_run() -> Iterator[None]:
+    """Deliver SIGINT/SIGTERM to the main greenlet as :class:`Interrupted`.
+
+    A plain Python handler would raise inside whichever greenlet happens to run (often a Locust
+    user, mid-request); gevent runs this handler in its own greenlet, which throws into the main one
+    where it waits, so `finally` blocks stop the load and the server in order.
+    """
+    import gevent
+    import greenlet
+
+    main = greenlet.getcurrent()
+    watchers = [
+        gevent.signal_handler(signum, lambda n=signum: main.throw(Interrupted(n)))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    ]
+    try:
+        yield
+    finally:
+        for watcher in watchers:
+            watcher.cancel()
+
+
+class ServerSlot:
+    """The local server experiments run on: one per `run`, or one reused by a sweep's trials.
+
+    With `reuse`, a later experiment on the same model and server kind does not start a new server when
+    that kind can be reconfigured in place (TorchServe: the model registered again through its
+    management API, which costs the workers' start, not the frontend's). A server that failed is
+    replaced. The work directory (configs, logs) is kept if anything failed.
+    """
+
+    def __init__(self, name: str, hooks: RunHooks, reuse: bool = False) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"servinglab-{name}-"))
+        self.hooks = hooks
+        self.reuse = reuse
+        self.server: LocalServer | None = None
+        self.kind: str | None = None
+        self.model: ServedModel | None = None
+        self.failed = False
+
+    def serve(self, experiment: ServingExperiment) -> tuple[LocalServer, float, bool]:
+        """A ready server configured for the experiment: (server, seconds until ready, reconfigured)."""
+        spec = experiment.spec
+        kind = servers.get(spec.server.kind)
+        same = self.server is not None and self.kind == kind.kind and self.server.model_name == spec.model.name
+        if self.server is not None and same and self.reuse and kind.reconfigurable:
+            self.hooks.phase(f"Reconfiguring {kind.kind}: {experiment.metadata.name}")
+            return self.server, self.server.reconfigure(spec.server, spec.load), True
+        self.stop_server()
+        self.hooks.phase(f"Preparing model {spec.model.name}")
+        try:
+            self.model = model = kind.prepare_model(spec, self.workdir)
+        except ModelError as exc:
+            raise RunError(f"{exc.reason}: {exc}") from None
+        server = kind.local(spec.model.name, model.directory, spec, self.workdir, self.reuse)
+        self.server, self.kind = server, kind.kind
+        self.hooks.phase(f"Starting {kind.kind}")
+        server.start()
+        cold_start = server.wait_ready(spec.server.startup_timeout_seconds)
+        self.hooks.phase(f"{kind.kind} ready in {cold_start:.1f} s")
+        return server, cold_start, False
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def close(self) -> None:
+        self.stop_server()
+        if self.failed:
+            self.hooks.phase(f"Server work directory kept for inspection: {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def run_local(
+    experiment: ServingExperiment, hooks: RunHooks | None = None, raw_cache: RawCache | None = None
+) -> ExperimentResults:
+    """Run the experiment against a local server and return its results."""
+    hooks = hooks or RunHooks()
+    with interrupts_stop_the_run():
+        slot = ServerSlot(experiment.metadata.name, hooks)
+        try:
+            return run_in(slot, experiment, raw_cache)
+        finally:
+            slot.close()
+
+
+def run_in(slot: ServerSlot, experiment: ServingExperiment, raw_cache: RawCache | None = None) -> ExperimentResults:
+    """One experiment on the slot's server; `raw_cache` lets several experiments (a sweep's trials)
+    measure the model alone at each batch size once. Raises :class:`RunError` on failure."""
+    spec, hooks = experiment.spec, slot.hooks
+    started_at = now()
+    if spec.load.shape is not None and spec.load.shape.trace is not None:
+        try:  # a bad trace is refused before any server starts
+            shapes.read_trace(Path.cwd() / spec.load.shape.trace.file)
+        except shapes.TraceError as exc:
+            raise RunError(str(exc)) from None
+    try:
+        server, ready_seconds, reconfigured = slot.serve(experiment)
+        assert slot.model is not None
+        document = _measure(experiment, server, slot.model, ready_seconds, hooks)
+        if reconfigured:
+            document = document.model_copy(
+                update={"reconfigured_seconds": document.cold_start_seconds, "cold_start_seconds": None}
+            )
+        if not slot.reuse:
+            slot.stop_server()  # then the model alone has the machine to itself
+        if spec.ceiling.enabled and (found := _ceiling(experiment, document, slot.model, server.gpus > 0, hooks,
+                                                        raw_cache)):  # fmt: skip
+            document = document.model_copy(update={"ceiling": found})
+    except ServerError as exc:
+        slot.failed = True
+        slot.stop_server()
+        raise RunError(str(exc)) from None
+    except RunError:
+        slot.failed = True
+        slot.stop_server()
+        raise
+    return document.model_copy(update={"started_at": started_at})
+
+
+def _ceiling(
+    experiment: ServingExperiment,
+    document: ExperimentResults,
+    served: ServedModel,
+    gpu: bool,
+    hooks: RunHooks,
+    cache: RawCache | None,
+) -> Ceiling | None:
+    spec, description = experiment.spec, served.description
+    if spec.model.source is None:
+        target = spec.model.name
+    elif description.input is not None:  # packed with servinglab's handler: measurable alone, as served
+        target = str(served.directory)
+    else:
+        return None  # an archive's own handler: servinglab cannot run its model alone
+    if not description.flops_per_inference:
+        return None
+    sizes = ceiling.plan(spec, document.results)
+    precision, seconds, device = str(spec.server.precision), spec.ceiling.raw_seconds, "cuda" if gpu else "cpu"
+    hooks.phase(
+        f"Ceiling: {spec.model.name} alone in-process, {precision}, at the formed batch size {sizes[0]} "
+        f"and the best of {sorted(sizes)}, within {seconds:g} s"
+    )
+    try:
+        figures = raw_probe.measure(target, precision, device, sizes, seconds, hooks.phase, cache)
+    except raw_probe.RawProbeError as exc:
+        raise RunError(str(exc)) from None
+    return ceiling.ceiling_of(spec, document.results, description.flops_per_inference, figures, device)
+
+
+def _measure(
+    experiment: ServingExperiment, server: LocalServer, model: ServedModel, cold_start: float, hooks: RunHooks
+) -> ExperimentResults:
+    spec = experiment.spec
+    try:
+        payloads = request_payloads(spec.load.payload, model.image_size, Path.cwd())
+    except PayloadError as exc:
+        raise RunError(str(exc)) from None
+
+    first = payloads[0]
+    status, answer = server.predict(first.body, first.content_type, timeout=spec.load.request_timeout_seconds)
+    if status != 200:
+        raise RunError(f"the server answered a test request with HTTP {status}: {answer}")
+    effective = server.effective()
+    requested = (spec.server.batch_size, spec.server.max_batch_delay_ms, spec.server.workers)
+    applied = (effective.batch_size, effective.max_batch_delay_ms, effective.ready_workers)
+    if requested != applied:
+        raise RunError(
+            "the server did not apply the requested settings (batchSize, maxBatchDelayMs, workers): "
+            f"requested {requested}, in effect {applied}"
+        )
+
+    def fetch_metrics() -> str:
+        server.check_alive()
+        return server.metrics_text()
+
+    kind = servers.get(spec.server.kind)
+    target = Target(server.inference_url, server.request_path, payloads, spec.load.payload.check, Path.cwd())
+    hooks.phase(f"Load: {spec.load.describe()}")
+    windows = ServerWindows(fetch_metrics, kind.metrics(server.model_name))
+    try:
+        measured = measure_load(spec.load, spec.slo.p99_latency_ms, target, windows, hooks.progress)
+    except shapes.TraceError as exc:  # e.g. a payload index past the bodies there are
+        raise RunError(str(exc)) from None
+    server.check_alive()
+    notes = server.notes()
+    runtime = Runtime(
+        mode="local", device="cuda" if server.gpus > 0 else "cpu", precision_note=notes.precision_note,
+        warmup=notes.warmup, cpu_count=os.cpu_count(), machine=platform.machine(),
+    )  # fmt: skip
+    return experiment_results(
+        experiment.metadata.name, spec, measured.levels, runtime=runtime, effective=effective,
+        cold_start_seconds=cold_start, peak_rate=measured.peak_rate, model=model.description, finished_at=now(),
+    )  # fmt: skip

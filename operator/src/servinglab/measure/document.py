@@ -1,0 +1,80 @@
+"""One experiment's typed results document, assembled the same way whichever wing measured it.
+
+The local runner builds it from what it measured; `servinglab results` rebuilds it from a cluster
+experiment's status (:mod:`servinglab.k8s.follow`), so the table and the report read the same fields
+from both.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+
+from servinglab import __version__
+from servinglab.api import ExperimentSpec
+from servinglab.api.results import (
+    Ceiling,
+    EffectiveSettings,
+    ExperimentResults,
+    LevelResult,
+    LoadSummary,
+    ModelDescription,
+    PeakRate,
+    Producer,
+    Runtime,
+    ServerSettings,
+    Slo,
+)
+from servinglab.measure.levels import best_level
+
+
+def server_settings(spec: ExperimentSpec, effective: EffectiveSettings | None = None) -> ServerSettings:
+    server = spec.server
+    return ServerSettings(
+        kind=server.kind, batch_size=server.batch_size, max_batch_delay_ms=server.max_batch_delay_ms,
+        workers=server.workers, precision=str(server.precision), effective=effective,
+    )  # fmt: skip
+
+
+def load_summary(spec: ExperimentSpec) -> LoadSummary:
+    load = spec.load
+    return LoadSummary(
+        mode=f"{load.mode}-loop", arrival=load.arrival if load.mode == "open" else None,
+        warmup_seconds=load.warmup_seconds, duration_seconds=load.duration_seconds, payload=str(load.payload.format),
+    )  # fmt: skip
+
+
+def experiment_results(
+    name: str,
+    spec: ExperimentSpec,
+    levels: Sequence[LevelResult],
+    *,
+    runtime: Runtime,
+    effective: EffectiveSettings | None = None,
+    cold_start_seconds: float | None = None,
+    peak_rate: PeakRate | None = None,
+    ceiling: Ceiling | None = None,
+    model: ModelDescription | None = None,
+    started_at: str | None = None,
+    finished_at: str | None = None,
+) -> ExperimentResults:
+    """The document of a finished experiment; its best level is computed here, once."""
+    slo = spec.slo.p99_latency_ms
+    return ExperimentResults(
+        experiment=name,
+        model=spec.model.name,
+        server=server_settings(spec, effective),
+        load=load_summary(spec),
+        slo=Slo(p99_latency_ms=slo) if slo is not None else None,
+        cold_start_seconds=round(cold_start_seconds, 3) if cold_start_seconds is not None else None,
+        warmup_seconds=runtime.warmup.seconds if runtime.warmup is not None else None,
+        results=list(levels),
+        best=best_level(levels, slo),
+        peak_rate=peak_rate,
+        ceiling=ceiling,
+        runtime=runtime,
+        model_info=model,
+        started_at=started_at,
+        finished_at=finished_at,
+        generator=Producer(servinglab=__version__, python=platform.python_version()),
+    )

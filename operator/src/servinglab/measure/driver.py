@@ -1,0 +1,71 @@
+"""The one measurement driver: every level of an experiment's load against a running server, with the
+server's own breakdown over each measured window, as typed levels.
+
+`servinglab run`, `servinglab sweep` (both through the local runner) and the load Job
+(:mod:`servinglab.k8s.loadjob`) all measure through :func:`measure_load`, so a level means the same
+everywhere: warm-up excluded, exact percentiles from raw samples, throughput over the measured window,
+the generator's saturation judged, the peak-rate search judged against the SLO defined in
+:mod:`servinglab.measure.levels`. The caller must have imported Locust first (see
+:mod:`servinglab.entry`), and must say where the load goes (:class:`~servinglab.loadgen.levels.Target`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from multiprocessing.connection import Connection
+
+from servinglab.api import LoadSpec
+from servinglab.api.results import LevelResult, PeakRate
+from servinglab.loadgen import levels
+from servinglab.loadgen.hooks import LevelHooks, ProgressFn
+from servinglab.measure.levels import level_results, probe_passes
+from servinglab.measure.windows import WindowReader
+from servinglab.servers.base import ServerMetrics
+
+
+@dataclass(frozen=True)
+class ServerWindows:
+    """How to read the server under test at a window's edges: its metrics text, and what it means."""
+
+    fetch: Callable[[], str]
+    metrics: ServerMetrics
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Every measured level in run order (peak-search probes last) and the peak rate found, if searched."""
+
+    levels: list[LevelResult]
+    peak_rate: PeakRate | None = None
+
+    @property
+    def requests(self) -> int:
+        return sum(level.requests for level in self.levels)
+
+    @property
+    def errors(self) -> int:
+        return sum(level.errors for level in self.levels)
+
+
+def measure_load(
+    load: LoadSpec,
+    slo_p99_ms: float | None,
+    target: levels.Target,
+    server: ServerWindows | None = None,
+    progress: ProgressFn | None = None,
+    remote: Sequence[Connection] = (),
+) -> Measured:
+    """Run the load section (`remote`: the other load pods' generators, when several share it) and
+    return its typed levels; without `server` the levels carry no server breakdown."""
+    windows = WindowReader(server.fetch, server.metrics) if server is not None else None
+    hooks = LevelHooks(
+        progress,
+        windows.window_start if windows is not None else None,
+        windows.window_end if windows is not None else None,
+    )
+    passes = partial(probe_passes, slo_p99_ms=slo_p99_ms) if slo_p99_ms is not None else None
+    outcome = levels.run_load(load, passes, target, hooks, remote)
+    breakdowns = windows.breakdowns if windows is not None else {}
+    return Measured(level_results(outcome.levels, outcome.sweep_levels, breakdowns, slo_p99_ms), outcome.peak)

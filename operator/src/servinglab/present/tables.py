@@ -1,0 +1,159 @@
+"""The results tables a person reads in a terminal: one experiment's levels, one sweep's trials.
+
+Both print the same thing for a local run and for a cluster experiment (`servinglab results`), since
+both are typed documents of the same family. Called by the command line.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from servinglab.api.results import Ceiling, ExperimentResults, PeakRate
+from servinglab.api.trials import SweepResults, TrialRecord
+from servinglab.measure.trust import trust_checks
+
+# Wide enough for the results table when output goes to a file or a CI log, not a terminal.
+stdout = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_results(document: ExperimentResults) -> None:
+    """One row per level, the trust warnings under it, then cold start, best level, peak rate and
+    ceiling."""
+    server = document.server
+    title = (
+        f"{document.experiment}: {document.model}"
+        + (f" on {server.kind}" if server.kind and server.kind != "torchserve" else "")
+        + f" batch={server.batch_size} delay={server.max_batch_delay_ms}ms workers={server.workers} "
+        f"precision={server.precision}"
+    )
+    table = Table(title=title, title_justify="left")
+    for column in ("level", "rps", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms"):
+        table.add_column(column, justify="right")
+    for column in ("requests", "errors", "batch", "queue ms", "infer ms/batch"):
+        table.add_column(column, justify="right")
+    slo = document.slo_p99_ms
+    if slo is not None:
+        table.add_column(f"p99≤{slo:g}", justify="center")
+    table.add_column("checks", justify="left")
+    warnings = []
+    for level in document.results:
+        latency, breakdown = level.latency_ms, level.server
+        row = [
+            level.label + (" (search)" if level.peak_search_probe else ""),
+            f"{level.throughput_rps:.1f}",
+            *(ms(value) for value in (latency.p50, latency.p90, latency.p95, latency.p99, latency.max)),
+            str(level.requests),
+            str(level.errors),
+            num(breakdown.mean_batch_size if breakdown else None, 2),
+            num(breakdown.queue_ms_mean if breakdown else None, 1),
+            num(breakdown.inference_ms_per_batch if breakdown else None, 1),
+        ]
+        if slo is not None:
+            row.append("yes" if level.meets_slo else "no")
+        marks, why = trust_checks(level)
+        row.append(" ".join(marks) or "-")
+        warnings += [f"level {level.label}: {reason}" for reason in why]
+        table.add_row(*row)
+    stdout.print(table)
+    for warning in warnings:
+        stdout.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    stdout.print("; ".join(notes(document)), highlight=False)
+
+
+def notes(document: ExperimentResults) -> list[str]:
+    """The sentences under the table: cold start, best level, peak rate, ceiling, precision."""
+    warmup = f" (handler warm-up {document.warmup_seconds:.1f} s)" if document.warmup_seconds else ""
+    found = [f"cold start {document.cold_start_seconds or 0:.1f} s{warmup}"]
+    if document.best is not None:
+        found.append(f"best: level {document.best.label} at {document.best.throughput_rps:.1f} rps")
+    if document.peak_rate is not None:
+        found.append(peak_note(document.peak_rate))
+    if document.ceiling is not None:
+        found.append(ceiling_note(document.ceiling))
+    precision_note = document.runtime.precision_note if document.runtime is not None else None
+    if precision_note:
+        found.append(precision_note)
+    return found
+
+
+def peak_note(peak: PeakRate) -> str:
+    if peak.rate_rps is None:
+        return f"peak rate: none found ({peak.note})"
+    return (
+        f"peak rate within the SLO: {peak.rate_rps:g} rps (p99 {ms(peak.p99_latency_ms)} ms, "
+        f"{peak.probes} probes{'; ' + peak.note if peak.note else ''})"
+    )
+
+
+def ceiling_note(ceiling: Ceiling) -> str:
+    parts = [f"ceiling: {ceiling.flops_per_inference / 1e9:.3g} GFLOPs/inference"]
+    if ceiling.served_over_raw is not None:
+        parts.append(
+            f"served {ceiling.served_rps or 0:.1f} rps = {ceiling.served_over_raw:.0%} of the model alone at the "
+            f"formed batch size {ceiling.raw_batch_size} ({ceiling.raw_at_formed_batch_rps or 0:.1f} rps in-process)"
+        )
+    if ceiling.served_over_best_raw is not None:
+        parts.append(
+            f"{ceiling.served_over_best_raw:.0%} of its best ({ceiling.raw_best_rps or 0:.1f} rps at batch "
+            f"{ceiling.raw_best_batch_size})"
+        )
+    if ceiling.served_over_theoretical is not None:
+        parts.append(
+            f"{ceiling.served_over_theoretical:.3g} of the {ceiling.accelerator} peak "
+            f"({ceiling.theoretical_rps or 0:.0f} rps at {ceiling.peak_tflops:g} TFLOPS)"
+        )
+    elif ceiling.note:
+        parts.append(ceiling.note)
+    return ", ".join(parts)
+
+
+def print_sweep(document: SweepResults) -> None:
+    """One row per trial, then the best configuration, the front and why the sweep stopped."""
+    slo = document.objective.p99_latency_ms
+    title = f"{document.sweep}: {document.model}, {document.strategy}" + (f", p99 <= {slo:g} ms" if slo else "")
+    table = Table(title=title, title_justify="left")
+    for column in ("#", "batch", "delay", "workers", "precision", "state", "capacity rps", "p99 ms", "at", "ready s"):
+        table.add_column(column, justify="right" if column not in ("precision", "state", "at") else "left")
+    best = document.best.trial if document.best is not None else None
+    for trial in document.trials:
+        config = trial.config
+        state = trial.state if not trial.reason else f"{trial.state} ({trial.reason})"
+        ready = trial.ready_seconds
+        table.add_row(
+            str(trial.order + 1) + (" *" if trial.name == best else ""),
+            str(config.batch_size), str(config.max_batch_delay_ms), str(config.workers), str(config.precision),
+            state, num(trial.capacity_rps, 1), ms(trial.p99_latency_ms), trial.level or "-",
+            "-" if ready is None else f"{ready:.1f}" + (" (reconfigured)" if trial.reconfigured else ""),
+        )  # fmt: skip
+    stdout.print(table)
+    counts = document.counts
+    found = [f"{counts.run} trials run of {document.grid_size} configurations ({counts.pruned} pruned)"]
+    if document.best is not None:
+        top, config = document.best, document.best.config
+        found.append(
+            f"best: batch {config.batch_size}, delay {config.max_batch_delay_ms} ms, {config.workers} worker(s), "
+            f"{config.precision} at {top.capacity_rps:.1f} rps (p99 {ms(top.p99_latency_ms)} ms, {top.level})"
+        )
+    else:
+        found.append("no configuration met the objective")
+    found.append(f"Pareto front: {len(document.front)} points")
+    found.append(f"stopped: {document.stop_reason or 'not finished'}")
+    stdout.print("; ".join(found), highlight=False)
+
+
+def trial_line(record: TrialRecord) -> str:
+    """One line per finished trial, while a sweep runs."""
+    found = record.capacity_rps
+    figure = f"{found:.1f} rps within the SLO" if found is not None else (record.reason or "-")
+    return f"Trial {record.name}: {record.state}, {figure}"

@@ -1,0 +1,18 @@
+"""The model servers servinglab measures, behind one seam (:mod:`servinglab.servers.base`).
+
+:func:`get` is the only way in: nothing outside this package imports a server's own folder.
+"""
+
+from __future__ import annotations
+
+from servinglab.api import ServerKind
+from servinglab.servers.base import Server
+
+
+def get(kind: ServerKind = "torchserve") -> Server:
+    """The server of this kind."""
+    if kind == "torchserve":
+        from servinglab.servers.torchserve import TORCHSERVE
+
+        return TORCHSERVE
+    raise ValueError(f"unknown server kind {kind!r}")

@@ -1,0 +1,173 @@
+"""The seam between servinglab and a model server: what every server kind provides, taken from the
+places servinglab uses a server.
+
+A server kind (one folder of :mod:`servinglab.servers`) gives:
+
+* how requests reach it (:meth:`Server.request_path`, the load generator's protocol);
+* its model, packed (:meth:`Server.prepare_model`: the built-in models and the user's own);
+* a local server process (:meth:`Server.local` -> :class:`LocalServer`: start, ready when every worker
+  has the model, reconfigure when the server can, stop, effective settings, metrics text, notes);
+* its metrics read into the typed breakdown (:meth:`Server.metrics` -> :class:`ServerMetrics`);
+* on Kubernetes, its configuration files and pod parts, and how to read a failed start
+  (:mod:`servinglab.servers.base` keeps them neutral: plain manifests, reasons and messages);
+* the files that deploy a winning configuration (:meth:`Server.export_files`).
+
+The local runner, the load Job, the operator and the sweep reach a server only through :func:`get`
+(:mod:`servinglab.servers`) and these protocols, so a new server is one new folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from servinglab.api import ExperimentSpec, LoadSpec, ServerSpec
+from servinglab.api.results import EffectiveSettings, ModelDescription, ServerBreakdown, Warmup
+
+#: A Kubernetes object or a part of one (a container, a volume), as the API takes it.
+Manifest = dict[str, Any]
+
+
+class ServerError(RuntimeError):
+    """A server failed to start, crashed, or answered unexpectedly; the message says which (and starts
+    with a reason, such as `ModelLoadFailed: ...`, where one is known)."""
+
+
+class ModelError(RuntimeError):
+    """The model cannot be served; `reason` is the condition reason the experiment ends with."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a server serves: its prepared folder, the image side the load generates, and what the model
+    is (parameters, FLOPs; for the user's model, where it came from)."""
+
+    directory: Path
+    image_size: int
+    description: ModelDescription
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """What the operator needs to run one experiment's server in a pod: besides these, the operator's
+    own builders add identity, labels, owner, the GPU request, node selector and tolerations."""
+
+    #: Files rendered from the spec, into the experiment's ConfigMap (mounted at `config_dir`).
+    config_files: dict[str, str]
+    config_dir: str
+    init_containers: list[Manifest]
+    containers: list[Manifest]
+    volumes: list[Manifest]
+    run_as_user: int
+    inference_port: int
+    metrics_port: int
+    metrics_path: str
+
+
+@dataclass(frozen=True)
+class PodInputs:
+    """What the operator gives a server's pod: its ConfigMap, the servinglab image (the model-building
+    init container), the model cache claim (if the chart names one), and the experiment's file name in
+    the ConfigMap."""
+
+    config_map: str
+    servinglab_image: str
+    model_cache_claim: str | None = None
+    experiment_file: str = "experiment.yaml"
+
+
+@dataclass(frozen=True)
+class RuntimeNotes:
+    """What the server's workers said about how they run: the precision's realisation, the warm-up."""
+
+    precision_note: str | None = None
+    warmup: Warmup | None = None
+
+
+class ServerMetrics(Protocol):
+    """A server's metrics text, read at a window's edges, and the breakdown between two reads."""
+
+    def snapshot(self, text: str) -> object: ...
+
+    def breakdown(self, before: object, after: object) -> ServerBreakdown: ...
+
+
+class LocalServer(Protocol):
+    """One server process on this machine serving one model (the local runner's and the tests')."""
+
+    model_name: str
+    workdir: Path
+    gpus: int
+
+    @property
+    def inference_url(self) -> str: ...
+
+    @property
+    def request_path(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def wait_ready(self, timeout_seconds: float) -> float:
+        """Block until every worker has loaded the model; the seconds since start (the cold start)."""
+        ...
+
+    def reconfigure(self, server: ServerSpec, load: LoadSpec | None) -> float:
+        """Apply another configuration without a cold start where the server can; the seconds it took."""
+        ...
+
+    def stop(self) -> None: ...
+
+    def check_alive(self) -> None:
+        """Raise :class:`ServerError` when the server has died."""
+        ...
+
+    def predict(self, body: bytes, content_type: str, timeout: float) -> tuple[int, Any]:
+        """One request: (HTTP status, parsed answer)."""
+        ...
+
+    def effective(self) -> EffectiveSettings:
+        """What the server says it applied (batch size, delay, ready workers)."""
+        ...
+
+    def metrics_text(self) -> str: ...
+
+    def notes(self) -> RuntimeNotes: ...
+
+
+class Server(Protocol):
+    """One kind of model server."""
+
+    kind: str
+    #: Whether a running server takes a new configuration without restarting (a sweep's trials).
+    reconfigurable: bool
+
+    def request_path(self, model_name: str) -> str: ...
+
+    def prepare_model(self, spec: ExperimentSpec, workdir: Path) -> ServedModel:
+        """The experiment's model packed for this server (locally); raises :class:`ModelError` with its
+        reason before any server starts."""
+        ...
+
+    def local(self, model_name: str, served: Path, spec: ExperimentSpec, workdir: Path, reuse: bool) -> LocalServer:
+        """A (not yet started) local server of `served`; with `reuse` it can be reconfigured."""
+        ...
+
+    def metrics(self, model_name: str) -> ServerMetrics: ...
+
+    def export_files(self, spec: ExperimentSpec) -> dict[str, str]:
+        """The files that deploy this configuration in production, by name."""
+        ...
+
+    def pod(self, spec: ExperimentSpec, inputs: PodInputs) -> PodPlan:
+        """The server's pod, as the operator deploys it (pure)."""
+        ...
+
+    def start_failure(self, termination_message: str) -> tuple[str, str] | None:
+        """(reason, message) when a server container's termination message says why the server gave up
+        (e.g. ModelLoadFailed), else None."""
+        ...
