@@ -243,36 +243,49 @@ def crd(kind: str) -> None:
 @click.argument("name")
 @click.option("--force", is_flag=True, help="Rebuild even if the inputs are unchanged.")
 @click.option("--build-dir", type=click.Path(path_type=Path), help="Where archives go.")
+@click.option("--into", type=click.Path(path_type=Path),
+              help="Copy the archive here, checked against the build's digests (the init container's).")  # fmt: skip
 @click.option("--quiet", is_flag=True, help="Print nothing when the archive is already current.")
 @click.option("--termination-log", type=click.Path(path_type=Path),
               help="Write the model's description (JSON: parameters, FLOPs) here (the init container's).")  # fmt: skip
-def build_model(name: str, force: bool, build_dir: Path | None, quiet: bool, termination_log: Path | None) -> None:
-    """Build the TorchServe archive of a built-in model (rebuilt only when its inputs change)."""
+def build_model(name: str, force: bool, build_dir: Path | None, into: Path | None, quiet: bool,
+                termination_log: Path | None) -> None:  # fmt: skip
+    """Build the TorchServe archive of a built-in model (rebuilt only when its inputs change, or when the
+    build differs from its digests). A copy that differs from them exits 3 with ModelChecksumMismatch."""
     from servinglab import models
+
+    def report(message: str) -> None:
+        if termination_log is not None and termination_log.parent.is_dir():
+            termination_log.write_text(message[:4000])
 
     try:
         archive, rebuilt = models.build(name, build_dir, force=force)
+        if into is not None:
+            archive = models.install(name, into, build_dir)
+    except models.BuildChanged as exc:
+        report(f"ModelChecksumMismatch: {exc}")
+        _fail(f"ModelChecksumMismatch: {exc}", code=3)
     except (ValueError, RuntimeError) as exc:
         _fail(str(exc), code=1)
     if rebuilt or not quiet:
         click.echo(f"{'built' if rebuilt else 'up to date'}: {archive}")
-    if termination_log is not None and termination_log.parent.is_dir():
-        termination_log.write_text(json.dumps(models.description(name, archive), separators=(",", ":")))
+    report(json.dumps(models.description(name, archive), separators=(",", ":")))
 
 
 @main.command("prepare-model")
 @click.option("--spec-file", type=click.Path(path_type=Path, exists=True), required=True)
 @click.option("--into", type=click.Path(path_type=Path), required=True, help="The model's folder in the model store.")
 @click.option("--mounted", type=click.Path(path_type=Path), help="Where a pvc source's claim is mounted.")
+@click.option("--cache", type=click.Path(path_type=Path), help="Where downloads are kept by digest (default: none).")
+@click.option("--count/--no-count", default=True, show_default=True,
+              help="Count a packed model's parameters and FLOPs (this loads it: not on Kubernetes).")  # fmt: skip
 @click.option("--termination-log", type=click.Path(path_type=Path), default=Path("/dev/termination-log"),
               show_default=True, help="Where the outcome goes for Kubernetes (skipped if absent).")  # fmt: skip
-def prepare_model(spec_file: Path, into: Path, mounted: Path | None, termination_log: Path) -> None:
-    """Fetch, check and pack the experiment's own model into the model store (the server pod's init
-    container). On success the termination message is the model's description (JSON, for the
-    operator's status); on failure it is "<Reason>: <message>" and the exit code is 3."""
-    import shutil
-    import tempfile
-
+def prepare_model(spec_file: Path, into: Path, mounted: Path | None, cache: Path | None, count: bool,
+                  termination_log: Path) -> None:  # fmt: skip
+    """Fetch, check and lay out the experiment's own model in the model store (the server pod's first init
+    container). Runs nothing of the user's. On success the termination message is the model's description
+    (JSON, for the operator's status); on failure it is "<Reason>: <message>" and the exit code is 3."""
     from servinglab import modelsource
 
     def report(message: str) -> None:
@@ -283,15 +296,37 @@ def prepare_model(spec_file: Path, into: Path, mounted: Path | None, termination
     model = experiment.spec.model
     if model.source is None:
         _fail("prepare-model is for a model.source; built-in models are built by build-model", code=1)
-    workdir = Path(tempfile.mkdtemp(prefix="prepare-"))
     try:
-        prepared = modelsource.prepare(model, experiment.spec.server.precision, workdir, mounted=mounted)
+        prepared = modelsource.prepare(model, experiment.spec.server.precision, into, mounted=mounted, cache=cache,
+                                       count=count)  # fmt: skip
     except modelsource.ModelSourceError as exc:
         report(f"{exc.reason}: {exc}")
         _fail(f"{exc.reason}: {exc}", code=3)
-    shutil.copytree(prepared.directory, into, dirs_exist_ok=True)
     report(json.dumps({k: v for k, v in prepared.info.items() if k != "input"}, separators=(",", ":")))
     click.echo(json.dumps(prepared.info))
+
+
+@main.command("count-model")
+@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--termination-log", type=click.Path(path_type=Path), default=Path("/dev/termination-log"),
+              show_default=True, help="Where the counts go for Kubernetes (skipped if absent).")  # fmt: skip
+def count_model(directory: Path, termination_log: Path) -> None:
+    """Count the parameters and FLOPs of the packed model prepare-model laid out in DIRECTORY (the server
+    pod's second init container: it loads the user's model, so it has no cache, claim or credentials, and
+    the model store read-only). Prints, and leaves as the termination message, {"parameters",
+    "flopsPerInference", "countNote"} ({} for an archive, which is not counted); a model that does not load
+    is a count of null with the reason, never a failure."""
+    from servinglab import modelprobe, modelsource
+
+    try:
+        described = json.loads((directory / modelsource.INFO_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        _fail(f"{directory}: no description from prepare-model ({exc})", code=1)
+    packed = isinstance(described, dict) and described.get("format") in modelsource.PACKED
+    counts = modelprobe.count(directory) if packed else {}
+    if termination_log.parent.is_dir():
+        termination_log.write_text(json.dumps(counts, separators=(",", ":")))
+    click.echo(json.dumps(counts))
 
 
 @main.command()

@@ -58,13 +58,15 @@ def resolve_archive(experiment: ServingExperiment, workdir: Path) -> ServedModel
     """The built-in model's archive (built once), or the user's model fetched, checked and packed.
 
     A bad source fails with its reason first (ModelDownloadFailed, ModelChecksumMismatch,
-    ModelNotRecognized, PrecisionNotSupported), before any server starts."""
+    ModelNotRecognized, ModelTooLarge, PrecisionNotSupported), before any server starts."""
     spec = experiment.spec
     size = models.request_image_size(spec.model, spec.load.payload)
     if spec.model.source is None:
         return ServedModel(models.ensure_built(spec.model.name), size)
     try:
-        prepared = modelsource.prepare(spec.model, spec.server.precision, workdir)
+        prepared = modelsource.prepare(
+            spec.model, spec.server.precision, workdir / "prepared" / spec.model.name, cache=modelsource.cache_dir()
+        )
     except modelsource.ModelSourceError as exc:
         raise RunError(f"{exc.reason}: {exc}") from None
     return ServedModel(prepared.directory, size, prepared.info)

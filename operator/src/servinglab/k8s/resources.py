@@ -5,21 +5,27 @@ dict; nothing here talks to the API. Children have deterministic names (`names`)
 reference to the experiment, so a repeated reconcile finds instead of duplicates them and deleting
 the experiment garbage-collects them.
 
-Server pod: an init container from the servinglab image builds the built-in model's archive (seeded
-weights, no downloads) or fetches, checks and packs the user's (`servinglab prepare-model`: a URL, with
-credentials from a Secret mounted into it alone, or a claim mounted read-only into it alone) into an
-emptyDir and drops in the experiment's model-config.yaml; the TorchServe
-container (the spec's pinned image) serves it with the rendered config.properties. Inference and
-metrics listen on all interfaces, management on localhost only. Load Job: the servinglab image
-running `servinglab loadtest`, which writes its results into the experiment's results ConfigMap (and,
-for a large document, its parts) through the API, as a per-experiment ServiceAccount allowed to patch
-only those and to create ConfigMaps. Pods carry the experiment's uid as a label and the Job passes it
-into the results, so a re-applied experiment of the same name never reads its predecessor's.
+Server pod: an init container from the servinglab image (`model`) builds the built-in model's archive
+(seeded weights, no downloads) or fetches, checks and lays out the user's (`servinglab prepare-model`: a
+URL, with credentials from a Secret mounted into it alone, or a claim mounted read-only into it alone)
+into an emptyDir and drops in the experiment's model-config.yaml. It runs only servinglab's code, so it
+alone mounts the model cache claim (read-write: it keeps downloads and builds there). A user's model is
+then counted (`servinglab count-model`, which loads it: a .pt2 unpickles) by a second init container
+(`probe`) with the model store read-only and no cache, claim or credentials. The TorchServe container (the
+spec's pinned image) serves the model store with the rendered config.properties and never mounts the
+cache. Every emptyDir has a sizeLimit (the model store's from the source's maxBytes), so a model cannot
+fill the node's disk. Inference and metrics listen on all interfaces, management on localhost only.
+Load Job: the servinglab image running `servinglab loadtest`, which writes its results into the
+experiment's results ConfigMap (and, for a large document, its parts) through the API, as a
+per-experiment ServiceAccount allowed to patch only those and to create ConfigMaps. Pods carry the
+experiment's uid as a label and the Job passes it into the results, so a re-applied experiment of the
+same name never reads its predecessor's.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +33,7 @@ import yaml
 
 from servinglab import modelsource, tsconfig
 from servinglab.loadgen import results_sink
-from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec
+from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec, ModelSource
 
 INFERENCE_PORT = 8080
 MANAGEMENT_PORT = 8081
@@ -184,48 +190,81 @@ MODEL_SOURCE_DIR = "/model-source"
 MODEL_CACHE_DIR = "/model-cache"
 #: Where the load Job finds the user's request bodies (a ConfigMap or a claim).
 PAYLOAD_DIR = "/etc/servinglab/payload"
+#: The server pod's init containers: the one that puts the model in place, the one that counts a user's.
+MODEL_INIT, PROBE_INIT = "model", "probe"
+
+_GI = 2**30
+#: What a built-in model may take (resnet50's archive is about 100 MB), in place of a source's maxBytes.
+BUILTIN_MODEL_BYTES = _GI
+#: Room beside the model in the model store: servinglab's handler, the rendered config, the description.
+_STORE_MARGIN_BYTES = _GI // 4
+#: TorchServe's logs roll over (100 MB a file, five files of each of its logs).
+LOGS_BYTES = 4 * _GI
+#: The probe's scratch: torch and the model's loader may want a /tmp.
+PROBE_TMP_BYTES = _GI
+
+
+def model_bytes(spec: ExperimentSpec) -> int:
+    """The most the model may take on disk: the source's maxBytes, or what a built-in model takes."""
+    source = spec.model.source
+    return source.max_bytes if source is not None else BUILTIN_MODEL_BYTES
+
+
+def _size_limit(size: int) -> str:
+    return f"{math.ceil(size / 2**20)}Mi"
+
+
+def model_store_bytes(spec: ExperimentSpec) -> int:
+    """The model store's sizeLimit: twice the model (an archive and what it unpacks to are both there while
+    it is unpacked; a download, before it is moved into place) and the margin."""
+    return 2 * model_bytes(spec) + _STORE_MARGIN_BYTES
+
+
+def tmp_bytes(spec: ExperimentSpec) -> int:
+    """/tmp of the model init container and TorchServe: a built-in build without a cache claim, TorchServe's
+    temporary files (which may hold a copy of the model)."""
+    return model_bytes(spec) + _GI
 
 
 def model_init_container(spec: ExperimentSpec, servinglab_image: str, cached: bool = False) -> dict[str, Any]:
     """The init container that puts the model into the model store: a built-in one is built from its
-    seeded code; the user's is fetched, checked and packed by `servinglab prepare-model`, whose
+    seeded code; the user's is fetched, checked and laid out by `servinglab prepare-model`, whose
     termination message is the model's description (or the reason it could not be served). Credentials
-    for a URL come from the spec's Secret into this container alone. With `cached`, builds, downloads
-    and packed models are kept on the model cache claim (mounted here only) and reused by digest."""
+    for a URL come from the spec's Secret into this container alone. With `cached`, builds and downloads
+    are kept on the model cache claim (mounted here only: nothing of the user's runs here) and reused once
+    re-checked against their digests; the copy in the model store is what was checked."""
     model = spec.model.name
     mounts: list[dict[str, Any]] = [
         {"name": "model-store", "mountPath": MODEL_STORE},
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    cache = MODEL_CACHE_DIR if cached else "/tmp/model-cache"
     if cached:
         mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
     env: list[dict[str, Any]] = []
     source = spec.model.source
     if source is None:
+        builds = f"{MODEL_CACHE_DIR if cached else '/tmp/model-cache'}/builtin"
         script = (
-            f"servinglab build-model {model} --build-dir {cache}/builtin --quiet"
+            f"servinglab build-model {model} --build-dir {builds} --into {MODEL_STORE}/{model} --quiet"
             " --termination-log /dev/termination-log\n"
-            f"cp -r {cache}/builtin/{model}/{model} {MODEL_STORE}/{model}\n"
         )
     else:
-        mounted = ""
+        options = f" --cache {MODEL_CACHE_DIR}" if cached else ""
         if source.pvc is not None:
             mounts.append({"name": "model-source", "mountPath": MODEL_SOURCE_DIR, "readOnly": True})
-            mounted = f" --mounted {MODEL_SOURCE_DIR}"
+            options += f" --mounted {MODEL_SOURCE_DIR}"
         if source.authorization_secret is not None:
             secret = source.authorization_secret
             env.append({"name": modelsource.AUTHORIZATION_ENV,
                         "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})  # fmt: skip
-        env.append({"name": "SERVINGLAB_MODEL_CACHE", "value": cache})
         script = (
             f"servinglab prepare-model --spec-file {CONFIG_DIR}/experiment.yaml --into {MODEL_STORE}/{model}"
-            f"{mounted} --termination-log /dev/termination-log\n"
+            f"{options} --no-count --termination-log /dev/termination-log\n"
         )
     script += f"cp {CONFIG_DIR}/model-config.yaml {MODEL_STORE}/{model}/model-config.yaml\n"
     container: dict[str, Any] = {
-        "name": "model",
+        "name": MODEL_INIT,
         "image": servinglab_image,
         "command": ["sh", "-ec"],
         "args": [script],
@@ -237,9 +276,30 @@ def model_init_container(spec: ExperimentSpec, servinglab_image: str, cached: bo
     return container
 
 
+def probe_init_container(spec: ExperimentSpec, servinglab_image: str) -> dict[str, Any]:
+    """The init container that counts a user's model (`servinglab count-model`): loading it runs the user's
+    code (a .pt2 unpickles), so it sees the model store read-only and its own /tmp, nothing else: no cache
+    claim, no source claim, no credentials. Its termination message is the counts."""
+    return {
+        "name": PROBE_INIT,
+        "image": servinglab_image,
+        "command": ["servinglab", "count-model", f"{MODEL_STORE}/{spec.model.name}"],
+        "args": ["--termination-log", "/dev/termination-log"],
+        "volumeMounts": [
+            {"name": "model-store", "mountPath": MODEL_STORE, "readOnly": True},
+            {"name": "probe-tmp", "mountPath": "/tmp"},
+        ],
+        "securityContext": _restricted(),
+    }
+
+
 def _model_volumes(spec: ExperimentSpec, cache_claim: str | None) -> list[dict[str, Any]]:
-    volumes = []
-    source = spec.model.source
+    volumes: list[dict[str, Any]] = [
+        {"name": "model-store", "emptyDir": {"sizeLimit": _size_limit(model_store_bytes(spec))}}
+    ]
+    source: ModelSource | None = spec.model.source
+    if source is not None:
+        volumes.append({"name": "probe-tmp", "emptyDir": {"sizeLimit": _size_limit(PROBE_TMP_BYTES)}})
     if source is not None and source.pvc is not None:
         claim = {"claimName": source.pvc.claim_name, "readOnly": True}
         volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
@@ -290,7 +350,10 @@ def deployment(
                         "fsGroup": TORCHSERVE_UID,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
-                    "initContainers": [model_init_container(spec, servinglab_image, bool(model_cache_claim))],
+                    "initContainers": [
+                        model_init_container(spec, servinglab_image, bool(model_cache_claim)),
+                        *([probe_init_container(spec, servinglab_image)] if spec.model.source is not None else []),
+                    ],
                     "containers": [
                         {
                             "name": "torchserve",
@@ -342,9 +405,8 @@ def deployment(
                     "volumes": [
                         {"name": "config", "configMap": {"name": names.config}},
                         *_model_volumes(spec, model_cache_claim),
-                        {"name": "model-store", "emptyDir": {}},
-                        {"name": "logs", "emptyDir": {}},
-                        {"name": "tmp", "emptyDir": {}},
+                        {"name": "logs", "emptyDir": {"sizeLimit": _size_limit(LOGS_BYTES)}},
+                        {"name": "tmp", "emptyDir": {"sizeLimit": _size_limit(tmp_bytes(spec))}},
                         # PyTorch workers share tensors through /dev/shm; the default 64 MiB is too small.
                         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
                     ],
