@@ -157,14 +157,17 @@ def is_current(name: str, build_root: Path | None = None) -> bool:
 
 
 class BuildChanged(RuntimeError):
-    """A copy of a build differs from the build's manifest: it was changed while being copied."""
+    """A copy of a build differs from the build's manifest: something other than servinglab changed it."""
 
 
 def install(name: str, into: Path, build_root: Path | None = None) -> Path:
     """Copy the (current) build to `into` (replaced) and check the copy against the build's manifest, so
     that what a server pod serves is what was built, whatever happens to a shared cache meanwhile."""
     shutil.rmtree(into, ignore_errors=True)
-    shutil.copytree(archive_dir(name, build_root), into, symlinks=True)
+    archive = archive_dir(name, build_root)
+    with (archive.parent / ".lock").open("a") as lock:  # shared: no pod of ours rebuilds it meanwhile
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        shutil.copytree(archive, into, symlinks=True)
     if (difference := build_difference(name, build_root, into)) is not None:
         shutil.rmtree(into, ignore_errors=True)
         raise BuildChanged(f"the build of {name} changed while it was copied: {difference}")
