@@ -269,6 +269,12 @@ def test_a_folder_or_a_claim_path_that_links_out_of_itself_is_refused(tmp_path: 
     prepared = modelsource.prepare(ModelRef(name="m", source=ModelSource(path=str(folder))), Precision.FP32,
                                    tmp_path / "c")  # fmt: skip
     assert prepared.info["format"] == "directory", "the same folder without the link is served"
+    with pytest.raises(modelsource.ModelSourceError) as unchecked:  # a digest that cannot be checked is no check
+        modelsource.prepare(ModelRef(name="m", source=ModelSource(path=str(folder), sha256="a" * 64)),
+                            Precision.FP32, tmp_path / "d")  # fmt: skip
+    assert unchecked.value.reason == "ModelChecksumMismatch" and "a folder, which has no single digest" in str(
+        unchecked.value
+    )
 
 
 # -- the server pod ------------------------------------------------------------------------------------------
