@@ -7,13 +7,16 @@
 - `state_dict`: what torch.save of a state dict gives (a zip, but not a servable model);
 - `not_a_model`: a text file.
 
-`FileServer` serves a folder on 127.0.0.1 and can insist on an Authorization header.
+`file_server` serves a folder on 127.0.0.x, over http or https (a throw-away CA from `make_local_ca`,
+trusted by naming it in SSL_CERT_FILE), can insist on an Authorization header, answers given paths with
+a redirect, and records the Authorization header each request carried.
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.server
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -115,12 +118,57 @@ def make_user_models(folder: Path) -> UserModels:
     )
 
 
+@dataclass(frozen=True)
+class LocalCa:
+    """A CA made for one test session, and a server certificate it signed for 127.0.0.1 and 127.0.0.2."""
+
+    ca_cert: Path  # what a client trusts: SSL_CERT_FILE
+    server_cert: Path
+    server_key: Path
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.server_cert, self.server_key)
+        return context
+
+
+def make_local_ca(folder: Path, addresses: tuple[str, ...] = ("127.0.0.1", "127.0.0.2")) -> LocalCa:
+    """With the openssl command line, as the control plane's PKI is made (tests/clusterenv/pki.py)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=servinglab-model-test-ca", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    openssl("req", *key, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=model-registry")
+    (folder / "server.ext").write_text(
+        f"subjectAltName={','.join(f'IP:{address}' for address in addresses)}\n"
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature\n"
+        "authorityKeyIdentifier=keyid\n"
+    )
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.crt", "-days", "2", "-extfile", "server.ext")  # fmt: skip
+    return LocalCa(folder / "ca.crt", folder / "server.crt", folder / "server.key")
+
+
 class _Handler(http.server.SimpleHTTPRequestHandler):
     required_authorization: str | None = None
     requests_seen: list[str]
+    authorizations: list[tuple[str, str | None]]
+    redirects: dict[str, str]
 
     def do_GET(self) -> None:
         self.requests_seen.append(self.path)
+        self.authorizations.append((self.path, self.headers.get("Authorization")))
+        if self.path in self.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.required_authorization and self.headers.get("Authorization") != self.required_authorization:
             self.send_error(401, "Unauthorized")
             return
@@ -134,18 +182,29 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 class FileServer:
     url: str
     requests: list[str]
+    authorizations: list[tuple[str, str | None]]  # (path, the Authorization header it came with)
+    redirects: dict[str, str]  # path -> where it redirects (may be set while the server runs)
 
 
 @contextmanager
-def file_server(folder: Path, authorization: str | None = None, host: str = "127.0.0.1") -> Iterator[FileServer]:
-    """`folder` over HTTP at `FileServer.url`; `requests` lists every path asked for."""
+def file_server(
+    folder: Path, authorization: str | None = None, host: str = "127.0.0.1", tls: LocalCa | None = None
+) -> Iterator[FileServer]:
+    """`folder` over HTTP (HTTPS with `tls`) at `FileServer.url`; `requests` lists every path asked for."""
     seen: list[str] = []
-    handler = type("Handler", (_Handler,), {"required_authorization": authorization, "requests_seen": seen})
+    authorizations: list[tuple[str, str | None]] = []
+    redirects: dict[str, str] = {}
+    attributes = {"required_authorization": authorization, "requests_seen": seen, "authorizations": authorizations,
+                  "redirects": redirects}  # fmt: skip
+    handler = type("Handler", (_Handler,), attributes)
     server = http.server.ThreadingHTTPServer((host, 0), partial(handler, directory=str(folder)))
+    if tls is not None:
+        server.socket = tls.server_context().wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    scheme = "https" if tls is not None else "http"
     try:
-        yield FileServer(f"http://{host}:{server.server_address[1]}", seen)
+        yield FileServer(f"{scheme}://{host}:{server.server_address[1]}", seen, authorizations, redirects)
     finally:
         server.shutdown()
         server.server_close()

@@ -341,8 +341,9 @@ class LocalKubelet:
                                               manifests.INIT_MESSAGE_ANNOTATION: message})  # fmt: skip
                 running.done = True
                 return
-            if message:
-                self._annotate(running.name, {manifests.INIT_MESSAGE_ANNOTATION: message})
+            if message:  # each init container's own message, as a kubelet reports it (and the last, for all)
+                self._annotate(running.name, {manifests.INIT_MESSAGE_ANNOTATION: message,
+                                              manifests.init_message_annotation(init["name"]): message})  # fmt: skip
         container = spec["containers"][0]
         mounts = running.mounts = self._mounts(pod, container, running.root)
         ports = [p["containerPort"] for p in container.get("ports", [])] + [8081, 7070, 7071]

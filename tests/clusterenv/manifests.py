@@ -26,6 +26,11 @@ INIT_EXIT_CODE_ANNOTATION = "kwok.servinglab.dev/init-exit-code"
 INIT_MESSAGE_ANNOTATION = "kwok.servinglab.dev/init-message"
 
 
+def init_message_annotation(container: str) -> str:
+    """The annotation carrying one init container's termination message (a pod may have several)."""
+    return f"{INIT_MESSAGE_ANNOTATION}.{container}"
+
+
 def node(name: str, gpus: int = 0, product: str = "Tesla-T4", cpu: str = "8", memory: str = "32Gi") -> dict[str, Any]:
     labels = {
         "kubernetes.io/arch": "amd64",
@@ -302,10 +307,11 @@ def probe_aware_pod_stages(shipped_pod_ready: str) -> list[str]:
                     f'{{{{ $init := or ( index .metadata.annotations "{INIT_MESSAGE_ANNOTATION}" ) "" }}}}\n'
                     "initContainerStatuses:\n"
                     "{{ range .status.initContainerStatuses }}\n"
+                    f'{{{{ $own := index $.metadata.annotations (printf "{INIT_MESSAGE_ANNOTATION}.%s" .name) }}}}\n'
                     "- name: {{ .name | Quote }}\n  image: {{ .image | Quote }}\n  ready: true\n"
                     "  restartCount: {{ .restartCount }}\n"
                     "  state:\n    terminated:\n      exitCode: 0\n      reason: Completed\n"
-                    "      message: {{ $init | Quote }}\n"
+                    "      message: {{ or $own $init | Quote }}\n"
                     "      startedAt: {{ $now | Quote }}\n      finishedAt: {{ $now | Quote }}\n"
                     "{{ end }}\n"
                     "containerStatuses:\n"

@@ -1,7 +1,7 @@
 """Users' own models and request bodies, end to end with a real TorchServe: `servinglab run` with a
-TorchScript file, an exported program and a .mar of its own, fetched over HTTP (with and without
-credentials) or read from a path; the user's files and JSON-lines records as bodies; and every kind
-of bad source failing with its own reason before a server is left running."""
+TorchScript file, an exported program and a .mar of its own, fetched over HTTP (with credentials: over
+HTTPS, from a CA made for the test) or read from a path; the user's files and JSON-lines records as
+bodies; and every kind of bad source failing with its own reason before a server is left running."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import yaml
 
 from servinglab.loadgen.payloads import make_payloads
 from servinglab.api import PayloadFormat
-from usermodels import UserModels, file_server, make_user_models
+from usermodels import UserModels, file_server, make_local_ca, make_user_models
 
 pytestmark = pytest.mark.torchserve
 
@@ -124,21 +124,22 @@ def test_exported_program_with_json_lines_records_and_a_response_check(
 
 
 def test_an_archive_with_its_own_handler_behind_credentials(
-    servinglab_cmd: list[str], user_models: UserModels, model_cache: Path, tmp_path: Path, no_leftover_servers: float
-) -> None:
+    servinglab_cmd: list[str], user_models: UserModels, model_cache: Path, tmp_path: Path, no_leftover_servers: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     (tmp_path / "good.json").write_text('{"text": "hello"}')
     (tmp_path / "bad.txt").write_text("plain words, answered with something that is not JSON")
     payload = {"files": ["good.json", "bad.txt"], "check": {"json": True}}
-    with file_server(user_models.folder, authorization="Bearer s3cret") as files:
+    ca = make_local_ca(tmp_path / "ca")
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca.ca_cert))  # `servinglab run` trusts the test's CA
+    with file_server(user_models.folder, authorization="Bearer s3cret", tls=ca) as files:
         url = f"{files.url}/{user_models.echo_mar.name}"
-        os.environ["SERVINGLAB_MODEL_AUTHORIZATION"] = "Bearer s3cret"
-        try:
-            completed, results = run(servinglab_cmd, experiment("mar", {"name": "echo", "source": {"url": url}},
-                                                                 payload=payload), tmp_path)  # fmt: skip
-            refused, _ = run(servinglab_cmd, experiment("mar16", {"name": "echo", "source": {"url": url}}, "fp16",
-                                                        payload), tmp_path)  # fmt: skip
-        finally:
-            os.environ.pop("SERVINGLAB_MODEL_AUTHORIZATION")
+        monkeypatch.setenv("SERVINGLAB_MODEL_AUTHORIZATION", "Bearer s3cret")
+        completed, results = run(servinglab_cmd, experiment("mar", {"name": "echo", "source": {"url": url}},
+                                                             payload=payload), tmp_path)  # fmt: skip
+        refused, _ = run(servinglab_cmd, experiment("mar16", {"name": "echo", "source": {"url": url}}, "fp16",
+                                                    payload), tmp_path)  # fmt: skip
+        monkeypatch.delenv("SERVINGLAB_MODEL_AUTHORIZATION")
         unauthorised, _ = run(servinglab_cmd, experiment("mar", {"name": "echo", "source": {"url": url}},
                                                           payload=payload), tmp_path)  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]

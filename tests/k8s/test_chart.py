@@ -33,6 +33,7 @@ from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest
+from servinglab.k8s import credentials
 
 pytestmark = [pytest.mark.k8s]
 
@@ -168,6 +169,11 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
         ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
         ({"prometheusUrl": "prometheus:9090"}, "/prometheusUrl"),
         ({"replicaCount": 2}, "replicaCount"),
+        ({"modelCredentials": [{"secret": "registry", "key": "token"}]}, "/modelCredentials/0"),
+        (
+            {"modelCredentials": [{"secret": "registry", "key": "token", "hosts": ["https://h/"]}]},
+            "/modelCredentials/0/hosts/0",
+        ),
     ],
 )
 def test_values_violating_the_schema_are_refused_naming_the_key(
@@ -179,6 +185,15 @@ def test_values_violating_the_schema_are_refused_naming_the_key(
         result = helm(cluster, command, str(CHART), "-f", str(values_file), check=False)
         assert result.returncode != 0, command
         assert named in result.stdout + result.stderr, (command, result.stdout, result.stderr)
+
+
+def test_the_operator_is_told_which_secrets_may_be_sent_as_model_credentials(cluster: Cluster) -> None:
+    allowed = [{"secret": "registry", "key": "token", "hosts": ["models.example.com", "*.blob.example.net"]}]
+    for values, expected in (([], ()), (["--set-json", f"modelCredentials={json.dumps(allowed)}"], allowed)):
+        (deployment,) = render(cluster, "default", "--show-only", "templates/deployment.yaml", *values)
+        env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        parsed = credentials.parse(env[credentials.ENV])
+        assert [entry.model_dump(exclude_defaults=True, mode="json") for entry in parsed] == list(expected)
 
 
 @pytest.mark.parametrize(

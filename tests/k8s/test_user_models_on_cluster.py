@@ -1,7 +1,8 @@
 """Users' own models and request bodies on the control plane: the operator's server pod fetches the
-model in its init container (over HTTP with credentials from a Secret, or from a claim), the load Job
-reads the user's bodies from a ConfigMap or a claim, and a model that cannot be served ends the
-experiment with its own reason and nothing left running."""
+model in its init container (over HTTPS with credentials from a Secret the operator was allowed to send
+there, or from a claim) and counts it in another, the load Job reads the user's bodies from a ConfigMap
+or a claim, and a model that cannot be served, or credentials the platform did not allow, end the
+experiment with their own reason and nothing left running."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from clusterenv.monitoring import DcgmExporter, Prometheus
 from clusterenv.operatorproc import Operator
 from servinglab.loadgen.payloads import make_payloads
 from servinglab.api import PayloadFormat
-from usermodels import UserModels, file_server, make_user_models
+from usermodels import UserModels, file_server, make_local_ca, make_user_models
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
 
@@ -45,11 +46,15 @@ def claim(cluster: Cluster, namespace: str, name: str) -> None:
 
 def test_an_exported_program_from_a_url_with_credentials_and_bodies_from_a_configmap(
     cluster: Cluster, namespace: str, crd: None, tmp_path: Path, kubelet_factory: Callable[..., LocalKubelet],
-    user_models: UserModels, monitoring: tuple[DcgmExporter, Prometheus],
+    user_models: UserModels, monitoring: tuple[DcgmExporter, Prometheus], monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
+    ca = make_local_ca(tmp_path / "ca")
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca.ca_cert))  # the pods the local kubelet starts trust the test's CA
     kubelet = kubelet_factory()
     cluster.kubectl.apply(*manifests.bound_claim(namespace, "model-cache"))
-    operator = Operator(cluster, namespace, tmp_path / "operator", {"SERVINGLAB_MODEL_CACHE_CLAIM": "model-cache"})
+    allowed = [{"secret": "registry", "key": "authorization", "hosts": ["127.0.0.1"]}]
+    settings = {"SERVINGLAB_MODEL_CACHE_CLAIM": "model-cache", "SERVINGLAB_MODEL_CREDENTIALS": json.dumps(allowed)}
+    operator = Operator(cluster, namespace, tmp_path / "operator", settings)
     operator.start()
     records = [json.dumps({"body": {"inputs": [i / 10] * 16}}) for i in range(4)]
     cluster.kubectl.apply(
@@ -59,7 +64,7 @@ def test_an_exported_program_from_a_url_with_credentials_and_bodies_from_a_confi
          "data": {"requests.jsonl": "\n".join(records) + "\n"}},
     )  # fmt: skip
     try:
-        with file_server(user_models.folder, authorization="Bearer s3cret") as files:
+        with file_server(user_models.folder, authorization="Bearer s3cret", tls=ca) as files:
             url = f"{files.url}/{user_models.exported_regressor.name}"
             digest = user_models.sha256(user_models.exported_regressor)
             model = {"name": "regressor", "input": {"kind": "tensor", "shape": [16]},
@@ -78,10 +83,27 @@ def test_an_exported_program_from_a_url_with_credentials_and_bodies_from_a_confi
         assert level["errors"] == 0 and level["requests"] > 0
     described = bodies["regressor"]["status"]["model"]
     assert described["source"] == url and described["sha256"] == digest and described["format"] == "exported"
+    # counted by the probe init container (the fetching one is told --no-count), its figures merged in
     assert described["parameters"] == 16 * 32 + 32 + 32 * 4 + 4
     assert described["flopsPerInference"] == 2 * (16 * 32 + 32 * 4)
     assert described["downloaded"] is True and bodies["regressor-again"]["status"]["model"]["downloaded"] is False
     assert files.requests == [f"/{user_models.exported_regressor.name}"], "fetched once; the repeat hits the cache"
+
+
+def test_credentials_the_platform_did_not_allow_are_refused_before_anything_is_created(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    source = {"url": "https://attacker.example.com/m.pt?sig=SIGNED",
+              "authorizationSecret": {"name": "cloud-admin", "key": "token"}}  # fmt: skip
+    cluster.kubectl.apply(own_model_experiment("exfiltrate", {"name": "m", "source": source}, {"format": "png"},
+                                               "fp32"), namespace=namespace)  # fmt: skip
+    failed = condition(wait_finished(cluster, namespace, "exfiltrate", operator.log, timeout=60), "Failed")
+    assert failed["reason"] == "CredentialsNotAllowed", failed
+    assert "Secret cloud-admin key token is not allowed as model credentials" in failed["message"]
+    children = cluster.kubectl.get(
+        "deployments,configmaps", "-n", namespace, "-l", "servinglab.dev/experiment=exfiltrate"
+    )
+    assert not children["items"], "nothing is created: no pod ever holds the Secret"
 
 
 def test_a_torchscript_model_and_image_bodies_from_claims(

@@ -75,16 +75,21 @@ def test_a_download_is_checked_and_then_served_from_the_cache_by_digest(tmp_path
     (served / "model.pt").write_bytes(b"model bytes")
     digest = hashlib.sha256(b"model bytes").hexdigest()
     cache = tmp_path / "cache"
+    scratch = [tmp_path / f"work-{index}" for index in range(3)]
+    for folder in scratch:
+        folder.mkdir()
     with file_server(served) as files:
         source = ModelSource(url=f"{files.url}/model.pt", sha256=digest)
-        first = modelsource.download(source, cache)
-        second = modelsource.download(source, cache)
+        first = modelsource.download(source, scratch[0], cache)
+        second = modelsource.download(source, scratch[1], cache)
         with pytest.raises(modelsource.ModelSourceError) as mismatch:
-            modelsource.download(ModelSource(url=f"{files.url}/model.pt", sha256="f" * 64), cache)
-    assert first.downloaded and not second.downloaded and first.path == second.path == cache / digest / "model.pt"
+            modelsource.download(ModelSource(url=f"{files.url}/model.pt", sha256="f" * 64), scratch[2], cache)
+    assert first.downloaded and not second.downloaded and first.sha256 == second.sha256 == digest
+    assert first.path == scratch[0] / "model.pt" and second.path.read_bytes() == b"model bytes"
+    assert (cache / "files" / digest / "model.pt").read_bytes() == b"model bytes"
     assert files.requests == ["/model.pt", "/model.pt"], "the cached digest is not fetched again; the wrong one is"
     assert mismatch.value.reason == "ModelChecksumMismatch" and digest in str(mismatch.value)
-    assert not list(cache.glob(".download-*")), "a rejected download leaves nothing behind"
+    assert not list(scratch[2].iterdir()) and not list((cache / "files").glob(".download-*")), "nothing left behind"
 
 
 def test_precision_cannot_be_claimed_for_an_archive_with_its_own_handler(tmp_path: Path) -> None:
@@ -94,6 +99,8 @@ def test_precision_cannot_be_claimed_for_an_archive_with_its_own_handler(tmp_pat
         archive.writestr("mine.py", "def handle(data, context): return data\n")
     model = ModelRef(name="own", source=ModelSource(path=str(path)))
     prepared = modelsource.prepare(model, Precision.FP32, tmp_path / "work", cache=tmp_path / "cache")
+    laid_out = sorted(p.name for p in tmp_path.iterdir())
+    assert prepared.directory == tmp_path / "work" and laid_out == ["own.mar", "work"], "and the work folder is gone"
     manifest = json.loads((prepared.directory / "MAR-INF" / "MANIFEST.json").read_text())
     assert manifest["model"]["configFile"] == "model-config.yaml", "the experiment's batching must apply"
     with pytest.raises(modelsource.ModelSourceError) as refused:
@@ -107,6 +114,19 @@ def test_precision_cannot_be_claimed_for_an_archive_with_its_own_handler(tmp_pat
         ({"name": "m", "archive": "m.mar"}, "archive: replaced by source"),
         ({"name": "m", "source": {"url": "http://h/m.pt", "path": "m.pt"}}, "exactly one of url, path, pvc"),
         ({"name": "m", "source": {"path": "m.pt", "authorizationSecret": {"name": "s", "key": "k"}}}, "only a url"),
+        (
+            {
+                "name": "m",
+                "source": {"url": "http://h/m.pt?sig=SECRET", "authorizationSecret": {"name": "s", "key": "k"}},
+            },
+            "authorizationSecret: credentials are sent over https only; url 'http://h/m.pt?<redacted>' is not https",
+        ),
+        ({"name": "m", "source": {"url": "https://me:pw@h/m.pt"}}, "url: credentials in the URL (user:password@)"),
+        (
+            {"name": "m", "source": {"url": "https://h/m.pt", "maxBytes": 2**40}},
+            "1099511627776 is above the maximum 274877906944",
+        ),
+        ({"name": "m", "source": {"url": "ftp://h/m.pt?token=SECRET"}}, "url: 'ftp://h/m.pt?<redacted>' is not"),
         ({"name": "m", "source": {"pvc": {"claimName": "c", "path": "/abs/m.pt"}}}, "relative path"),
         ({"name": "m", "source": {"url": "http://h/m.pt"}, "input": {"kind": "tensor"}}, "needs shape"),
         ({"name": "m", "source": {"url": "http://h/m.mar", "format": "mar"}, "input": {"size": 64}}, "own handler"),
@@ -116,7 +136,7 @@ def test_precision_cannot_be_claimed_for_an_archive_with_its_own_handler(tmp_pat
 def test_bad_model_fields_are_named(model: dict[str, Any], field: str) -> None:
     with pytest.raises(SpecError) as refused:
         parse_experiment(document(model))
-    assert field in str(refused.value)
+    assert field in str(refused.value) and "SECRET" not in str(refused.value)
 
 
 def test_kubernetes_refuses_what_only_a_local_run_can_read() -> None:
@@ -138,9 +158,10 @@ def test_the_fetching_init_container_alone_sees_the_credentials_and_the_claim() 
                                      "authorizationSecret": {"name": "registry", "key": "token"}}}  # fmt: skip
     spec = parse_experiment(document(model)).spec
     pod = resources.deployment(OWNER, spec, "servinglab:1")["spec"]["template"]["spec"]
-    (init,) = pod["initContainers"]
-    assert "servinglab prepare-model" in init["args"][0]
+    init, probe = pod["initContainers"]
+    assert "servinglab prepare-model" in init["args"][0] and "--no-count" in init["args"][0]
     assert init["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "registry", "key": "token"}
+    assert "env" not in probe and "count-model" in probe["command"]
     assert not any("env" in c and "secretKeyRef" in json.dumps(c["env"]) for c in pod["containers"])
     on_claim = parse_experiment(document({"name": "m", "source": {"pvc": {"claimName": "models", "path": "m.pt"}}}))
     pod = resources.deployment(OWNER, on_claim.spec, "servinglab:1")["spec"]["template"]["spec"]
@@ -149,6 +170,7 @@ def test_the_fetching_init_container_alone_sees_the_credentials_and_the_claim() 
     ]
     assert "--mounted /model-source" in pod["initContainers"][0]["args"][0]
     assert all(m["name"] != "model-source" for c in pod["containers"] for m in c["volumeMounts"])
+    assert all(m["name"] != "model-source" for m in pod["initContainers"][1]["volumeMounts"])
 
 
 def test_the_load_job_is_handed_the_flops_counted_where_the_model_was_prepared() -> None:

@@ -260,61 +260,6 @@ def crd(kind: str) -> None:
     click.echo(yaml.safe_dump(manifest, sort_keys=False), nl=False)
 
 
-@main.command("build-model")
-@click.argument("name")
-@click.option("--force", is_flag=True, help="Rebuild even if the inputs are unchanged.")
-@click.option("--build-dir", type=click.Path(path_type=Path), help="Where archives go.")
-@click.option("--quiet", is_flag=True, help="Print nothing when the archive is already current.")
-@click.option("--termination-log", type=click.Path(path_type=Path),
-              help="Write the model's description (JSON: parameters, FLOPs) here (the init container's).")  # fmt: skip
-def build_model(name: str, force: bool, build_dir: Path | None, quiet: bool, termination_log: Path | None) -> None:
-    """Build a built-in model for its server (rebuilt only when its inputs change)."""
-    from servinglab import models
-
-    try:
-        archive, rebuilt = models.build(name, build_dir, force=force)
-    except (ValueError, RuntimeError) as exc:
-        _fail(str(exc), ExitCode.INVALID)
-    if rebuilt or not quiet:
-        click.echo(f"{'built' if rebuilt else 'up to date'}: {archive}")
-    if termination_log is not None and termination_log.parent.is_dir():
-        termination_log.write_text(json.dumps(models.description(name, archive), separators=(",", ":")))
-
-
-@main.command("prepare-model")
-@click.option("--spec-file", type=click.Path(path_type=Path, exists=True), required=True)
-@click.option("--into", type=click.Path(path_type=Path), required=True, help="The model's folder in the model store.")
-@click.option("--mounted", type=click.Path(path_type=Path), help="Where a pvc source's claim is mounted.")
-@click.option("--termination-log", type=click.Path(path_type=Path), default=Path("/dev/termination-log"),
-              show_default=True, help="Where the outcome goes for Kubernetes (skipped if absent).")  # fmt: skip
-def prepare_model(spec_file: Path, into: Path, mounted: Path | None, termination_log: Path) -> None:
-    """Fetch, check and pack the experiment's own model into the model store (the server pod's init
-    container). On success the termination message is the model's description (JSON, for the
-    operator's status); on failure it is "<Reason>: <message>" and the exit code is 3."""
-    import shutil
-    import tempfile
-
-    from servinglab import modelsource
-
-    def report(message: str) -> None:
-        if termination_log.parent.is_dir():
-            termination_log.write_text(message[:4000])
-
-    experiment = load_experiment(spec_file)
-    model = experiment.spec.model
-    if model.source is None:
-        _fail("prepare-model is for a model.source; built-in models are built by build-model", ExitCode.INVALID)
-    workdir = Path(tempfile.mkdtemp(prefix="prepare-"))
-    try:
-        prepared = modelsource.prepare(model, experiment.spec.server.precision, workdir, mounted=mounted)
-    except modelsource.ModelSourceError as exc:
-        report(f"{exc.reason}: {exc}")
-        _fail(f"{exc.reason}: {exc}", ExitCode.MODEL_UNSERVABLE)
-    shutil.copytree(prepared.directory, into, dirs_exist_ok=True)
-    report(json.dumps({k: v for k, v in prepared.info.items() if k != "input"}, separators=(",", ":")))
-    click.echo(json.dumps(prepared.info))
-
-
 @main.command()
 @click.option("--target", required=True, help="The server's inference URL, e.g. http://server:8080.")
 @click.option("--model", "model_name", required=True, help="Model name (the request path comes from the server).")

@@ -2,44 +2,86 @@
 
     python -m servinglab.modelprobe /path/to/packed-model-folder
 
-Started by :func:`count` for the local runner and by `servinglab prepare-model` (the server pod's
-init container), so the load-generating process never imports torch. The model is loaded with the
-handler's own loader and run once at fp32 on the CPU on one sample of its declared input, under
-PyTorch's FLOP counter (matrix products and convolutions: 2 FLOPs per multiply-add). A count that
-cannot be made (an operator the counter does not know, a model that fails on zeros) is reported as
-null with the reason, never guessed. The figures are kept beside the model (`servinglab-counts.json`).
+Started by :func:`count` for the local runner and by `servinglab count-model` (the server pod's second
+init container, which mounts the model store read-only and neither the model cache nor any credentials:
+loading a `.pt2` unpickles, so this runs the user's code), so the load-generating process never imports
+torch. The model is loaded with the handler's own loader and run once at fp32 on the CPU on one sample of
+its declared input, under PyTorch's FLOP counter (matrix products and convolutions: 2 FLOPs per
+multiply-add). A count that cannot be made (an operator the counter does not know, a model that fails on
+zeros) is reported as null with the reason, never guessed. What the child prints is the user's code's to
+forge, so only the three figures are taken from it, typed (:func:`checked`); nothing is kept here (the
+caller keeps counts where it trusts them).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from servinglab.models import COUNTS_FILE
+#: A note is a sentence; a longer one is cut here.
+_NOTE_MAX_CHARS = 500
+
+
+def checked(answer: object) -> dict[str, Any] | None:
+    """The counts in `answer` if it is exactly {"parameters", "flopsPerInference", "countNote"} with
+    non-negative integers (or null) and a short text (or null); else None."""
+    if not isinstance(answer, dict) or set(answer) != {"parameters", "flopsPerInference", "countNote"}:
+        return None
+    for key in ("parameters", "flopsPerInference"):
+        value = answer[key]
+        if value is not None and (type(value) is not int or value < 0):
+            return None
+    note = answer["countNote"]
+    if note is not None and not isinstance(note, str):
+        return None
+    return {**answer, "countNote": note[:_NOTE_MAX_CHARS] if note else note}
+
+
+class _Tail:
+    """The last `keep` bytes a pipe carried: the child's output is the user's code's, never kept whole."""
+
+    def __init__(self, stream: IO[bytes], keep: int = 1 << 16) -> None:
+        self.data, self.keep = bytearray(), keep
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        while chunk := stream.read1(1 << 16):  # type: ignore[attr-defined]
+            self.data += chunk
+            del self.data[: max(0, len(self.data) - self.keep)]
+
+    def lines(self) -> list[str]:
+        self.thread.join(5.0)
+        return self.data.decode(errors="replace").strip().splitlines()
 
 
 def count(directory: Path, timeout: float = 300.0) -> dict[str, Any]:
-    """{"parameters", "flopsPerInference", "countNote"} for a packed model; cached in the folder."""
-    cached = directory / COUNTS_FILE
-    if cached.is_file():
-        counts: dict[str, Any] = json.loads(cached.read_text())
-        return counts
+    """{"parameters", "flopsPerInference", "countNote"} for a packed model."""
+    child = subprocess.Popen([sys.executable, "-m", "servinglab.modelprobe", str(directory)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert child.stdout is not None and child.stderr is not None
+    out, err = _Tail(child.stdout), _Tail(child.stderr)
     try:
-        child = subprocess.run([sys.executable, "-m", "servinglab.modelprobe", str(directory)],
-                               capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+        child.wait(timeout)
     except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
         return {"parameters": None, "flopsPerInference": None, "countNote": f"not counted within {timeout:g} s"}
-    lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
+    lines = [line for line in out.lines() if line.startswith("{")]
     if child.returncode != 0 or not lines:
-        tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"parameters": None, "flopsPerInference": None, "countNote": f"the model did not load: {tail}"}
-    counts = json.loads(lines[-1])
-    with contextlib.suppress(OSError):  # a read-only cache (a mounted folder) only costs a recount
-        cached.write_text(json.dumps(counts))
+        tail = (err.lines() or ["no output"])[-1]
+        note = f"the model did not load: {tail}"[:_NOTE_MAX_CHARS]
+        return {"parameters": None, "flopsPerInference": None, "countNote": note}
+    try:
+        counts = checked(json.loads(lines[-1]))
+    except ValueError:
+        counts = None
+    if counts is None:
+        return {"parameters": None, "flopsPerInference": None, "countNote": "the model's probe answered nonsense"}
     return counts
 
 

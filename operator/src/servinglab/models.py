@@ -4,7 +4,10 @@ Each built-in model is a `model-store/<name>/model.py` exposing `build_model()`,
 `NUM_CLASSES`. Weights come from a fixed seed, then BatchNorm running statistics are calibrated on
 seeded noise so activations stay well-scaled (no inf/NaN in fp16). The archive is TorchServe's
 `no-archive` directory format: a plain folder the runner can copy and give a per-experiment
-model-config.yaml. A build is skipped when the sha256 over all of its inputs is unchanged.
+model-config.yaml. A build is skipped when the sha256 over all of its inputs is unchanged and the build
+still is what was built: a manifest of every file's digest is written last (:mod:`servinglab.digests`) and
+re-checked before reuse, as the build may sit on the model cache that server pods share. A build that
+differs is rebuilt; a copy into a model store that differs (`install`) is refused.
 
 Called by the CLI (`build-model`) and by the local runner, which runs it in a child process so that
 torch is never imported into the load-generating process.
@@ -25,13 +28,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from servinglab import paths
+from servinglab import digests, paths
 from servinglab.api import ModelInput, ModelRef, PayloadSpec
-from servinglab.tsconfig import ARCHIVE_VERSION
+from servinglab.servers.torchserve.config import ARCHIVE_VERSION
 
 HANDLER_FILE = "servinglab_image_handler.py"
 HANDLER_HELPERS = ("servinglab_imaging.py",)
 STAMP_FILE = "inputs.sha256"
+#: Beside the stamp: every file of the archive with its sha256, written last.
+DIGESTS_FILE = "digests.json"
 WEIGHTS_FILE = "weights.pt"
 #: Parameters and FLOPs per inference, counted when the archive is built (same name as a user model's).
 COUNTS_FILE = "servinglab-counts.json"
@@ -127,10 +132,46 @@ def archive_dir(name: str, build_root: Path | None = None) -> Path:
     return (build_root or paths.build_dir()) / name / name
 
 
+def _known_digests(model: BuiltinModel) -> dict[str, str]:
+    """The archive's files whose content this install knows on its own: the model's code and the handler."""
+    return {path.name: digests.file_sha256(path) for path in [model.source, *handler_paths()]}
+
+
+def build_difference(name: str, build_root: Path | None = None, folder: Path | None = None) -> str | None:
+    """None when `folder` (default: the build) is exactly the build its manifest lists, with this install's
+    model code and handler; else what differs."""
+    archive = archive_dir(name, build_root)
+    listed = digests.read_manifest(archive.parent / DIGESTS_FILE)
+    if listed is None:
+        return f"{archive.parent / DIGESTS_FILE} is missing or unreadable"
+    return digests.difference(folder or archive, listed, _known_digests(get_builtin(name)))
+
+
 def is_current(name: str, build_root: Path | None = None) -> bool:
+    """Built from today's inputs, and every file still what was built."""
     model = get_builtin(name)
     stamp = archive_dir(name, build_root).parent / STAMP_FILE
-    return stamp.exists() and stamp.read_text().strip() == input_digest(model)
+    if not stamp.exists() or stamp.read_text().strip() != input_digest(model):
+        return False
+    return build_difference(name, build_root) is None
+
+
+class BuildChanged(RuntimeError):
+    """A copy of a build differs from the build's manifest: something other than servinglab changed it."""
+
+
+def install(name: str, into: Path, build_root: Path | None = None) -> Path:
+    """Copy the (current) build to `into` (replaced) and check the copy against the build's manifest, so
+    that what a server pod serves is what was built, whatever happens to a shared cache meanwhile."""
+    shutil.rmtree(into, ignore_errors=True)
+    archive = archive_dir(name, build_root)
+    with (archive.parent / ".lock").open("a") as lock:  # shared: no pod of ours rebuilds it meanwhile
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        shutil.copytree(archive, into, symlinks=True)
+    if (difference := build_difference(name, build_root, into)) is not None:
+        shutil.rmtree(into, ignore_errors=True)
+        raise BuildChanged(f"the build of {name} changed while it was copied: {difference}")
+    return into
 
 
 def _make_weights(model: BuiltinModel, destination: Path) -> None:
@@ -202,6 +243,7 @@ def _build_locked(model: BuiltinModel, target: Path) -> Path:
         (export / name).rename(target)
     write_counts(name, target)
     (target.parent / STAMP_FILE).write_text(digest + "\n")
+    digests.write_manifest(target, target.parent / DIGESTS_FILE, inputs=digest)  # last: the build is whole
     return target
 
 
@@ -219,9 +261,8 @@ def write_counts(name: str, archive: Path) -> dict[str, Any]:
 
 
 def description(name: str, archive: Path) -> dict[str, Any]:
-    """What status.model says of a built-in model: its counts, computed when missing (an older build)."""
-    counts_file = archive / COUNTS_FILE
-    counts = json.loads(counts_file.read_text()) if counts_file.is_file() else write_counts(name, archive)
+    """What status.model says of a built-in model: its counts, kept in the (checked) build."""
+    counts = json.loads((archive / COUNTS_FILE).read_text())
     return {"name": name, "source": f"built-in:{name}", "format": "builtin", **counts}
 
 

@@ -1,72 +1,62 @@
-"""The user's own model: fetch it (URL, local path, mounted claim), check it, recognise it, and lay it
-out as a TorchServe no-archive directory ready to serve.
+"""The user's own model: recognise what was fetched, check it, and lay it out as a TorchServe no-archive
+directory ready to serve (the second half of preparing it; :mod:`servinglab.modelfetch` fetches).
 
-Called by the local runner (`servinglab run`/`sweep`) and, on Kubernetes, by `servinglab
-prepare-model` in the server pod's init container. No torch here: a packed model's parameters and
-FLOPs are counted by :mod:`servinglab.modelprobe`, a child process, and kept with it.
+Called by the local runner (`servinglab run`/`sweep`) and, on Kubernetes, by `servinglab prepare-model` in
+the server pod's first init container. No torch here, and nothing of the user's is run or unpickled: a
+packed model's parameters and FLOPs are counted by :mod:`servinglab.modelprobe`, a child process, and on
+Kubernetes in a second init container that has neither the cache nor any credentials (`servinglab
+count-model`).
 
-- An archive (`.mar`, or a no-archive folder) is served with its own handler, as it is.
+- An archive (`.mar`, or a no-archive folder) is served with its own handler, as it is; unpacking it is
+  bounded by `maxBytes` (counted on the bytes written; refused early when its headers already say more)
+  and by MAX_FILES, and no member may land outside the model's folder.
 - A TorchScript file (`torch.jit.save`) or an exported program (`torch.export.save`, `.pt2`) is packed
-  with servinglab's handler (so every precision works) and the declared input
-  (`servinglab-input.json`).
+  with servinglab's handler (so every precision works) and the declared input (`servinglab-input.json`).
 
-Files are kept in a cache by sha256 (`<cache>/<sha256>/`): a URL whose expected sha256 is given and
-already cached is not downloaded again, and a packed folder is reused when its inputs match.
+The folder is laid out from the work folder's own, checked copy every time (packing is a rename and a few
+small files): nothing laid out is reused from the shared cache, which keeps only downloads (re-hashed on
+reuse) and, for local runs, the counts of a packed model, as data.
 Each failure is a :class:`ModelSourceError` with a reason of its own and a message naming the source.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-import tempfile
-import urllib.error
-import urllib.request
 import zipfile
+import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from servinglab import modelprobe, models
+from servinglab.modelfetch import (
+    AUTHORIZATION_ENV,
+    MAX_FILES,
+    Fetched,
+    ModelSourceError,
+    cache_dir,
+    copy_counted,
+    copy_folder,
+    download,
+    take_file,
+    too_large,
+)
 from servinglab.api import ModelFormat, ModelInput, ModelRef, ModelSource, Precision
+
+__all__ = ["AUTHORIZATION_ENV", "Fetched", "ModelSourceError", "PreparedModel", "cache_dir", "prepare", "recognise"]
 
 #: Written into every folder this module lays out: what was served and where it came from.
 INFO_FILE = "servinglab-model.json"
 #: The declared input, read by servinglab's handler in a packed model.
 INPUT_FILE = "servinglab-input.json"
-#: Authorization header value for a URL source (from a Secret, in the fetching init container only).
-AUTHORIZATION_ENV = "SERVINGLAB_MODEL_AUTHORIZATION"
-DOWNLOAD_TIMEOUT_SECONDS = 60.0
-_CHUNK = 1 << 20
 _SERIALIZED = {ModelFormat.TORCHSCRIPT: "model.pt", ModelFormat.EXPORTED: "model.pt2"}
-_EXTENSIONS = {
-    ".mar": ModelFormat.MAR,
-    ".pt2": ModelFormat.EXPORTED,
-    ".pt": ModelFormat.TORCHSCRIPT,
-    ".pth": ModelFormat.TORCHSCRIPT,
-    ".ts": ModelFormat.TORCHSCRIPT,
-    ".torchscript": ModelFormat.TORCHSCRIPT,
-}
-
-
-class ModelSourceError(RuntimeError):
-    """The model cannot be served; `reason` is the condition reason the experiment ends with."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass
-class Fetched:
-    """A source brought onto this machine: a file or folder, with its digest (files only) and size."""
-
-    path: Path
-    sha256: str | None
-    size_bytes: int
-    downloaded: bool = False
+PACKED = tuple(_SERIALIZED)
+#: A MAR-INF/MANIFEST.json is a few hundred bytes; one larger than this is not read into memory.
+_MANIFEST_MAX_BYTES = 1 << 20
 
 
 @dataclass
@@ -75,88 +65,6 @@ class PreparedModel:
 
     directory: Path
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def cache_dir() -> Path:
-    override = os.environ.get("SERVINGLAB_MODEL_CACHE")
-    if override:
-        return Path(override)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "servinglab" / "models"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def _file_name(url: str) -> str:
-    name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    return name or "model"
-
-
-def _checked(source: ModelSource, path: Path, digest: str) -> None:
-    if source.sha256 is not None and digest != source.sha256:
-        raise ModelSourceError(
-            "ModelChecksumMismatch",
-            f"{source.describe()}: sha256 is {digest}, the spec expects {source.sha256}",
-        )
-
-
-def download(source: ModelSource, cache: Path, authorization: str | None = None) -> Fetched:
-    """The URL's file in the cache, downloaded unless the expected digest is already there."""
-    assert source.url is not None
-    name = _file_name(source.url)
-    if source.sha256 is not None:
-        cached = cache / source.sha256 / name
-        if cached.is_file():
-            return Fetched(cached, source.sha256, cached.stat().st_size)
-    cache.mkdir(parents=True, exist_ok=True)
-    request = urllib.request.Request(source.url, headers={"User-Agent": "servinglab"})
-    if authorization:
-        request.add_header("Authorization", authorization)
-    digest = hashlib.sha256()
-    with tempfile.NamedTemporaryFile(dir=cache, prefix=".download-", delete=False) as partial:
-        try:
-            with urllib.request.urlopen(request, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response:
-                while chunk := response.read(_CHUNK):
-                    digest.update(chunk)
-                    partial.write(chunk)
-        except urllib.error.HTTPError as exc:
-            Path(partial.name).unlink(missing_ok=True)
-            raise ModelSourceError("ModelDownloadFailed", f"{source.url}: HTTP {exc.code} {exc.reason}") from None
-        except (OSError, ValueError) as exc:
-            Path(partial.name).unlink(missing_ok=True)
-            raise ModelSourceError("ModelDownloadFailed", f"{source.url}: {exc}") from None
-    sha256 = digest.hexdigest()
-    try:
-        _checked(source, Path(partial.name), sha256)
-    except ModelSourceError:
-        Path(partial.name).unlink(missing_ok=True)
-        raise
-    target = cache / sha256 / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(partial.name, target)
-    return Fetched(target, sha256, target.stat().st_size, downloaded=True)
-
-
-def local(source: ModelSource, path: Path) -> Fetched:
-    """A file or folder already on this machine (a local path, or a claim mounted into the pod)."""
-    if not path.exists():
-        raise ModelSourceError("ModelDownloadFailed", f"{source.describe()}: no such file or folder")
-    if path.is_dir():
-        return Fetched(path, None, _size(path))
-    sha256 = file_sha256(path)
-    _checked(source, path, sha256)
-    return Fetched(path, sha256, path.stat().st_size)
 
 
 def _zip_names(path: Path) -> list[str] | None:
@@ -204,6 +112,8 @@ def _adopt_archive(directory: Path) -> tuple[str, str | None]:
     precision): TorchServe reads batching settings only from the file the manifest names."""
     manifest_path = directory / "MAR-INF" / "MANIFEST.json"
     try:
+        if manifest_path.stat().st_size > _MANIFEST_MAX_BYTES:
+            raise ValueError(f"more than {_MANIFEST_MAX_BYTES} bytes")
         manifest = json.loads(manifest_path.read_text())
         handler, own = str(manifest["model"]["handler"]), manifest["model"].get("configFile")
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -213,18 +123,53 @@ def _adopt_archive(directory: Path) -> tuple[str, str | None]:
     return handler, str(own) if own else None
 
 
-def _stage(fetched: Fetched, fmt: ModelFormat, target: Path, name: str, model_input: ModelInput | None) -> None:
-    """Lay out `target` (a fresh folder) as a no-archive model directory."""
+def _member_path(source: ModelSource, target: Path, name: str) -> Path:
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    if not parts or name.startswith(("/", "\\")) or ".." in parts or parts[0].endswith(":"):
+        raise ModelSourceError("ModelNotRecognized", f"{source.describe()}: the archive member {name!r} would land "
+                               "outside the model's folder")  # fmt: skip
+    return target.joinpath(*parts)
+
+
+def _extract(source: ModelSource, archive_path: Path, target: Path) -> None:
+    """Unpack a zip into `target`, bounded: refused at once when its headers already say more than
+    maxBytes or MAX_FILES, and counted on the bytes written (a header that lies costs at most maxBytes)."""
+    target.mkdir(parents=True)
+    try:
+        with zipfile.ZipFile(archive_path) as archive:
+            members = archive.infolist()
+            if len(members) > MAX_FILES:
+                raise too_large(source, f"the archive holds {len(members)} files (at most {MAX_FILES})")
+            declared = sum(member.file_size for member in members)
+            if declared > source.max_bytes:
+                raise too_large(source, f"the archive unpacks to {declared} bytes, as its headers say")
+            written = 0
+            for member in members:
+                destination = _member_path(source, target, member.filename)
+                if member.is_dir():
+                    destination.mkdir(parents=True, exist_ok=True)
+                    continue
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(member) as stream, destination.open("xb") as out:
+                    written += copy_counted(stream, out, source, written)[1]
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, FileExistsError) as exc:
+        raise ModelSourceError("ModelNotRecognized", f"{source.describe()}: a damaged or unsupported zip archive "
+                               f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+
+
+def _stage(source: ModelSource, fetched: Fetched, fmt: ModelFormat, target: Path, name: str,
+           model_input: ModelInput | None) -> None:  # fmt: skip
+    """Lay out `target` (absent) as a no-archive model directory from the work folder's copy (moved in:
+    the work folder is beside `target`, on the same file system)."""
     if fmt is ModelFormat.DIRECTORY:
-        shutil.copytree(fetched.path, target, symlinks=False)
+        os.replace(fetched.path, target)
         return
     if fmt is ModelFormat.MAR:
-        with zipfile.ZipFile(fetched.path) as archive:
-            archive.extractall(target)
+        _extract(source, fetched.path, target)
         return
     target.mkdir(parents=True)
     serialized = _SERIALIZED[fmt]
-    shutil.copyfile(fetched.path, target / serialized)
+    os.replace(fetched.path, target / serialized)
     for helper in models.handler_paths():
         shutil.copyfile(helper, target / helper.name)
     (target / "MAR-INF").mkdir()
@@ -251,27 +196,69 @@ def _handler_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def prepare(model: ModelRef, precision: Precision, workdir: Path, authorization: str | None = None,
-            mounted: Path | None = None, cache: Path | None = None) -> PreparedModel:  # fmt: skip
-    """Fetch, check, recognise and lay out the model (a packed one with its parameters and FLOPs);
-    raises :class:`ModelSourceError`.
-
-    An archive is unpacked under `workdir`; `mounted` is where a pvc source's claim is mounted (the
-    init container); `cache` defaults to :func:`cache_dir`. A packed folder is reused when the file
-    digest, the format, the declared input and servinglab's handler all match (its cache key)."""
-    source = model.source
-    assert source is not None, "built-in models are built by servinglab.models"
-    cache = cache or cache_dir()
+def _fetch(source: ModelSource, scratch: Path, authorization: str | None, mounted: Path | None,
+           cache: Path | None) -> Fetched:  # fmt: skip
     if source.url is not None:
-        fetched = download(source, cache / "files", authorization or os.environ.get(AUTHORIZATION_ENV))
-    elif source.pvc is not None:
+        return download(source, scratch, cache, authorization or os.environ.get(AUTHORIZATION_ENV))
+    if source.pvc is not None:
         if mounted is None:
             raise ModelSourceError("ModelDownloadFailed", f"{source.describe()}: a claim is read on Kubernetes only")
-        fetched = local(source, mounted / source.pvc.path)
+        path = mounted / source.pvc.path
+        if not path.resolve().is_relative_to(mounted.resolve()):
+            raise ModelSourceError("ModelDownloadFailed", f"{source.describe()}: a symlink that leaves the claim")
     else:
-        fetched = local(source, Path(str(source.path)).expanduser())
-    fmt = recognise(source, fetched)
-    packed = fmt in (ModelFormat.TORCHSCRIPT, ModelFormat.EXPORTED)
+        path = Path(str(source.path)).expanduser()
+    if path.is_dir():
+        if source.sha256 is not None:
+            raise ModelSourceError(
+                "ModelChecksumMismatch",
+                f"{source.describe()}: sha256 is given, but this is a folder, which has no single digest; "
+                "give a file's (.mar, .pt, .pt2) or none",
+            )
+        return copy_folder(source, path, scratch / "folder")
+    return take_file(source, path, scratch / (path.name or "model"))
+
+
+def prepare(model: ModelRef, precision: Precision, target: Path, authorization: str | None = None,
+            mounted: Path | None = None, cache: Path | None = None, count: bool = True) -> PreparedModel:  # fmt: skip
+    """Fetch, check, recognise and lay out the model at `target` (replaced); raises :class:`ModelSourceError`.
+
+    Its work folder is beside `target` and removed before this returns. `mounted` is where a pvc source's
+    claim is mounted (the init container); `cache` keeps downloads by digest (None: nowhere). With `count`,
+    a packed model's parameters and FLOPs are counted here (a child process that loads it; kept in the cache
+    as data); without, `servinglab count-model` counts them where nothing else is at stake."""
+    source = model.source
+    assert source is not None, "built-in models are built by servinglab.models"
+    scratch = target.parent / f".scratch-{target.name}"
+    for folder in (target, scratch):
+        shutil.rmtree(folder, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    try:
+        fetched = _fetch(source, scratch, authorization, mounted, cache)
+        fmt = recognise(source, fetched)
+        _stage(source, fetched, fmt, target, model.name, model.input)
+        info = _describe(model, fetched, fmt, target, precision)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    (target / INFO_FILE).write_text(json.dumps(info, indent=2))
+    if fmt in PACKED:
+        info["input"] = json.loads((target / INPUT_FILE).read_text())
+        if count:
+            declared = (model.input or ModelInput()).model_dump()
+            key = hashlib.sha256(json.dumps([fetched.sha256, str(fmt), _handler_digest(), declared]).encode())
+            info.update(_counts(target, cache / "counts" / f"{key.hexdigest()}.json" if cache is not None else None))
+    return PreparedModel(target, info)
+
+
+def _describe(
+    model: ModelRef, fetched: Fetched, fmt: ModelFormat, target: Path, precision: Precision
+) -> dict[str, Any]:
+    """What status and results say of the model; refuses a precision an archive's own handler cannot run."""
+    source = model.source
+    assert source is not None
     info: dict[str, Any] = {
         "name": model.name,
         "source": source.describe(),
@@ -279,29 +266,11 @@ def prepare(model: ModelRef, precision: Precision, workdir: Path, authorization:
         "sha256": fetched.sha256,
         "sizeBytes": fetched.size_bytes,
         "downloaded": fetched.downloaded,
-        "handler": models.HANDLER_FILE if packed else None,
+        "handler": models.HANDLER_FILE,
     }
-    if packed:
-        key = hashlib.sha256(json.dumps([fetched.sha256, str(fmt), model.name, _handler_digest(),
-                                         (model.input or ModelInput()).model_dump()]).encode()).hexdigest()  # fmt: skip
-        directory = cache / "packed" / key
-        if not (directory / INFO_FILE).is_file():
-            staging = Path(tempfile.mkdtemp(dir=_ensure(cache / "packed"), prefix=".staging-"))
-            _stage(fetched, fmt, staging / "model", model.name, model.input)
-            (staging / "model" / INFO_FILE).write_text(json.dumps(info, indent=2))
-            try:
-                os.replace(staging / "model", directory)
-            except OSError:  # another pod sharing the cache packed it first: the same content
-                if not (directory / INFO_FILE).is_file():
-                    raise
-            shutil.rmtree(staging, ignore_errors=True)
-        info["input"] = json.loads((directory / INPUT_FILE).read_text())
-        info.update(modelprobe.count(directory))
-        return PreparedModel(directory, info)
-    directory = workdir / "unpacked" / model.name
-    shutil.rmtree(directory, ignore_errors=True)
-    _stage(fetched, fmt, directory, model.name, None)
-    handler, replaced = _adopt_archive(directory)
+    if fmt in PACKED:
+        return info
+    handler, replaced = _adopt_archive(target)
     info["handler"] = handler
     if replaced:
         info["archiveConfigReplaced"] = replaced
@@ -311,10 +280,18 @@ def prepare(model: ModelRef, precision: Precision, workdir: Path, authorization:
             f"{source.describe()}: this archive brings its own handler ({handler}), which servinglab cannot "
             f"switch to {precision}; serve it at fp32, or give the TorchScript/.pt2 model file instead",
         )
-    (directory / INFO_FILE).write_text(json.dumps(info, indent=2))
-    return PreparedModel(directory, info)
+    return info
 
 
-def _ensure(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+def _counts(directory: Path, kept: Path | None) -> dict[str, Any]:
+    """The packed model's counts: kept ones (data, checked like a fresh answer), else counted by loading it."""
+    if kept is not None and kept.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            if (counts := modelprobe.checked(json.loads(kept.read_text()))) is not None:
+                return counts
+    counts = modelprobe.count(directory)
+    if kept is not None and counts.get("parameters") is not None:  # a failed count may succeed next time
+        with contextlib.suppress(OSError):
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_text(json.dumps(counts))
+    return counts

@@ -36,6 +36,23 @@ class SecretKeyRef(SpecModel):
     key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
 
 
+#: What a model source may bring onto a node unless its spec says otherwise (spec.model.source.maxBytes):
+#: the memory of the GPU the project was built around (a T4); a model larger than that is not served by one.
+MODEL_MAX_BYTES_DEFAULT = 16 * 2**30
+#: The most maxBytes may be raised to: every byte of it is node disk (the server pod's emptyDirs).
+MODEL_MAX_BYTES_LIMIT = 256 * 2**30
+
+
+def redact_url(url: str) -> str:
+    """A URL as it may be shown (status, results, messages, logs): a query string or fragment (pre-signed
+    tokens live there) becomes `<redacted>`; the scheme, host and path stay."""
+    head, query_mark, _ = url.partition("?")
+    head, fragment_mark, _ = head.partition("#")
+    if query_mark:
+        return f"{head}?<redacted>"
+    return f"{head}#<redacted>" if fragment_mark else head
+
+
 class ModelSource(SpecModel):
     """Where a model that is not built in comes from: exactly one of url, path and pvc."""
 
@@ -50,8 +67,16 @@ class ModelSource(SpecModel):
     format: ModelFormat = ModelFormat.AUTO
     authorization_secret: SecretKeyRef | None = Field(
         default=None,
-        description="url only: a Secret key whose value is sent as the Authorization header "
-        "(mounted only into the fetching init container).",
+        description="https url only: a Secret key whose value is sent as the Authorization header to the url's "
+        "host alone (mounted only into the fetching init container; on Kubernetes the operator's "
+        "modelCredentials must allow the Secret key for that host).",
+    )
+    max_bytes: int = Field(
+        default=MODEL_MAX_BYTES_DEFAULT,
+        ge=1,
+        le=MODEL_MAX_BYTES_LIMIT,
+        description="The most bytes the model may take on disk: the download, the file, or an archive or folder "
+        "unpacked (counted as written). Sizes the server pod's model store.",
     )
 
     @model_validator(mode="after")
@@ -60,16 +85,23 @@ class ModelSource(SpecModel):
         if len(given) != 1:
             raise ValueError(f"set exactly one of url, path, pvc (got {', '.join(given) or 'none'})")
         if self.url is not None and not re.match(r"^https?://[^/\s]+", self.url):
-            raise ValueError(f"url: '{self.url}' is not an http(s) URL")
+            raise ValueError(f"url: '{redact_url(self.url)}' is not an http(s) URL")
+        if self.url is not None and "@" in self.url.split("?", 1)[0].split("/")[2]:
+            raise ValueError("url: credentials in the URL (user:password@) are refused; use authorizationSecret")
         if self.authorization_secret is not None and self.url is None:
             raise ValueError("authorizationSecret: only a url source sends credentials")
+        if self.authorization_secret is not None and self.url is not None and not self.url.startswith("https://"):
+            raise ValueError(
+                f"authorizationSecret: credentials are sent over https only; url '{redact_url(self.url)}' is not https"
+            )
         if self.sha256 is not None and self.format is ModelFormat.DIRECTORY:
             raise ValueError("sha256: a folder has no single digest; give it for a file (.mar, .pt, .pt2)")
         return self
 
     def describe(self) -> str:
+        """The source as it may be shown: a URL's query string redacted (see :func:`redact_url`)."""
         if self.url is not None:
-            return self.url
+            return redact_url(self.url)
         if self.pvc is not None:
             return f"pvc://{self.pvc.claim_name}/{self.pvc.path}"
         return str(self.path)

@@ -38,8 +38,9 @@ from typing import Any
 
 import kopf
 
+from servinglab import modelprobe
 from servinglab.k8s import conditions as cond
-from servinglab.k8s import gpuqueue, leader, opmetrics, resources, summary, sweeps
+from servinglab.k8s import credentials, gpuqueue, leader, opmetrics, resources, summary, sweeps
 from servinglab.k8s.client import Kube, KubeError, Ref
 from servinglab.k8s.promql import GpuMetrics, PrometheusError
 from servinglab.loadgen.results_sink import RESULTS_KEY, ResultsUnreadable, decode_results, part_name
@@ -70,6 +71,9 @@ class Settings:
     model_cache_claim: str | None = None
     """A ReadWriteMany claim, in each watched namespace, where server pods keep models by digest
     (SERVINGLAB_MODEL_CACHE_CLAIM; the chart's modelCache.claimName)."""
+    model_credentials: tuple[credentials.AllowedCredential, ...] = ()
+    """The Secret keys experiments may send as model credentials, and to which hosts
+    (SERVINGLAB_MODEL_CREDENTIALS, JSON; the chart's modelCredentials). Empty: none may."""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -84,6 +88,7 @@ class Settings:
             lease_namespace=env.get("SERVINGLAB_LEASE_NAMESPACE") or cls.lease_namespace,
             lease_seconds=float(env.get("SERVINGLAB_LEASE_SECONDS", cls.lease_seconds)),
             model_cache_claim=env.get("SERVINGLAB_MODEL_CACHE_CLAIM") or None,
+            model_credentials=credentials.parse(env.get(credentials.ENV, "")),
         )
 
 
@@ -230,6 +235,9 @@ async def _advance(experiment: Experiment, body: dict[str, Any], deploy: bool) -
         return True
     if problems := cluster_problems(spec):
         await experiment.fail("InvalidSpec", "; ".join(problems))
+        return True
+    if problems := credentials.problems(spec, experiment.namespace, experiment.settings.model_credentials):
+        await experiment.fail("CredentialsNotAllowed", "; ".join(problems))
         return True
 
     if "startedAt" not in experiment.status and spec.server.gpus > 0 and not await _admitted(experiment, spec):
@@ -395,8 +403,15 @@ def _container_problem(pod: dict[str, Any]) -> str | None:
     return None
 
 
-#: Reasons `servinglab prepare-model` ends with (its termination message starts "<Reason>: ").
-MODEL_REASONS = ("ModelDownloadFailed", "ModelChecksumMismatch", "ModelNotRecognized", "PrecisionNotSupported")
+#: Reasons `servinglab prepare-model` (and `build-model --into`) end with (the termination message starts
+#: "<Reason>: ").
+MODEL_REASONS = (
+    "ModelDownloadFailed",
+    "ModelChecksumMismatch",
+    "ModelNotRecognized",
+    "ModelTooLarge",
+    "PrecisionNotSupported",
+)
 
 
 def cluster_problems(spec: ExperimentSpec) -> list[str]:
@@ -427,21 +442,23 @@ def _init_terminated(pod: dict[str, Any], name: str) -> tuple[dict[str, Any], bo
 
 
 def model_init_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
-    """(reason, message) when the model could not be put in place: the init container failed. Its
-    own reason (a download, a checksum, ...) when it says one, else ModelPreparationFailed."""
+    """(reason, message) when the model could not be put in place: an init container (`model`, or the
+    `probe` that counts it) failed. `model`'s own reason (a download, a checksum, a size, ...) when it says
+    one, else ModelPreparationFailed."""
     for pod in pods:
-        ended = _init_terminated(pod, "model")
-        if ended is None or ended[1]:
-            continue
-        terminated = ended[0]
-        message = str(terminated.get("message") or terminated.get("reason") or "").strip()
-        reason, _, rest = message.partition(": ")
-        if reason in MODEL_REASONS:
-            return reason, rest
-        return "ModelPreparationFailed", (
-            f"server pod {pod['metadata']['name']}: init container model exited with code "
-            f"{terminated.get('exitCode', '?')}: {message}"
-        ).strip()
+        for name in (resources.MODEL_INIT, resources.PROBE_INIT):
+            ended = _init_terminated(pod, name)
+            if ended is None or ended[1]:
+                continue
+            terminated = ended[0]
+            message = str(terminated.get("message") or terminated.get("reason") or "").strip()
+            reason, _, rest = message.partition(": ")
+            if name == resources.MODEL_INIT and reason in MODEL_REASONS:
+                return reason, rest
+            return "ModelPreparationFailed", (
+                f"server pod {pod['metadata']['name']}: init container {name} exited with code "
+                f"{terminated.get('exitCode', '?')}: {message}"
+            ).strip()
     return None
 
 
@@ -457,16 +474,26 @@ def model_load_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
     return None
 
 
-def model_description(pod: dict[str, Any]) -> dict[str, Any] | None:
-    """What `servinglab prepare-model` said of the model it put in place (its termination message)."""
-    ended = _init_terminated(pod, "model")
+def _init_json(pod: dict[str, Any], name: str) -> dict[str, Any] | None:
+    ended = _init_terminated(pod, name)
     if ended is None or not ended[1]:
         return None
     try:
-        described = json.loads(ended[0].get("message") or "")
+        said = json.loads(ended[0].get("message") or "")
     except ValueError:
         return None
-    return described if isinstance(described, dict) else None
+    return said if isinstance(said, dict) else None
+
+
+def model_description(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """What `servinglab prepare-model` (or `build-model`) said of the model it put in place, with the
+    parameters and FLOPs `servinglab count-model` counted: only those three figures are taken from the
+    probe, which ran the user's code and so may say anything."""
+    described = _init_json(pod, resources.MODEL_INIT)
+    if described is None:
+        return None
+    counts = modelprobe.checked(_init_json(pod, resources.PROBE_INIT))
+    return {**described, **counts} if counts is not None else described
 
 
 def crash_reason(pods: list[dict[str, Any]]) -> str | None:

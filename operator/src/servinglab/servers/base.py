@@ -27,6 +27,10 @@ from servinglab.api.results import EffectiveSettings, ModelDescription, ServerBr
 
 #: A Kubernetes object or a part of one (a container, a volume), as the API takes it.
 Manifest = dict[str, Any]
+#: The server pod's init containers every server has: `model` puts the model in place (its termination
+#: message is the model's description, or "<Reason>: <message>" when it cannot be served); `probe`
+#: counts a user's model (it loads it, so it sees nothing but the model store, read-only).
+MODEL_INIT, PROBE_INIT = "model", "probe"
 
 
 class ServerError(RuntimeError):
@@ -67,6 +71,17 @@ class PodPlan:
     inference_port: int
     metrics_port: int
     metrics_path: str
+
+
+def container_resources(server: ServerSpec) -> Manifest:
+    """A server container's requests and limits: the spec's, and the GPUs it asks for."""
+    limits: dict[str, str] = dict(server.resources.limits)
+    if server.gpus:
+        limits["nvidia.com/gpu"] = str(server.gpus)
+    resources: Manifest = {"limits": limits} if limits else {}
+    if server.resources.requests:
+        resources["requests"] = dict(server.resources.requests)
+    return resources
 
 
 @dataclass(frozen=True)

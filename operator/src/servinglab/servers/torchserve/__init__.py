@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servinglab import models, modelsource, tsconfig
+from servinglab import models, modelsource
 from servinglab.api import ExperimentSpec, ServerSpec
 from servinglab.api.results import ModelDescription, ServerBreakdown
-from servinglab.local_server import LocalTorchServe
-from servinglab.servers.base import ModelError, ServedModel
-from servinglab.servers.torchserve import metrics
+from servinglab.servers.torchserve.local import LocalTorchServe
+from servinglab.servers.base import ModelError, PodInputs, PodPlan, ServedModel, container_resources
+from servinglab.servers.torchserve import launcher, metrics, pod
 
 #: The pinned upstream image a pod runs when the spec names none.
 DEFAULT_IMAGE = "pytorch/torchserve:0.12.0-gpu"
@@ -49,7 +49,8 @@ class TorchServe:
 
     def prepare_model(self, spec: ExperimentSpec, workdir: Path) -> ServedModel:
         """The built-in model's archive (built once, in a child process), or the user's model fetched,
-        checked and packed; a bad source raises :class:`ModelError` with its reason before any server
+        checked and packed; a bad source raises :class:`ModelError` with its reason (ModelDownloadFailed,
+        ModelChecksumMismatch, ModelNotRecognized, ModelTooLarge, PrecisionNotSupported) before any server
         starts."""
         model = spec.model
         size = models.request_image_size(model, spec.load.payload)
@@ -57,7 +58,9 @@ class TorchServe:
             archive = models.ensure_built(model.name)
             return ServedModel(archive, size, ModelDescription.model_validate(models.description(model.name, archive)))
         try:
-            prepared = modelsource.prepare(model, spec.server.precision, workdir)
+            prepared = modelsource.prepare(
+                model, spec.server.precision, workdir / "prepared" / model.name, cache=modelsource.cache_dir()
+            )
         except modelsource.ModelSourceError as exc:
             raise ModelError(exc.reason, str(exc)) from None
         return ServedModel(prepared.directory, size, ModelDescription.model_validate(prepared.info))
@@ -71,13 +74,16 @@ class TorchServe:
         return TorchServeMetrics(model_name)
 
     def export_files(self, spec: ExperimentSpec) -> dict[str, str]:
-        from servinglab.k8s.resources import pod_config_properties
+        """config.properties (as a pod serves it), model-config.yaml and metrics.yaml."""
+        return pod.config_files(spec)
 
-        return {
-            "config.properties": pod_config_properties(spec.model.name, spec),
-            "model-config.yaml": tsconfig.render_model_config(spec.server, spec.load),
-            "metrics.yaml": tsconfig.render_metrics_config(),
-        }
+    def pod(self, spec: ExperimentSpec, inputs: PodInputs) -> PodPlan:
+        return pod.plan(spec, inputs, self.image(spec.server), container_resources(spec.server))
+
+    def start_failure(self, termination_message: str) -> tuple[str, str] | None:
+        """The launcher ends a container whose workers cannot load the model with "ModelLoadFailed: ..."."""
+        reason, _, message = termination_message.strip().partition(": ")
+        return (reason, message) if reason == launcher.MODEL_LOAD_FAILED else None
 
     def image(self, server: ServerSpec) -> str:
         return server.image or DEFAULT_IMAGE

@@ -1,20 +1,28 @@
 """TorchServe in a pod: its files in the experiment's ConfigMap, the init container that puts the model
 into the model store, the server container with its launcher and readiness, and the volumes (pure).
 
-The operator's builders (:mod:`servinglab.k8s.builders`) wrap this plan into the experiment's Deployment:
-an init container from the servinglab image builds the built-in model's archive (seeded weights, no
-downloads) or fetches, checks and packs the user's (`servinglab prepare-model`: a URL, with credentials
-from a Secret mounted into it alone, or a claim mounted read-only into it alone) into an emptyDir and
-drops in the experiment's model-config.yaml; the TorchServe container (the spec's pinned image) serves it
-with the rendered config.properties. Inference and metrics listen on all interfaces, management on
-localhost only.
+The operator's builders (:mod:`servinglab.k8s.builders`) wrap this plan into the experiment's Deployment.
+An init container from the servinglab image (`model`) builds the built-in model's archive (seeded
+weights, no downloads) or fetches, checks and lays out the user's (`servinglab prepare-model`: a URL, with
+credentials from a Secret mounted into it alone, or a claim mounted read-only into it alone) into an
+emptyDir and drops in the experiment's model-config.yaml. It runs only servinglab's code, so it alone
+mounts the model cache claim (read-write: it keeps downloads and builds there). A user's model is then
+counted (`servinglab count-model`, which loads it: a .pt2 unpickles) by a second init container (`probe`)
+with the model store read-only and no cache, claim or credentials. The TorchServe container (the spec's
+pinned image) serves the model store with the rendered config.properties and never mounts the cache.
+Every emptyDir has a sizeLimit (the model store's from the source's maxBytes), so a model cannot fill the
+node's disk. Inference and metrics listen on all interfaces, management on localhost only.
 """
 
 from __future__ import annotations
 
-from servinglab import modelsource, tsconfig
+import math
+
+from servinglab import modelsource
 from servinglab.api import ExperimentSpec
-from servinglab.servers.base import Manifest, PodInputs, PodPlan
+from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, PodInputs, PodPlan
+from servinglab.servers.torchserve import config
+from servinglab.servers.torchserve.launcher import server_launcher
 
 INFERENCE_PORT = 8080
 MANAGEMENT_PORT = 8081
@@ -32,6 +40,38 @@ MODEL_SOURCE_DIR = "/model-source"
 #: Where the operator's model cache claim is mounted, in the init container only.
 MODEL_CACHE_DIR = "/model-cache"
 
+_GI = 2**30
+#: What a built-in model may take (resnet50's archive is about 100 MB), in place of a source's maxBytes.
+BUILTIN_MODEL_BYTES = _GI
+#: Room beside the model in the model store: servinglab's handler, the rendered config, the description.
+_STORE_MARGIN_BYTES = _GI // 4
+#: TorchServe's logs roll over (100 MB a file, five files of each of its logs).
+LOGS_BYTES = 4 * _GI
+#: The probe's scratch: torch and the model's loader may want a /tmp.
+PROBE_TMP_BYTES = _GI
+
+
+def model_bytes(spec: ExperimentSpec) -> int:
+    """The most the model may take on disk: the source's maxBytes, or what a built-in model takes."""
+    source = spec.model.source
+    return source.max_bytes if source is not None else BUILTIN_MODEL_BYTES
+
+
+def size_limit(size: int) -> str:
+    return f"{math.ceil(size / 2**20)}Mi"
+
+
+def model_store_bytes(spec: ExperimentSpec) -> int:
+    """The model store's sizeLimit: twice the model (an archive and what it unpacks to are both there while
+    it is unpacked; a download, before it is moved into place) and the margin."""
+    return 2 * model_bytes(spec) + _STORE_MARGIN_BYTES
+
+
+def tmp_bytes(spec: ExperimentSpec) -> int:
+    """/tmp of the model init container and TorchServe: a built-in build without a cache claim, TorchServe's
+    temporary files (which may hold a copy of the model)."""
+    return model_bytes(spec) + _GI
+
 
 def restricted(read_only_root: bool = True) -> Manifest:
     """A container security context of the `restricted` Pod Security Standard."""
@@ -45,12 +85,12 @@ def restricted(read_only_root: bool = True) -> Manifest:
 
 
 def pod_config_properties(model: str, spec: ExperimentSpec) -> str:
-    addresses = tsconfig.Addresses(
+    addresses = config.Addresses(
         inference=f"http://0.0.0.0:{INFERENCE_PORT}",
         management=f"http://127.0.0.1:{MANAGEMENT_PORT}",
         metrics=f"http://0.0.0.0:{METRICS_PORT}",
     )
-    properties = tsconfig.config_properties(
+    properties = config.config_properties(
         model,
         spec.server,
         model_store=MODEL_STORE,
@@ -58,24 +98,25 @@ def pod_config_properties(model: str, spec: ExperimentSpec) -> str:
         addresses=addresses,
         number_of_gpu=spec.server.gpus,
     )
-    return tsconfig.render_properties(properties)
+    return config.render_properties(properties)
 
 
 def config_files(spec: ExperimentSpec) -> dict[str, str]:
     """TorchServe's three files, as a pod reads them from the experiment's ConfigMap."""
     return {
         "config.properties": pod_config_properties(spec.model.name, spec),
-        "model-config.yaml": tsconfig.render_model_config(spec.server, spec.load),
-        "metrics.yaml": tsconfig.render_metrics_config(),
+        "model-config.yaml": config.render_model_config(spec.server, spec.load),
+        "metrics.yaml": config.render_metrics_config(),
     }
 
 
 def model_init_container(spec: ExperimentSpec, inputs: PodInputs) -> Manifest:
     """The init container that puts the model into the model store: a built-in one is built from its
-    seeded code; the user's is fetched, checked and packed by `servinglab prepare-model`, whose
+    seeded code; the user's is fetched, checked and laid out by `servinglab prepare-model`, whose
     termination message is the model's description (or the reason it could not be served). Credentials
-    for a URL come from the spec's Secret into this container alone. With a cache claim, builds,
-    downloads and packed models are kept on it (mounted here only) and reused by digest."""
+    for a URL come from the spec's Secret into this container alone. With a cache claim, builds and
+    downloads are kept on it (mounted here only: nothing of the user's runs here) and reused once
+    re-checked against their digests; the copy in the model store is what was checked."""
     model = spec.model.name
     cached = inputs.model_cache_claim is not None
     mounts: list[Manifest] = [
@@ -83,34 +124,32 @@ def model_init_container(spec: ExperimentSpec, inputs: PodInputs) -> Manifest:
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    cache = MODEL_CACHE_DIR if cached else "/tmp/model-cache"
     if cached:
         mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
     env: list[Manifest] = []
     source = spec.model.source
     if source is None:
+        builds = f"{MODEL_CACHE_DIR if cached else '/tmp/model-cache'}/builtin"
         script = (
-            f"servinglab build-model {model} --build-dir {cache}/builtin --quiet"
+            f"servinglab build-model {model} --build-dir {builds} --into {MODEL_STORE}/{model} --quiet"
             " --termination-log /dev/termination-log\n"
-            f"cp -r {cache}/builtin/{model}/{model} {MODEL_STORE}/{model}\n"
         )
     else:
-        mounted = ""
+        options = f" --cache {MODEL_CACHE_DIR}" if cached else ""
         if source.pvc is not None:
             mounts.append({"name": "model-source", "mountPath": MODEL_SOURCE_DIR, "readOnly": True})
-            mounted = f" --mounted {MODEL_SOURCE_DIR}"
+            options += f" --mounted {MODEL_SOURCE_DIR}"
         if source.authorization_secret is not None:
             secret = source.authorization_secret
             env.append({"name": modelsource.AUTHORIZATION_ENV,
                         "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})  # fmt: skip
-        env.append({"name": "SERVINGLAB_MODEL_CACHE", "value": cache})
         script = (
             f"servinglab prepare-model --spec-file {CONFIG_DIR}/{inputs.experiment_file} "
-            f"--into {MODEL_STORE}/{model}{mounted} --termination-log /dev/termination-log\n"
+            f"--into {MODEL_STORE}/{model}{options} --no-count --termination-log /dev/termination-log\n"
         )
     script += f"cp {CONFIG_DIR}/model-config.yaml {MODEL_STORE}/{model}/model-config.yaml\n"
     container: Manifest = {
-        "name": "model",
+        "name": MODEL_INIT,
         "image": inputs.servinglab_image,
         "command": ["sh", "-ec"],
         "args": [script],
@@ -122,9 +161,28 @@ def model_init_container(spec: ExperimentSpec, inputs: PodInputs) -> Manifest:
     return container
 
 
+def probe_init_container(spec: ExperimentSpec, inputs: PodInputs) -> Manifest:
+    """The init container that counts a user's model (`servinglab count-model`): loading it runs the user's
+    code (a .pt2 unpickles), so it sees the model store read-only and its own /tmp, nothing else: no cache
+    claim, no source claim, no credentials. Its termination message is the counts."""
+    return {
+        "name": PROBE_INIT,
+        "image": inputs.servinglab_image,
+        "command": ["servinglab", "count-model", f"{MODEL_STORE}/{spec.model.name}"],
+        "args": ["--termination-log", "/dev/termination-log"],
+        "volumeMounts": [
+            {"name": "model-store", "mountPath": MODEL_STORE, "readOnly": True},
+            {"name": "probe-tmp", "mountPath": "/tmp"},
+        ],
+        "securityContext": restricted(),
+    }
+
+
 def _model_volumes(spec: ExperimentSpec, cache_claim: str | None) -> list[Manifest]:
-    volumes = []
+    volumes: list[Manifest] = [{"name": "model-store", "emptyDir": {"sizeLimit": size_limit(model_store_bytes(spec))}}]
     source = spec.model.source
+    if source is not None:
+        volumes.append({"name": "probe-tmp", "emptyDir": {"sizeLimit": size_limit(PROBE_TMP_BYTES)}})
     if source is not None and source.pvc is not None:
         claim = {"claimName": source.pvc.claim_name, "readOnly": True}
         volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
@@ -137,12 +195,12 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
     """TorchServe under its launcher (ready once every worker has loaded the model; ended with
     ModelLoadFailed when the handler cannot load it), non-root, read-only root file system."""
     server = spec.server
-    launcher = tsconfig.server_launcher(spec.model.name, server.workers, SERVER_LOGS, SERVER_READY_FILE)
+    launcher = server_launcher(spec.model.name, server.workers, SERVER_LOGS, SERVER_READY_FILE)
     return {
         "name": "torchserve",
         "image": image,
         # sh runs torchserve with these args ("$@"), says when the model is loaded and ends the container
-        # when it cannot be (see tsconfig.server_launcher)
+        # when it cannot be (see launcher.server_launcher)
         "command": ["sh", "-c", launcher],
         "args": [
             "torchserve", "--foreground", "--ncs", "--disable-token-auth",
@@ -177,17 +235,17 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
 
 
 def plan(spec: ExperimentSpec, inputs: PodInputs, image: str, resources: Manifest) -> PodPlan:
+    probe = [probe_init_container(spec, inputs)] if spec.model.source is not None else []
     return PodPlan(
         config_files=config_files(spec),
         config_dir=CONFIG_DIR,
-        init_containers=[model_init_container(spec, inputs)],
+        init_containers=[model_init_container(spec, inputs), *probe],
         containers=[server_container(spec, image, resources)],
         volumes=[
             {"name": "config", "configMap": {"name": inputs.config_map}},
             *_model_volumes(spec, inputs.model_cache_claim),
-            {"name": "model-store", "emptyDir": {}},
-            {"name": "logs", "emptyDir": {}},
-            {"name": "tmp", "emptyDir": {}},
+            {"name": "logs", "emptyDir": {"sizeLimit": size_limit(LOGS_BYTES)}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": size_limit(tmp_bytes(spec))}},
             # PyTorch workers share tensors through /dev/shm; the default 64 MiB is too small.
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
         ],

@@ -28,7 +28,8 @@ from typing import Any
 
 import psutil
 
-from servinglab import tsconfig
+from servinglab.servers.torchserve import config
+from servinglab.servers.torchserve.launcher import LOAD_ATTEMPTS, LOAD_FAILED
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
@@ -91,7 +92,7 @@ class LocalTorchServe:
         self.model_api = model_api  # register/unregister through the management API (reconfigure)
         self.workdir = workdir
         ports = free_ports(5)
-        self.addresses = tsconfig.Addresses(
+        self.addresses = config.Addresses(
             inference=f"http://127.0.0.1:{ports[0]}",
             management=f"http://127.0.0.1:{ports[1]}",
             metrics=f"http://127.0.0.1:{ports[2]}",
@@ -121,11 +122,11 @@ class LocalTorchServe:
                 target.symlink_to(entry.resolve())  # weights: hundreds of MB, read-only
             else:
                 shutil.copy2(entry, target)
-        (model_dir / "model-config.yaml").write_text(tsconfig.render_model_config(self.server, self.load))
+        (model_dir / "model-config.yaml").write_text(config.render_model_config(self.server, self.load))
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         metrics_path = self.workdir / "metrics.yaml"
-        metrics_path.write_text(tsconfig.render_metrics_config())
-        properties = tsconfig.config_properties(
+        metrics_path.write_text(config.render_metrics_config())
+        properties = config.config_properties(
             self.model_name,
             self.server,
             model_store=str(store),
@@ -135,7 +136,7 @@ class LocalTorchServe:
             model_api=self.model_api,
         )
         config_path = self.workdir / "config.properties"
-        config_path.write_text(tsconfig.render_properties(properties))
+        config_path.write_text(config.render_properties(properties))
         return config_path
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ class LocalTorchServe:
         started = time.monotonic()
         self.server, self.load = server, load
         model_dir = self.workdir / "model-store" / self.model_name
-        (model_dir / "model-config.yaml").write_text(tsconfig.render_model_config(server, load))
+        (model_dir / "model-config.yaml").write_text(config.render_model_config(server, load))
         self._http(f"{self.addresses.management}/models/{self.model_name}", 60.0, "DELETE")
         query = urllib.parse.urlencode(
             {"url": self.model_name, "initial_workers": server.workers, "synchronous": "true"}
@@ -236,9 +237,9 @@ class LocalTorchServe:
         with model_log.open("rb") as log:
             log.seek(offset)
             text = log.read().decode(errors="replace")
-        marker = tsconfig.LOAD_FAILED
+        marker = LOAD_FAILED
         failures = [line.split(marker, 1)[1] for line in text.splitlines() if marker in line]
-        if len(failures) >= tsconfig.LOAD_ATTEMPTS:
+        if len(failures) >= LOAD_ATTEMPTS:
             cause = failures[-1].split(", exception ", 1)[-1].strip()
             raise ServerError(
                 f"ModelLoadFailed: TorchServe's workers could not load {self.model_name} "

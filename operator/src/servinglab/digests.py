@@ -1,0 +1,82 @@
+"""sha256 digests of files and folders, and a folder's manifest of them: what lets a cached folder be reused.
+
+The model cache may be shared by every server pod of a namespace (the chart's modelCache claim), so
+nothing in it is trusted because it exists. A folder servinglab made there (a built-in model's build) gets
+a manifest, written last, once every file is in place: each file's path and sha256. A reuse re-hashes the
+folder and compares it with the manifest, file set included (an extra .py beside a handler is imported
+too), and with the digests the caller knows on its own (servinglab's handler files, from this install):
+a folder that differs is rebuilt, a copy that differs is refused. Files named by their digest (downloads)
+need no manifest: they are re-hashed against their name.
+
+Called by :mod:`servinglab.models` (built-in builds) and :mod:`servinglab.modelfetch` (downloads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def folder_digests(folder: Path) -> dict[str, str]:
+    """{relative POSIX path: sha256} of every file under `folder`; a symlink is never followed (it is
+    listed as `symlink:<target>`, so that it can never match a manifest written by servinglab)."""
+    found: dict[str, str] = {}
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            found[relative] = f"symlink:{os.readlink(path)}"
+        elif path.is_file():
+            found[relative] = file_sha256(path)
+    return found
+
+
+def write_manifest(folder: Path, manifest: Path, **about: str) -> None:
+    """Record every file of `folder` in `manifest` (replaced atomically: call it once the folder is complete)."""
+    document = {"files": folder_digests(folder), **about}
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=manifest.parent, prefix=".manifest-", delete=False) as partial:
+        json.dump(document, partial, indent=1, sort_keys=True)
+    os.replace(partial.name, manifest)
+
+
+def read_manifest(manifest: Path) -> dict[str, str] | None:
+    """The files a manifest lists, or None if it is missing or not one."""
+    try:
+        document = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    files = document.get("files") if isinstance(document, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return None
+    return {str(k): v for k, v in files.items()}
+
+
+def difference(folder: Path, listed: Mapping[str, str], known: Mapping[str, str] | None = None) -> str | None:
+    """None when `folder` holds exactly the files `listed` names with those digests, and the files whose
+    digest the caller `known`s on its own have it; else the first difference, for a message."""
+    for name, digest in (known or {}).items():
+        if listed.get(name) != digest:
+            return f"{name} is not the file this servinglab ships"
+    actual = folder_digests(folder)
+    for name in sorted(actual.keys() | listed.keys()):
+        if name not in actual:
+            return f"{name} is missing"
+        if name not in listed:
+            return f"{name} is not in the manifest"
+        if actual[name] != listed[name]:
+            return f"{name} has sha256 {actual[name]}, the manifest says {listed[name]}"
+    return None
