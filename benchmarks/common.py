@@ -23,7 +23,8 @@ import yaml
 
 from servinglab import models
 from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
-from servinglab.local_server import LocalTorchServe, free_ports
+from servinglab.servers.process import free_ports
+from servinglab.servers.torchserve.local import LocalTorchServe
 from servinglab.runner import resolve_archive
 from servinglab.api import parse_experiment
 

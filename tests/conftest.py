@@ -34,10 +34,12 @@ def servinglab_cmd() -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_archive(tmp_path_factory: pytest.TempPathFactory, servinglab_cmd: list[str]) -> Path:
-    """The tiny model's no-archive directory, built by `servinglab build-model` into a temp dir."""
+    """The tiny model as TorchServe serves it (a no-archive directory), built by `servinglab build-model`
+    into a temp dir and laid out for TorchServe, as a server pod's init container does."""
     build_dir = tmp_path_factory.mktemp("build")
-    subprocess.run([*servinglab_cmd, "build-model", "tiny", "--build-dir", str(build_dir)], check=True)
-    archive = build_dir / "tiny" / "tiny"
+    archive = tmp_path_factory.mktemp("served") / "tiny"
+    command = [*servinglab_cmd, "build-model", "tiny", "--build-dir", str(build_dir), "--into", str(archive)]
+    subprocess.run(command, check=True)
     assert (archive / "MAR-INF" / "MANIFEST.json").exists()
     return archive
 

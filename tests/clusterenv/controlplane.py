@@ -30,7 +30,7 @@ from typing import Any
 
 from clusterenv import manifests
 from clusterenv.pki import Pki, make_pki
-from servinglab.local_server import free_ports
+from servinglab.servers.process import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_CIDR = "10.96.0.0/16"

@@ -38,7 +38,7 @@ from typing import Any
 
 from clusterenv import manifests
 from clusterenv.controlplane import Kubectl
-from servinglab.local_server import free_ports
+from servinglab.servers.process import free_ports
 
 VENV_BIN = Path(sys.executable).parent
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterenv.controlplane import ProcessGroup
-from servinglab.local_server import free_ports
+from servinglab.servers.process import free_ports
 
 UTIL_LOW, UTIL_HIGH = 40.0, 90.0
 FB_USED_MIB = 2048.0

@@ -28,7 +28,7 @@ from typing import Any
 from clusterenv import manifests
 from clusterenv.controlplane import Binaries, ClusterError, Kubectl, ProcessGroup, host_address, http_ok
 from clusterenv.pki import Pki
-from servinglab.local_server import free_ports
+from servinglab.servers.process import free_ports
 
 #: Pod addresses on the real node (apart from KWOK's simulated pods, 10.244.0.0/16).
 NODE_POD_CIDR = "10.250.0.0/24"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from clusterenv.controlplane import Cluster
-from servinglab.local_server import free_ports
+from servinglab.servers.process import free_ports
 
 SERVINGLAB = str(Path(sys.executable).with_name("servinglab"))
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from servinglab.loadgen.stats import Sample, summarise
-from servinglab.local_server import free_ports
+from servinglab.servers.process import free_ports
 
 TOOLS = Path(__file__).parent / "tools"
 # A quiet host: no scheduling stall over 25 ms and at most a few over 10 ms (the generator's own

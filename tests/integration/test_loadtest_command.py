@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from servinglab import tsmetrics
-from servinglab.local_server import LocalTorchServe
+from servinglab.servers.torchserve.local import LocalTorchServe
 from servinglab.api import ServerSpec
 
 pytestmark = pytest.mark.torchserve

@@ -10,7 +10,7 @@ import pytest
 
 from servinglab import tsmetrics
 from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
-from servinglab.local_server import LocalTorchServe
+from servinglab.servers.torchserve.local import LocalTorchServe
 from servinglab.api import PayloadFormat, Precision, ServerSpec
 
 pytestmark = pytest.mark.torchserve

@@ -25,7 +25,7 @@ from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.operatorproc import Operator
-from servinglab.loadgen.results_sink import decode_results
+from servinglab.k8s.sink import decode_results
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
 

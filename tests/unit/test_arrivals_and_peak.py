@@ -5,13 +5,16 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 
+from servinglab.api import RateSearchSpec
 from servinglab.loadgen.arrivals import arrival_offsets
 from servinglab.loadgen.peak import search_peak_rate
 from servinglab.loadgen.stats import LevelStats
-from servinglab.api import RateSearchSpec
+from servinglab.measure.levels import probe_passes
 
 
 def test_constant_arrivals_are_evenly_spaced() -> None:
@@ -72,28 +75,33 @@ def fake_server(capacity_rps: float, slo_ms: float = 100.0, saturated_above: flo
     return probe, probed
 
 
+def within(slo_p99_ms: float) -> Callable[[LevelStats], bool]:
+    """The SLO the peak search judges its probes by, as the measurement driver gives it."""
+    return partial(probe_passes, slo_p99_ms=slo_p99_ms)
+
+
 def test_peak_search_brackets_the_capacity_within_the_precision() -> None:
     probe, probed = fake_server(capacity_rps=73.0)
     search = RateSearchSpec(min_rps=10, max_rps=400, precision=0.05, max_probes=16)
-    peak, probes = search_peak_rate(probe, search, slo_p99_ms=100.0)
+    peak, probes = search_peak_rate(probe, search, within(100.0))
     # p99 <= 100 ms up to 73 + 80/50 = 74.6 rps
-    assert peak["rateRps"] <= 74.6 < peak["firstFailingRps"]
-    assert peak["firstFailingRps"] / peak["rateRps"] - 1 <= 0.05
-    assert peak["p99LatencyMs"] <= 100.0
+    assert peak.rate_rps <= 74.6 < peak.first_failing_rps
+    assert peak.first_failing_rps / peak.rate_rps - 1 <= 0.05
+    assert peak.p99_latency_ms <= 100.0
     assert probed[:5] == [10, 20, 40, 80, 56.568542494923804]  # doublings to the first miss, then bisection
-    assert len(probes) == peak["probes"] <= 16
+    assert len(probes) == peak.probes <= 16
 
 
 def test_peak_search_reports_an_unreached_ceiling_and_an_impossible_floor() -> None:
     probe, _ = fake_server(capacity_rps=1000.0)
-    peak, probes = search_peak_rate(probe, RateSearchSpec(min_rps=10, max_rps=400, max_probes=10), 100.0)
-    assert peak["rateRps"] == 400 and "may be higher" in peak["note"] and len(probes) == 7  # 10, 20, ... 320, 400
+    peak, probes = search_peak_rate(probe, RateSearchSpec(min_rps=10, max_rps=400, max_probes=10), within(100.0))
+    assert peak.rate_rps == 400 and "may be higher" in peak.note and len(probes) == 7  # 10, 20, ... 320, 400
     probe, _ = fake_server(capacity_rps=1.0)
-    peak, _ = search_peak_rate(probe, RateSearchSpec(min_rps=10, max_rps=400), 100.0)
-    assert peak["rateRps"] is None and "minRps misses the SLO" in peak["note"]
+    peak, _ = search_peak_rate(probe, RateSearchSpec(min_rps=10, max_rps=400), within(100.0))
+    assert peak.rate_rps is None and "minRps misses the SLO" in peak.note
 
 
 def test_a_probe_the_generator_limited_does_not_count_as_passing() -> None:
     probe, _ = fake_server(capacity_rps=300.0, saturated_above=120.0)
-    peak, _ = search_peak_rate(probe, RateSearchSpec(min_rps=10, max_rps=400, max_probes=20), 100.0)
-    assert peak["rateRps"] <= 120.0 < peak["firstFailingRps"]
+    peak, _ = search_peak_rate(probe, RateSearchSpec(min_rps=10, max_rps=400, max_probes=20), within(100.0))
+    assert peak.rate_rps <= 120.0 < peak.first_failing_rps

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from servinglab.ceiling import (
+from servinglab.api.results import LevelResult, RawRow, RawSkip, ServerBreakdown
+from servinglab.measure.ceiling import (
     PEAK_TFLOPS,
     accelerator_of,
     ceiling_report,
-    count_flops,
     formed_batch_size,
     raw_block,
     scan_batch_sizes,
     theoretical_rps,
 )
-from servinglab.rawprobe import RawFigures
+from servinglab.measure.raw.figures import RawFigures
+from servinglab.models.counting import count_flops
 
 
 def test_flops_are_counted_from_the_model_itself() -> None:
@@ -62,42 +63,45 @@ def test_theoretical_rate_is_peak_over_flops() -> None:
 
 def figures(**rows: float) -> RawFigures:
     """Raw figures measured at the given batch sizes (`b8=1200.0` is 1200 rps at batch 8)."""
-    measured = {int(k[1:]): {"batchSize": int(k[1:]), "throughputRps": v} for k, v in rows.items()}
+    measured = {int(k[1:]): RawRow(batch_size=int(k[1:]), throughput_rps=v) for k, v in rows.items()}
     return RawFigures(device="cpu", measured=measured, skipped={1024: "one pass would take about 60 s"})
 
 
 def test_report_gives_every_ratio_on_a_known_accelerator() -> None:
     raw = raw_block(7.6, 8, figures(b8=1200.0, b1=300.0, b64=1800.0), budget=5.0)
     report = ceiling_report(served_rps=900.0, flops_per_inference=8.18e9, raw=raw, accelerator="T4", precision="fp16")
-    assert report["peakTflops"] == 65.0
-    assert report["theoreticalRps"] == pytest.approx(7946.210, abs=1e-3)
+    assert report.peak_tflops == 65.0
+    assert report.theoretical_rps == pytest.approx(7946.210, abs=1e-3)
     # served/raw compares the batch size the server formed (mean 7.6 -> 8), not the best one
-    assert (report["rawBatchSize"], report["formedBatchSizeMean"], report["rawAtFormedBatchRps"]) == (8, 7.6, 1200.0)
-    assert report["servedOverRaw"] == 0.75
-    assert (report["rawBestBatchSize"], report["rawBestRps"], report["servedOverBestRaw"]) == (64, 1800.0, 0.5)
-    assert report["servedOverTheoretical"] == pytest.approx(900 / 7946.210, abs=1e-4)
-    assert report["rawSkipped"] == [{"batchSize": 1024, "reason": "one pass would take about 60 s"}]
-    assert [row["batchSize"] for row in report["rawTable"]] == [1, 8, 64]
+    assert (report.raw_batch_size, report.formed_batch_size_mean, report.raw_at_formed_batch_rps) == (8, 7.6, 1200.0)
+    assert report.served_over_raw == 0.75
+    assert (report.raw_best_batch_size, report.raw_best_rps, report.served_over_best_raw) == (64, 1800.0, 0.5)
+    assert report.served_over_theoretical == pytest.approx(900 / 7946.210, abs=1e-4)
+    assert report.raw_skipped == [RawSkip(batch_size=1024, reason="one pass would take about 60 s")]
+    assert [row.batch_size for row in report.raw_table or []] == [1, 8, 64]
 
 
 def test_report_says_why_a_ratio_is_missing() -> None:
     on_cpu = ceiling_report(10.0, 8.18e9, raw_block(4.0, 4, figures(b4=12.5), 5.0), None, "fp32")
-    assert on_cpu["servedOverRaw"] == 0.8 and on_cpu["servedOverTheoretical"] is None
-    assert "CPU" in on_cpu["note"]
+    assert on_cpu.served_over_raw == 0.8 and on_cpu.served_over_theoretical is None
+    assert "CPU" in (on_cpu.note or "")
     no_bf16 = ceiling_report(10.0, 8.18e9, raw_block(4.0, 4, figures(b4=12.5), 5.0), "T4", "bf16")
-    assert no_bf16["theoreticalRps"] is None and "no bf16 hardware path" in no_bf16["note"]
+    assert no_bf16.theoretical_rps is None and "no bf16 hardware path" in (no_bf16.note or "")
     # the formed size could not be measured (memory or budget): no served/raw, and the note says why
     unmeasured = ceiling_report(10.0, 8.18e9, raw_block(64.0, 64, figures(b1=5.0), 5.0), None, "fp32")
-    assert unmeasured["servedOverRaw"] is None and unmeasured["servedOverBestRaw"] == 2.0
-    assert "could not be measured at the formed batch size 64" in unmeasured["note"]
+    assert unmeasured.served_over_raw is None and unmeasured.served_over_best_raw == 2.0
+    assert "could not be measured at the formed batch size 64" in (unmeasured.note or "")
+
+
+def served(mean_batch: float | None) -> LevelResult:
+    return LevelResult(throughput_rps=1.0, requests=1, errors=0, server=ServerBreakdown(mean_batch_size=mean_batch))
 
 
 def test_the_raw_figure_follows_the_batch_size_the_server_formed() -> None:
-    level = {"server": {"meanBatchSize": 6.6}}
-    assert formed_batch_size(level, 1024) == (7, 6.6)
-    assert formed_batch_size({"server": {"meanBatchSize": 0.4}}, 1024) == (1, 0.4)
-    assert formed_batch_size({"server": {"meanBatchSize": 9.0}}, 8) == (8, 9.0)  # never above the maximum
-    assert formed_batch_size({"server": {}}, 16) == (16, None)  # no counters: the configured size
+    assert formed_batch_size(served(6.6), 1024) == (7, 6.6)
+    assert formed_batch_size(served(0.4), 1024) == (1, 0.4)
+    assert formed_batch_size(served(9.0), 8) == (8, 9.0)  # never above the maximum
+    assert formed_batch_size(served(None), 16) == (16, None)  # no counters: the configured size
     assert formed_batch_size(None, 16) == (16, None)
 
 
@@ -108,8 +112,8 @@ def test_the_scan_covers_powers_of_two_up_to_the_maximum_formed_size_first() -> 
 
 
 def test_the_accelerator_follows_the_servers_node_selector() -> None:
-    from servinglab.ceiling import accelerator_from_spec
     from servinglab.api import ServerSpec
+    from servinglab.measure.ceiling import accelerator_from_spec
 
     assert accelerator_from_spec(ServerSpec(gpus=1, node_selector={"nvidia.com/gpu.product": "Tesla-T4"})) == "T4"
     assert (
@@ -121,12 +125,12 @@ def test_the_accelerator_follows_the_servers_node_selector() -> None:
 
 
 def test_the_served_figure_is_the_best_level_within_the_slo() -> None:
-    from servinglab.ceiling import served_level
+    from servinglab.measure.levels import served_level
 
     entries = [
-        {"throughputRps": 100.0, "latencyMs": {"p99": 40.0}, "errors": 0},
-        {"throughputRps": 180.0, "latencyMs": {"p99": 90.0}, "errors": 0},
-        {"throughputRps": 250.0, "latencyMs": {"p99": 400.0}, "errors": 0},
+        LevelResult.model_validate({"throughputRps": 100.0, "latencyMs": {"p99": 40.0}, "errors": 0, "requests": 9}),
+        LevelResult.model_validate({"throughputRps": 180.0, "latencyMs": {"p99": 90.0}, "errors": 0, "requests": 9}),
+        LevelResult.model_validate({"throughputRps": 250.0, "latencyMs": {"p99": 400.0}, "errors": 0, "requests": 9}),
     ]
     assert served_level(entries, 100.0) == entries[1]
     assert served_level(entries, None) == entries[2]
@@ -135,5 +139,5 @@ def test_the_served_figure_is_the_best_level_within_the_slo() -> None:
 
 def test_without_a_raw_figure_the_report_says_where_it_is_measured() -> None:
     report = ceiling_report(150.0, 3_244_672, raw_block(3.2, 3, None, 5.0), "T4", "fp32")
-    assert report["servedOverRaw"] is None and report["theoreticalRps"] == pytest.approx(8.1e12 / 3_244_672, abs=1e-3)
-    assert report["rawBatchSize"] == 3 and "raw throughput is measured by local runs" in report["note"]
+    assert report.served_over_raw is None and report.theoretical_rps == pytest.approx(8.1e12 / 3_244_672, abs=1e-3)
+    assert report.raw_batch_size == 3 and "raw throughput is measured by local runs" in (report.note or "")

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
+from servinglab.api import GeneratorLimits, StabilitySpec
 from servinglab.loadgen import shapes, sharing
 from servinglab.loadgen.stats import LevelStats, Sample, generator_verdict, judge_stability, summarise
-from servinglab.api import GeneratorLimits, StabilitySpec
 
 START = 1_800_000_000.0
 STABILITY = StabilitySpec(window_seconds=2, windows=3, tolerance=0.2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servinglab.k8s.gpuqueue import decide, node_offer
+from servinglab.k8s.experiment.gpuqueue import decide, node_offer
 
 T4 = {"nvidia.com/gpu.product": "Tesla-T4"}
 TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -45,8 +45,8 @@ def test_a_request_no_node_could_ever_hold_is_refused_naming_the_largest_offer()
 
 
 def test_offers_lists_what_each_node_that_can_host_the_server_gives_it() -> None:
-    from servinglab.k8s.gpuqueue import offers
     from servinglab.api import ServerSpec
+    from servinglab.k8s.experiment.gpuqueue import offers
 
     server = ServerSpec.model_validate({"gpus": 1, "nodeSelector": T4, "tolerations": TOLERATE_GPU})
     t4 = node("1", T4, [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])

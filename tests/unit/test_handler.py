@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from servinglab.loadgen.payloads import make_payloads
 from servinglab.api import PayloadFormat
+from servinglab.loadgen.payloads import make_payloads
 from servinglab_image_handler import ServinglabImageHandler
 from servinglab_imaging import decode_image, plan_precision, to_batch, top_k
 

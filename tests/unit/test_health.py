@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from servinglab.k8s.health import OperatorUnhealthy, check_operator
-from servinglab.local_server import free_ports
+from servinglab.servers.process import free_ports
 
 OPERATOR_METRICS = (
     "# HELP servinglab_experiments_running Experiments this operator is driving now\n"

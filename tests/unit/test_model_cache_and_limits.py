@@ -8,8 +8,8 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import shutil
 import struct
+import subprocess
 import threading
 import zipfile
 import zlib
@@ -20,9 +20,15 @@ from typing import Any
 
 import pytest
 
-from servinglab import digests, models, modelsource
-from servinglab.k8s import resources
+from servinglab import servers
 from servinglab.api import ModelRef, ModelSource, Precision, parse_experiment
+from servinglab.k8s import builders as resources
+from servinglab.models import builtins as models
+from servinglab.models import digests
+from servinglab.models.build import build
+from servinglab.models.catalogue import handler_paths
+from servinglab.servers.base import PodInputs
+from servinglab.servers.torchserve import archive as modelsource
 from usermodels import file_server
 
 OWNER = resources.Owner("mine", "team", "uid-1")
@@ -69,32 +75,42 @@ def test_the_cache_holds_no_code_and_a_packed_model_gets_this_installs_handler(t
     cache = tmp_path / "cache"
     model = ModelRef(name="m", source=ModelSource(path=str(source_file)))
     prepared = modelsource.prepare(model, Precision.FP16, tmp_path / "served", cache=cache, count=False)
-    for shipped in models.handler_paths():
+    for shipped in handler_paths():
         assert (prepared.directory / shipped.name).read_bytes() == shipped.read_bytes()
     assert not cache.exists(), "a local file is not kept: nothing in the cache to poison"
 
 
 @pytest.fixture()
-def builds(tiny_archive: Path, tmp_path: Path) -> Path:
-    """A private copy of the tiny model's build root (build, stamp, digests), for a test to tamper with."""
+def builds(tmp_path: Path, servinglab_cmd: list[str]) -> Path:
+    """A private build root of the tiny model (build, stamp, digests), for a test to tamper with."""
     root = tmp_path / "builds"
-    shutil.copytree(tiny_archive.parent.parent, root)
+    subprocess.run([*servinglab_cmd, "build-model", "tiny", "--build-dir", str(root), "--quiet"], check=True)
     return root
 
 
 def test_a_build_that_changed_is_not_current_and_is_rebuilt(builds: Path) -> None:
-    archive = models.archive_dir("tiny", builds)
+    archive = models.build_folder("tiny", builds)
     assert models.is_current("tiny", builds), models.build_difference("tiny", builds)
-    handler = archive / models.HANDLER_FILE
-    genuine = handler.read_bytes()
-    handler.write_bytes(genuine + b"\nimport os  # anything at all runs in every later server\n")
+    code = archive / models.MODEL_FILE
+    genuine = code.read_bytes()
+    code.write_bytes(genuine + b"\nimport os  # anything at all runs in every later server\n")
     assert not models.is_current("tiny", builds)
-    assert f"{models.HANDLER_FILE} has sha256" in str(models.build_difference("tiny", builds))
+    assert f"{models.MODEL_FILE} has sha256" in str(models.build_difference("tiny", builds))
     digests.write_manifest(archive, archive.parent / models.DIGESTS_FILE)  # whoever wrote it, wrote this too
-    assert not models.is_current("tiny", builds), "the handler is checked against the one this install ships"
-    assert models.build_difference("tiny", builds) == f"{models.HANDLER_FILE} is not the file this servinglab ships"
-    _, rebuilt = models.build("tiny", builds)
-    assert rebuilt and handler.read_bytes() == genuine and models.is_current("tiny", builds)
+    assert not models.is_current("tiny", builds), "the model's code is checked against the one this install ships"
+    assert models.build_difference("tiny", builds) == f"{models.MODEL_FILE} is not the file this servinglab ships"
+    _, rebuilt = build("tiny", builds)
+    assert rebuilt and code.read_bytes() == genuine and models.is_current("tiny", builds)
+
+
+def test_a_laid_out_model_gets_this_installs_handler_never_a_cached_one(builds: Path, tmp_path: Path) -> None:
+    """The handler TorchServe imports is copied from this install when the build is laid out, so a cache
+    (which holds builds) never holds the code a server runs."""
+    into = tmp_path / "store" / "tiny"
+    servers.get("torchserve").layout_builtin("tiny", models.install("tiny", into, builds), into)
+    for shipped in handler_paths():
+        assert (into / shipped.name).read_bytes() == shipped.read_bytes()
+        assert not (models.build_folder("tiny", builds) / shipped.name).exists()
 
 
 @pytest.mark.parametrize(
@@ -109,7 +125,7 @@ def test_a_copy_of_a_build_that_differs_from_its_digests_is_refused(
     builds: Path, tmp_path: Path, tamper: Any, difference: str
 ) -> None:
     """As when the cache changes between the check and the copy: the copy is what is checked."""
-    tamper(models.archive_dir("tiny", builds))
+    tamper(models.build_folder("tiny", builds))
     into = tmp_path / "store" / "tiny"
     with pytest.raises(models.BuildChanged) as refused:
         models.install("tiny", into, builds)
@@ -284,7 +300,8 @@ def server_pod(model: dict[str, Any], cache_claim: str | None = "model-cache") -
     document = {"apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": "mine"},
                 "spec": {"model": model}}  # fmt: skip
     spec = parse_experiment(document).spec
-    pod: dict[str, Any] = resources.deployment(OWNER, spec, "servinglab:1", cache_claim)["spec"]["template"]["spec"]
+    plan = servers.get(spec.server.kind).pod(spec, PodInputs("mine-config", "servinglab:1", cache_claim))
+    pod: dict[str, Any] = resources.deployment(OWNER, spec, plan)["spec"]["template"]["spec"]
     return pod
 
 

@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
-from servinglab import modelsource
-from servinglab.k8s import credentials
-from servinglab.k8s.operator import Settings, model_description
 from servinglab.api import ModelRef, ModelSource, Precision, parse_experiment
+from servinglab.api.results import to_json
+from servinglab.k8s import credentials
+from servinglab.k8s.experiment.diagnose import model_description
+from servinglab.k8s.settings import Settings
+from servinglab.servers.torchserve import archive as modelsource
 from usermodels import LocalCa, file_server, make_local_ca
 
 TOKEN = "Bearer s3cret-token"
@@ -38,6 +40,12 @@ def served(tmp_path: Path) -> Path:
     folder.mkdir()
     (folder / "model.pt").write_bytes(b"the model")
     return folder
+
+
+def described_as(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """What status.model would hold for this pod, as JSON."""
+    found = model_description(pod)
+    return to_json(found) if found is not None else None
 
 
 def fetch(url: str, scratch: Path, authorization: str | None = TOKEN) -> modelsource.Fetched:
@@ -209,8 +217,11 @@ def pod_said(model: dict[str, Any], probe: object) -> dict[str, Any]:
 def test_status_takes_the_description_from_the_fetcher_and_only_the_figures_from_the_probe() -> None:
     described = {"name": "m", "source": "https://h/m.pt?<redacted>", "sha256": "ab" * 32, "format": "exported"}
     counts = {"parameters": 660, "flopsPerInference": 1280, "countNote": None}
-    assert model_description(pod_said(described, counts)) == {**described, **counts}
+    assert described_as(pod_said(described, counts)) == {
+        **described,
+        **{k: v for k, v in counts.items() if v is not None},
+    }
     forged = {**counts, "sha256": "0" * 64, "source": "https://trusted.example/m.pt"}
-    assert model_description(pod_said(described, forged)) == described, "a probe that says more is not believed"
-    assert model_description(pod_said(described, {**counts, "parameters": "many"})) == described
-    assert model_description(pod_said(described, "not json")) == described
+    assert described_as(pod_said(described, forged)) == described, "a probe that says more is not believed"
+    assert described_as(pod_said(described, {**counts, "parameters": "many"})) == described
+    assert described_as(pod_said(described, "not json")) == described

@@ -11,14 +11,32 @@ from typing import Any
 
 import pytest
 
-from servinglab import modelsource
-from servinglab.k8s import resources
-from servinglab.k8s.operator import cluster_problems, model_description, model_init_failure, model_load_failure
+from servinglab import servers
+from servinglab.api import ExperimentSpec, ModelRef, ModelSource, PayloadSpec, Precision, SpecError, parse_experiment
+from servinglab.api.results import to_json
+from servinglab.k8s import builders as resources
+from servinglab.k8s.experiment.diagnose import (
+    cluster_problems,
+    model_description,
+    model_init_failure,
+    server_start_failure,
+)
 from servinglab.loadgen.payloads import PayloadError, own_payloads
-from servinglab.api import ModelRef, ModelSource, PayloadSpec, Precision, SpecError, parse_experiment
+from servinglab.servers.base import PodInputs, PodPlan
+from servinglab.servers.torchserve import archive as modelsource
 from usermodels import file_server
 
 OWNER = resources.Owner("mine", "team", "uid-1")
+
+
+def plan(spec: ExperimentSpec) -> PodPlan:
+    return servers.get(spec.server.kind).pod(spec, PodInputs("mine-config", "servinglab:1"))
+
+
+def described_as(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """What status.model would hold for this pod, as JSON."""
+    found = model_description(pod)
+    return to_json(found) if found is not None else None
 
 
 def document(model: dict[str, Any], payload: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -157,14 +175,14 @@ def test_the_fetching_init_container_alone_sees_the_credentials_and_the_claim() 
     model = {"name": "m", "source": {"url": "https://models.example/m.pt",
                                      "authorizationSecret": {"name": "registry", "key": "token"}}}  # fmt: skip
     spec = parse_experiment(document(model)).spec
-    pod = resources.deployment(OWNER, spec, "servinglab:1")["spec"]["template"]["spec"]
+    pod = resources.deployment(OWNER, spec, plan(spec))["spec"]["template"]["spec"]
     init, probe = pod["initContainers"]
     assert "servinglab prepare-model" in init["args"][0] and "--no-count" in init["args"][0]
     assert init["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "registry", "key": "token"}
     assert "env" not in probe and "count-model" in probe["command"]
     assert not any("env" in c and "secretKeyRef" in json.dumps(c["env"]) for c in pod["containers"])
     on_claim = parse_experiment(document({"name": "m", "source": {"pvc": {"claimName": "models", "path": "m.pt"}}}))
-    pod = resources.deployment(OWNER, on_claim.spec, "servinglab:1")["spec"]["template"]["spec"]
+    pod = resources.deployment(OWNER, on_claim.spec, plan(on_claim.spec))["spec"]["template"]["spec"]
     assert {"name": "model-source", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod[
         "volumes"
     ]
@@ -175,16 +193,20 @@ def test_the_fetching_init_container_alone_sees_the_credentials_and_the_claim() 
 
 def test_the_load_job_is_handed_the_flops_counted_where_the_model_was_prepared() -> None:
     spec = parse_experiment(document({"name": "resnet50"})).spec
-    args = resources.load_job(OWNER, spec, "servinglab:1", 8.18e9)["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = resources.load_job(OWNER, spec, plan(spec), "servinglab:1", 8.18e9)["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
     assert args[args.index("--flops-per-inference") + 1] == "8180000000"
-    unknown = resources.load_job(OWNER, spec, "servinglab:1")["spec"]["template"]["spec"]["containers"][0]["args"]
+    unknown = resources.load_job(OWNER, spec, plan(spec), "servinglab:1")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
     assert "--flops-per-inference" not in unknown
 
 
 def test_the_load_job_reads_bodies_from_the_configmap_it_mounts() -> None:
     payload = {"records": "requests.jsonl", "configMap": "bodies", "check": {"json": True}}
     spec = parse_experiment(document({"name": "resnet50"}, payload)).spec
-    pod = resources.load_job(OWNER, spec, "servinglab:1")["spec"]["template"]["spec"]
+    pod = resources.load_job(OWNER, spec, plan(spec), "servinglab:1")["spec"]["template"]["spec"]
     args = pod["containers"][0]["args"]
     assert args[args.index("--payload-dir") + 1] == resources.PAYLOAD_DIR
     assert {"name": "payload", "configMap": {"name": "bodies"}} in pod["volumes"]
@@ -203,7 +225,7 @@ def test_the_init_containers_word_becomes_the_reason_or_the_model_description() 
     reason, message = model_init_failure([odd]) or ("", "")
     assert reason == "ModelPreparationFailed" and "not found" in message and "exit" in message
     done = pod_with_init({"terminated": {"exitCode": 0, "message": json.dumps({"sha256": "ab", "parameters": 3})}})
-    assert model_init_failure([done]) is None and model_description(done) == {"sha256": "ab", "parameters": 3}
+    assert model_init_failure([done]) is None and described_as(done) == {"sha256": "ab", "parameters": 3}
 
 
 def test_a_server_container_that_gave_up_on_its_model_is_model_load_failed() -> None:
@@ -211,9 +233,14 @@ def test_a_server_container_that_gave_up_on_its_model_is_model_load_failed() -> 
     restarted = {"name": "torchserve", "state": {"waiting": {}}, "lastState": {"terminated": gave_up}}
     pod = {"metadata": {"name": "mine-server-x"}, "status": {"containerStatuses": [restarted]}}
     expected = ("ModelLoadFailed", "server pod mine-server-x: could not load m (2 attempts): boom")
-    assert model_load_failure([pod]) == expected
+    assert server_start_failure([pod], servers.get("torchserve")) == expected
     crashed = {"name": "torchserve", "state": {"terminated": {"exitCode": 137, "message": "killed"}}}
-    assert model_load_failure([{"metadata": {"name": "p"}, "status": {"containerStatuses": [crashed]}}]) is None
+    assert (
+        server_start_failure(
+            [{"metadata": {"name": "p"}, "status": {"containerStatuses": [crashed]}}], servers.get("torchserve")
+        )
+        is None
+    )
 
 
 def test_records_are_sent_in_a_seeded_order_with_their_content_types(tmp_path: Path) -> None:

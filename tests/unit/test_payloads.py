@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from servinglab.loadgen.payloads import make_payloads
 from servinglab.api import PayloadFormat
+from servinglab.loadgen.payloads import make_payloads
 from servinglab_imaging import decode_image
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from servinglab.loadgen import results_sink
-from servinglab.loadgen.results_sink import ResultsUnreadable, SinkError, decode_results, encode_results
+from servinglab.k8s import sink as results_sink
+from servinglab.k8s.sink import ResultsUnreadable, SinkError, decode_results, encode_results
 
 
 def windows_document(levels: int, windows: int, seed: int = 7) -> dict[str, Any]:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from servinglab.api import ShapeSpec, SpecError, parse_experiment
 from servinglab.loadgen import shapes
 from servinglab.loadgen.stats import Sample, summarise
-from servinglab.api import ShapeSpec, SpecError, parse_experiment
 
 
 def shape(**fields: object) -> ShapeSpec:

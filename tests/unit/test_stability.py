@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from servinglab.api import GeneratorLimits, SpecError, parse_experiment
 from servinglab.loadgen.stats import (
     Sample,
     Window,
@@ -15,7 +16,6 @@ from servinglab.loadgen.stats import (
     summarise,
     windows,
 )
-from servinglab.api import GeneratorLimits, SpecError, parse_experiment
 
 
 def steady(start: float, seconds: float, rate: float, latency_ms: float) -> list[Sample]:
@@ -118,8 +118,8 @@ def test_repeats_pool_every_request_and_report_each_run() -> None:
 
 
 def test_while_requests_are_in_flight_only_answered_windows_are_judged() -> None:
-    from servinglab.loadgen.stats import judge_stability
     from servinglab.api import StabilitySpec
+    from servinglab.loadgen.stats import judge_stability
 
     rule = StabilitySpec(window_seconds=1, windows=2, tolerance=0.1)
     # 100 requests/s of 500 ms each from t=0; at t=3 those sent after 2.5 s are still in flight

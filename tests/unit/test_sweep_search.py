@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from servinglab.sweep.search import OUT_OF_MEMORY, Outcome, best, propose, pruned_by
 from servinglab.api import SweepSpec, TrialConfig, grid
+from servinglab.sweep.search import OUT_OF_MEMORY, Outcome, best, propose, pruned_by
 
 Surface = Callable[[TrialConfig], Outcome]
 SPEED = {"fp32": 1.0, "tf32": 1.3, "fp16": 2.1, "bf16": 1.9}

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from servinglab.api import SpecError
+from servinglab.api import MAX_SPACE, SpecError, TrialConfig, grid, parse_sweep, space_size, trial_name, trial_spec
+from servinglab.api.results import ExperimentResults, to_json
+from servinglab.api.trials import SweepPoint
 from servinglab.sweep import rollup
-from servinglab.api import MAX_SPACE, TrialConfig, grid, parse_sweep, space_size, trial_name, trial_spec
 
 
 def document(**spec: Any) -> dict[str, Any]:
@@ -73,21 +74,28 @@ def level(users: int, rps: float, p99: float, errors: int = 0) -> dict[str, Any]
     return {"concurrency": users, "throughputRps": rps, "latencyMs": {"p99": p99}, "requests": 1000, "errors": errors}
 
 
+def results(*levels: dict[str, Any], **more: Any) -> ExperimentResults:
+    """A trial's results document with these levels."""
+    return ExperimentResults.model_validate({"experiment": "trial", "model": "resnet50", "results": levels, **more})
+
+
 def test_capacity_is_the_best_level_within_the_slo_or_the_peak_rate() -> None:
-    results = {"results": [level(1, 100, 20), level(8, 400, 80), level(32, 600, 140), level(16, 500, 90, errors=3)]}
-    assert rollup.capacity(results, 100, 0.0) == {"capacityRps": 400, "p99LatencyMs": 80, "level": "8 users"}
-    assert rollup.capacity(results, 100, 0.01)["capacityRps"] == 500  # 0.3 % errors allowed
-    assert rollup.capacity(results, 10, 0.0) is None
-    peak = {"results": [level(1, 100, 20)], "peakRate": {"rateRps": 350.0, "p99LatencyMs": 95.0}}
-    assert rollup.capacity(peak, 100, 0.0)["capacityRps"] == 350.0
+    measured = results(level(1, 100, 20), level(8, 400, 80), level(32, 600, 140), level(16, 500, 90, errors=3))
+    assert rollup.capacity(measured, 100, 0.0) == rollup.Capacity(400, 80, "8 users")
+    assert (found := rollup.capacity(measured, 100, 0.01)) is not None and found.capacity_rps == 500  # 0.3 % errors
+    assert rollup.capacity(measured, 10, 0.0) is None
+    peak = results(level(1, 100, 20), peakRate={"rateRps": 350.0, "p99LatencyMs": 95.0})
+    assert (found := rollup.capacity(peak, 100, 0.0)) is not None and found.capacity_rps == 350.0
 
 
 def test_the_front_keeps_only_points_nothing_beats_on_both_throughput_and_p99() -> None:
+    config = TrialConfig(batch_size=1, max_batch_delay_ms=1, workers=1, precision="fp32")
     points = [
-        {"throughputRps": r, "p99LatencyMs": p} for r, p in [(100, 10), (90, 20), (300, 50), (250, 60), (400, 200)]
+        SweepPoint(trial="t", config=config, throughput_rps=r, p99_latency_ms=p)
+        for r, p in [(100, 10), (90, 20), (300, 50), (250, 60), (400, 200)]
     ]
     front = rollup.pareto_front(points)
-    assert [(p["throughputRps"], p["p99LatencyMs"]) for p in front] == [(100, 10), (300, 50), (400, 200)]
+    assert [(p.throughput_rps, p.p99_latency_ms) for p in front] == [(100, 10), (300, 50), (400, 200)]
 
 
 @pytest.mark.parametrize(
@@ -107,12 +115,12 @@ def test_failures_are_classified_into_infeasibility_reasons(message: str, reason
 def test_the_rollup_counts_trials_prunes_after_an_oom_and_picks_the_best() -> None:
     sweep = parse_sweep(document())
     configs = grid(sweep.spec)
-    ok = {"results": [level(8, 400, 80)], "coldStartSeconds": 4.0}
+    ok = results(level(8, 400, 80), coldStartSeconds=4.0)
     entries = [
         rollup.record(sweep, trial_name("resnet50-t4", configs[3]), 0, configs[3], ok, None),
         rollup.record(sweep, trial_name("resnet50-t4", configs[5]), 1, configs[5], None, "CUDA out of memory"),
     ]
-    result = rollup.document(sweep, entries, "converged", "2026-11-22T00:00:00Z")
+    result = to_json(rollup.document(sweep, entries, "converged", "2026-11-22T00:00:00Z"))
     assert result["counts"] == {"Succeeded": 1, "Infeasible": 1, "pruned": 2 * 2 - 1, "run": 2}
     assert all(p["reason"] == "implied by OutOfMemory at b32-d5-w1-fp32" for p in result["pruned"])
     assert result["best"]["config"]["batchSize"] == 8 and result["best"]["capacityRps"] == 400

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from servinglab import tsconfig
 from servinglab.api import Precision, ServerSpec
+from servinglab.servers.torchserve import config as tsconfig
+from servinglab.servers.torchserve import launcher
 
 SERVER = ServerSpec(batch_size=16, max_batch_delay_ms=25, workers=3, precision=Precision.BF16)
 
@@ -89,7 +90,7 @@ def run_launcher(tmp_path: Path, fake_torchserve: str, workers: int = 1) -> tupl
     (logs / "model_log.log").write_text("Failed to load model m, exception from an earlier start\n")
     (logs / "ts_log.log").write_text(f"{LOADED.format(9000)}\n{LOADED.format(9001)}\n")
     termination = tmp_path / "termination-log"
-    script = tsconfig.server_launcher("m", workers, str(logs), str(tmp_path / "ready"), str(termination))
+    script = launcher.server_launcher("m", workers, str(logs), str(tmp_path / "ready"), str(termination))
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "LOGS": str(logs)}
     started = time.monotonic()
     process = subprocess.run(["sh", "-c", script, "torchserve", "--foreground"], env=env, start_new_session=True,
@@ -112,7 +113,7 @@ def test_the_server_launcher_ends_the_container_when_the_model_cannot_load(tmp_p
         "done; sleep 300\n"
     )
     code, message, seconds = run_launcher(tmp_path, failing)
-    assert code == tsconfig.LOAD_FAILED_EXIT_CODE and seconds < 30, "it does not wait out the retries"
+    assert code == launcher.LOAD_FAILED_EXIT_CODE and seconds < 30, "it does not wait out the retries"
     assert message.startswith("ModelLoadFailed: TorchServe's workers could not load m ("), message
     attempts = int(message.split("(", 1)[1].split(" ", 1)[0])
     assert 2 <= attempts <= 3, "the failure logged before this start is not counted"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servinglab import tsmetrics
+from servinglab.servers.torchserve import metrics as tsmetrics
 
 # Format as TorchServe 0.12 prints it (Java simpleclient: trailing commas inside the braces).
 SCRAPE = """\
@@ -47,14 +47,14 @@ def test_breakdown_is_the_mean_over_the_window() -> None:
     before = scrape(requests=10, latency=5_000, queue=1_000, batches=4, batched=10, infer=40)
     after = scrape(requests=110, latency=2_005_000, queue=501_000, batches=29, batched=110, infer=540)
     result = tsmetrics.breakdown(before, after)
-    assert result["serverLatencyMsMean"] == pytest.approx(20.0)  # 2 s over 100 requests
-    assert result["queueMsMean"] == pytest.approx(5.0)
-    assert result["meanBatchSize"] == pytest.approx(4.0)  # 100 requests in 25 batches
-    assert result["inferenceMsPerBatch"] == pytest.approx(20.0)
+    assert result.server_latency_ms_mean == pytest.approx(20.0)  # 2 s over 100 requests
+    assert result.queue_ms_mean == pytest.approx(5.0)
+    assert result.mean_batch_size == pytest.approx(4.0)  # 100 requests in 25 batches
+    assert result.inference_ms_per_batch == pytest.approx(20.0)
 
 
 def test_breakdown_of_an_idle_window_is_empty_not_zero() -> None:
     snap = scrape(requests=10, latency=5000, queue=1000, batches=4, batched=10, infer=40)
     result = tsmetrics.breakdown(snap, snap)
-    assert result["queueMsMean"] is None
-    assert result["meanBatchSize"] is None
+    assert result.queue_ms_mean is None
+    assert result.mean_batch_size is None

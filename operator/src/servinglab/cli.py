@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, get_args
 
 import click
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from servinglab import __version__
-from servinglab.api import SWEEP_KIND, SpecError, load_experiment, read_document
+from servinglab.api import SWEEP_KIND, ServerKind, SpecError, load_experiment, read_document
 from servinglab.api.exitcodes import ExitCode, interrupted
 from servinglab.api.results import to_json
 
@@ -210,11 +210,11 @@ def report(results_file: Path, out_dir: Path | None) -> None:
                 _fail(f"{results_file}: the sweep has no finished trials to report", ExitCode.INVALID)
             click.echo(f"report: {render_sweep(swept, out_dir or results_file.with_suffix(''))}")
             return
+        if not isinstance(raw, dict) or not raw.get("results"):
+            _fail(f"{results_file}: no results to report", ExitCode.INVALID)
         document = ExperimentResults.model_validate(raw)
     except (ValueError, ValidationError) as exc:
         _fail(f"{results_file}: not a results JSON ({str(exc).splitlines()[0]})", ExitCode.INVALID)
-    if not document.results:
-        _fail(f"{results_file}: no results to report", ExitCode.INVALID)
     from servinglab.present.report import render
 
     click.echo(f"report: {render(document, out_dir or results_file.with_suffix(''))}")
@@ -258,6 +258,100 @@ def crd(kind: str) -> None:
 
     manifest = crd_manifest() if kind == "experiment" else sweep_crd_manifest()
     click.echo(yaml.safe_dump(manifest, sort_keys=False), nl=False)
+
+
+@main.command("build-model")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Rebuild even if the inputs are unchanged.")
+@click.option("--build-dir", type=click.Path(path_type=Path), help="Where builds go.")
+@click.option("--into", type=click.Path(path_type=Path),
+              help="Copy the build here (checked against its digests), laid out for --server.")  # fmt: skip
+@click.option("--server", "kind", type=click.Choice(list(get_args(ServerKind))), default=get_args(ServerKind)[0],
+              show_default=True, help="The server --into lays the build out for.")  # fmt: skip
+@click.option("--quiet", is_flag=True, help="Print nothing when the build is already current.")
+@click.option("--termination-log", type=click.Path(path_type=Path),
+              help="Write the model's description (JSON: parameters, FLOPs) here (the init container's).")  # fmt: skip
+def build_model(name: str, force: bool, build_dir: Path | None, into: Path | None, kind: str, quiet: bool,
+                termination_log: Path | None) -> None:  # fmt: skip
+    """Build a built-in model (seeded weights, counts; rebuilt only when its inputs change, or when the build
+    differs from its digests). A copy that differs from them exits 3 with ModelChecksumMismatch."""
+    from servinglab import servers
+    from servinglab.models import builtins
+    from servinglab.models.build import build
+
+    try:
+        folder, rebuilt = build(name, build_dir, force=force)
+        if into is not None:
+            servers.get(kind).layout_builtin(name, builtins.install(name, into, build_dir), into)  # type: ignore[arg-type]
+    except builtins.BuildChanged as exc:
+        _report(termination_log, f"ModelChecksumMismatch: {exc}")
+        _fail(f"ModelChecksumMismatch: {exc}", ExitCode.MODEL_UNSERVABLE)
+    except (ValueError, RuntimeError) as exc:
+        _fail(str(exc), ExitCode.INVALID)
+    if rebuilt or not quiet:
+        click.echo(f"{'built' if rebuilt else 'up to date'}: {folder}")
+    _report(termination_log, to_json(builtins.description(name, folder)))
+
+
+@main.command("prepare-model")
+@click.option("--spec-file", type=click.Path(path_type=Path, exists=True), required=True)
+@click.option("--into", type=click.Path(path_type=Path), required=True, help="The model's folder in the model store.")
+@click.option("--mounted", type=click.Path(path_type=Path), help="Where a pvc source's claim is mounted.")
+@click.option("--cache", type=click.Path(path_type=Path), help="Where downloads are kept by digest (default: none).")
+@click.option("--count/--no-count", default=True, show_default=True,
+              help="Count a packed model's parameters and FLOPs (this loads it: not on Kubernetes).")  # fmt: skip
+@click.option("--termination-log", type=click.Path(path_type=Path), default=Path("/dev/termination-log"),
+              show_default=True, help="Where the outcome goes for Kubernetes (skipped if absent).")  # fmt: skip
+def prepare_model(spec_file: Path, into: Path, mounted: Path | None, cache: Path | None, count: bool,
+                  termination_log: Path) -> None:  # fmt: skip
+    """Fetch, check and lay out the experiment's own model in the model store (the server pod's first init
+    container). Runs nothing of the user's. On success the termination message is the model's description
+    (JSON, for the operator's status); on failure it is "<Reason>: <message>" and the exit code is 3."""
+    from servinglab import servers
+    from servinglab.servers.base import ModelError
+
+    spec = load_experiment(spec_file).spec
+    if spec.model.source is None:
+        _fail("prepare-model is for a model.source; built-in models are built by build-model", ExitCode.INVALID)
+    try:
+        described = servers.get(spec.server.kind).prepare_user_model(
+            spec.model, spec.server.precision, into, mounted, cache, count
+        )
+    except ModelError as exc:
+        _report(termination_log, f"{exc.reason}: {exc}")
+        _fail(f"{exc.reason}: {exc}", ExitCode.MODEL_UNSERVABLE)
+    _report(termination_log, to_json(described.model_copy(update={"input": None})))
+    click.echo(json.dumps(to_json(described)))
+
+
+@main.command("count-model")
+@click.argument("directory", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--termination-log", type=click.Path(path_type=Path), default=Path("/dev/termination-log"),
+              show_default=True, help="Where the counts go for Kubernetes (skipped if absent).")  # fmt: skip
+def count_model(directory: Path, termination_log: Path) -> None:
+    """Count the parameters and FLOPs of the packed model prepare-model laid out in DIRECTORY (the server
+    pod's second init container: it loads the user's model, so it has no cache, claim or credentials, and
+    the model store read-only). Prints, and leaves as the termination message, {"parameters",
+    "flopsPerInference", "countNote"} ({} for an archive, which is not counted); a model that does not load
+    is a count of null with the reason, never a failure."""
+    from servinglab.models import probe
+    from servinglab.models.catalogue import INFO_FILE, PACKED_FORMATS
+
+    try:
+        described = json.loads((directory / INFO_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        _fail(f"{directory}: no description from prepare-model ({exc})", ExitCode.INVALID)
+    packed = isinstance(described, dict) and described.get("format") in PACKED_FORMATS
+    counts = probe.count(directory) if packed else {}
+    _report(termination_log, counts)
+    click.echo(json.dumps(counts))
+
+
+def _report(termination_log: Path | None, message: str | dict[str, object]) -> None:
+    """A one-line outcome for Kubernetes (a JSON object, or "<Reason>: <message>"), when there is a log."""
+    if termination_log is not None and termination_log.parent.is_dir():
+        text = message if isinstance(message, str) else json.dumps(message, separators=(",", ":"))
+        termination_log.write_text(text[:4000])
 
 
 @main.command()

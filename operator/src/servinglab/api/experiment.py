@@ -123,7 +123,7 @@ class CleanupSpec(SpecModel):
     """What happens to the server under test once the experiment has finished."""
 
     delete_server: bool = Field(
-        default=True, description="Delete the TorchServe Deployment and Service after the run (results stay)."
+        default=True, description="Delete the server's Deployment and Service after the run (results stay)."
     )
 
 

@@ -23,8 +23,8 @@ class ModelFormat(StrEnum):
     """What a model source holds. `auto` decides from the file name, then from the content."""
 
     AUTO = "auto"
-    MAR = "mar"  # a TorchServe archive (.mar), served with its own handler
-    DIRECTORY = "directory"  # a TorchServe no-archive directory (MAR-INF/MANIFEST.json inside)
+    MAR = "mar"  # a server's own model archive, served with its own handler
+    DIRECTORY = "directory"  # the same, unpacked into a folder
     TORCHSCRIPT = "torchscript"  # torch.jit.save output, packed with servinglab's handler
     EXPORTED = "exported"  # torch.export.save output (.pt2), packed with servinglab's handler
 
@@ -95,7 +95,7 @@ class ModelSource(SpecModel):
                 f"authorizationSecret: credentials are sent over https only; url '{redact_url(self.url)}' is not https"
             )
         if self.sha256 is not None and self.format is ModelFormat.DIRECTORY:
-            raise ValueError("sha256: a folder has no single digest; give it for a file (.mar, .pt, .pt2)")
+            raise ValueError("sha256: a folder has no single digest; give it for a file (an archive, .pt, .pt2)")
         return self
 
     def describe(self) -> str:

@@ -88,9 +88,9 @@ class SendGap(ResultModel):
 class OneGenerator(ResultModel):
     """Whether one load generator, not the server, limited the level: its CPU, or its send gaps."""
 
-    cpu_percent: float
-    send_gap_ms: SendGap
-    saturated: bool
+    cpu_percent: float | None = None
+    send_gap_ms: SendGap | None = None
+    saturated: bool = False
     reason: str | None = None
 
 
@@ -355,7 +355,7 @@ class DeclaredInput(ResultModel):
 class ModelDescription(ResultModel):
     """What was served and where it came from (a built-in, or the user's source)."""
 
-    name: str
+    name: str | None = None
     source: str | None = None
     format: str | None = None
     sha256: str | None = None

@@ -35,6 +35,7 @@ UID_LABEL = EXPERIMENT_UID_LABEL
 #: The uid the load Job runs as (the servinglab image's non-root user).
 LOAD_UID = 65532
 
+
 @dataclass(frozen=True)
 class Owner:
     """The experiment that owns the children."""
@@ -42,6 +43,7 @@ class Owner:
     name: str
     namespace: str
     uid: str
+
 
 @dataclass(frozen=True)
 class Names:
@@ -65,6 +67,7 @@ class Names:
     def results(self) -> str:
         return f"{self.experiment}-results"
 
+
 def labels(owner: Owner, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "servinglab",
@@ -74,14 +77,17 @@ def labels(owner: Owner, component: str) -> dict[str, str]:
         EXPERIMENT_LABEL: owner.name,
     }
 
+
 def selector(owner: Owner, component: str) -> dict[str, str]:
     """The stable subset of labels that selects one component's pods."""
     return {k: v for k, v in labels(owner, component).items() if k.endswith(("/instance", "/component"))}
+
 
 def pod_selector(owner: Owner, component: str) -> str:
     """Selects the pods of this incarnation of the experiment only (pods carry the experiment's uid)."""
     chosen = {**selector(owner, component), UID_LABEL: owner.uid}
     return ",".join(f"{key}={value}" for key, value in chosen.items())
+
 
 def owner_reference(owner: Owner, controller: bool = True) -> Manifest:
     return {
@@ -93,10 +99,12 @@ def owner_reference(owner: Owner, controller: bool = True) -> Manifest:
         "blockOwnerDeletion": controller,
     }
 
+
 def owned_by(manifest: Manifest, uid: str) -> bool:
     """Whether this incarnation of the experiment owns the object: after a delete and re-apply under the
     same name, children of the old one (still being garbage-collected) carry the old uid."""
     return any(ref.get("uid") == uid for ref in manifest.get("metadata", {}).get("ownerReferences") or [])
+
 
 def _metadata(owner: Owner, name: str, component: str) -> Manifest:
     return {
@@ -155,7 +163,10 @@ def deployment(owner: Owner, spec: ExperimentSpec, plan: PodPlan) -> Manifest:
                     "nodeSelector": dict(server.node_selector),
                     "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations],
                     "securityContext": {
-                        "runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+                        "runAsNonRoot": True,
+                        "runAsUser": uid,
+                        "runAsGroup": uid,
+                        "fsGroup": uid,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },  # fmt: skip
                     "initContainers": plan.init_containers,
@@ -191,13 +202,16 @@ def _payload_volumes(spec: ExperimentSpec) -> list[Manifest]:
         return [{"name": "payload", "persistentVolumeClaim": {"claimName": payload.pvc.claim_name, "readOnly": True}}]
     return []
 
+
 #: Where the first load pod (the coordinator) takes the other load pods' generators.
 GENERATOR_PORT = 7100
+
 
 def generator_count(spec: ExperimentSpec) -> int:
     """Load pods: one per generator (cluster_problems refuses `auto`, a count of local cores)."""
     generators = spec.load.generators
     return generators if isinstance(generators, int) else 1
+
 
 def load_service(owner: Owner) -> Manifest:
     """A headless Service for the load pods of a multi-generator Job: it gives the first pod the DNS
@@ -214,12 +228,14 @@ def load_service(owner: Owner) -> Manifest:
         },
     }
 
+
 def load_service_account(owner: Owner) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
         "metadata": _metadata(owner, Names(owner.name).load, "load"),
     }
+
 
 def load_role(owner: Owner) -> Manifest:
     """The load Job may read and patch its own results ConfigMap and the parts of a large document,
@@ -237,6 +253,7 @@ def load_role(owner: Owner) -> Manifest:
         ],
     }  # fmt: skip
 
+
 def load_role_binding(owner: Owner) -> Manifest:
     name = Names(owner.name).load
     return {
@@ -247,8 +264,10 @@ def load_role_binding(owner: Owner) -> Manifest:
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
     }
 
+
 def _flops_args(flops_per_inference: float | None) -> list[str]:
     return ["--flops-per-inference", str(int(flops_per_inference))] if flops_per_inference else []
+
 
 def _payload_args(spec: ExperimentSpec) -> list[str]:
     payload = spec.load.payload
@@ -256,14 +275,17 @@ def _payload_args(spec: ExperimentSpec) -> list[str]:
         return ["--payload-dir", f"{PAYLOAD_DIR}/{payload.pvc.path}"]
     return ["--payload-dir", PAYLOAD_DIR] if payload.config_map is not None else []
 
+
 def _payload_mounts(spec: ExperimentSpec) -> list[Manifest]:
     return [{"name": "payload", "mountPath": PAYLOAD_DIR, "readOnly": True}] if _payload_volumes(spec) else []
+
 
 def _generator_args(names: Names, count: int) -> list[str]:
     if count == 1:
         return []
     coordinator = f"{names.load}-0.{names.load}:{GENERATOR_PORT}"  # indexed pod 0's hostname.subdomain
     return ["--generators-listen", f"0.0.0.0:{GENERATOR_PORT}", "--generators-join", coordinator]
+
 
 def load_job(
     owner: Owner, spec: ExperimentSpec, plan: PodPlan, servinglab_image: str, flops_per_inference: float | None = None

@@ -121,8 +121,9 @@ def fetch(namespace: str, name: str) -> ClusterExperiment | None:
 
 
 def fetch_sweep(namespace: str, name: str) -> ClusterSweep | None:
-    """The sweep and its results document rebuilt from its trials (:func:`servinglab.k8s.sweep.sweep_document`)."""
-    from servinglab.k8s.sweeps import sweep_document
+    """The sweep and its results document, rebuilt from its trials as the reconciler does
+    (:func:`servinglab.k8s.sweep.reconcile.sweep_document`)."""
+    from servinglab.k8s.sweep.reconcile import sweep_document
 
     async def get() -> ClusterSweep | None:
         kube = await Kube.connect()

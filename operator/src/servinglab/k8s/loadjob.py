@@ -31,7 +31,7 @@ from servinglab.loadgen.payloads import PayloadError, request_payloads
 from servinglab.measure.ceiling import ceiling_of
 from servinglab.measure.driver import ServerWindows, measure_load
 from servinglab.measure.windows import http_fetcher
-from servinglab.models import request_image_size
+from servinglab.models.catalogue import request_image_size
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from servinglab.k8s import credentials
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -26,6 +28,9 @@ class Settings:
     """Where the leader-election Lease lives (SERVINGLAB_LEASE_NAMESPACE; the CLI sets it)."""
     lease_seconds: float = 15.0
     """How long a silent leader keeps the Lease before a standby takes over (SERVINGLAB_LEASE_SECONDS)."""
+    model_credentials: tuple[credentials.AllowedCredential, ...] = ()
+    """The Secret keys experiments may send as model credentials, and to which hosts
+    (SERVINGLAB_MODEL_CREDENTIALS, JSON; the chart's modelCredentials). Empty: none may."""
     model_cache_claim: str | None = None
     """A ReadWriteMany claim, in each watched namespace, where server pods keep models by digest
     (SERVINGLAB_MODEL_CACHE_CLAIM; the chart's modelCache.claimName)."""
@@ -43,4 +48,5 @@ class Settings:
             lease_namespace=env.get("SERVINGLAB_LEASE_NAMESPACE") or cls.lease_namespace,
             lease_seconds=float(env.get("SERVINGLAB_LEASE_SECONDS", cls.lease_seconds)),
             model_cache_claim=env.get("SERVINGLAB_MODEL_CACHE_CLAIM") or None,
+            model_credentials=credentials.parse(env.get(credentials.ENV, "")),
         )

@@ -21,9 +21,10 @@ the GPU) and reports FLOPs and the theoretical figure for the accelerator its se
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from servinglab.api import ExperimentSpec, ServerSpec
-from servinglab.api.results import Ceiling, LevelResult, RawSkip
+from servinglab.api.results import Ceiling, LevelResult, RawRow, RawSkip
 from servinglab.measure.levels import served_level
 from servinglab.measure.raw.figures import RawFigures
 
@@ -90,6 +91,29 @@ def accelerator_from_spec(server: ServerSpec) -> str | None:
     return accelerator_of(product.replace("-", " ")) if product else None
 
 
+@dataclass(frozen=True)
+class RawPart:
+    """The raw half of a ceiling: at which batch size the model alone is compared, and what it measured."""
+
+    batch_size: int
+    formed_mean: float | None
+    figures: RawFigures | None
+    budget_seconds: float
+
+    def at(self, batch_size: int) -> RawRow | None:
+        return self.figures.measured.get(batch_size) if self.figures is not None else None
+
+    @property
+    def best(self) -> RawRow | None:
+        rows = self.figures.measured.values() if self.figures is not None else []
+        return max(rows, key=lambda row: row.throughput_rps, default=None)
+
+
+def raw_block(formed_mean: float | None, formed: int, figures: RawFigures | None, budget: float) -> RawPart:
+    """The raw part of a ceiling from a probe's figures (None: not measured, as in the load Job)."""
+    return RawPart(formed, formed_mean, figures, budget)
+
+
 def _notes(ceiling: Ceiling, measured: bool, precision: str) -> str | None:
     notes = []
     if not measured:
@@ -103,6 +127,40 @@ def _notes(ceiling: Ceiling, measured: bool, precision: str) -> str | None:
     elif ceiling.peak_tflops is None:
         notes.append(f"{ceiling.accelerator} has no {precision} hardware path")
     return "; ".join(notes) or None
+
+
+def ceiling_report(
+    served_rps: float | None, flops_per_inference: float, raw: RawPart, accelerator: str | None, precision: str
+) -> Ceiling:
+    """The ceiling of a served throughput: the references and the ratios to them."""
+    peak = PEAK_TFLOPS.get(accelerator or "", {}).get(precision) if accelerator else None
+    theoretical = theoretical_rps(flops_per_inference, peak)
+    figures, at_formed, best = raw.figures, raw.at(raw.batch_size), raw.best
+    ceiling = Ceiling(
+        flops_per_inference=int(flops_per_inference),
+        raw_batch_size=raw.batch_size,
+        formed_batch_size_mean=raw.formed_mean,
+        raw_at_formed_batch_rps=at_formed.throughput_rps if at_formed else None,
+        raw_best_rps=best.throughput_rps if best else None,
+        raw_best_batch_size=best.batch_size if best else None,
+        raw_device=figures.device if figures else None,
+        raw_budget_seconds=raw.budget_seconds if figures else None,
+        raw_measure_seconds=figures.measure_seconds if figures else None,
+        raw_setup_seconds=figures.setup_seconds if figures else None,
+        raw_table=[figures.measured[b] for b in sorted(figures.measured)] if figures else None,
+        raw_skipped=[RawSkip(batch_size=b, reason=why) for b, why in sorted(figures.skipped.items())]
+        if figures
+        else None,
+        raw_reused_batch_sizes=figures.from_cache if figures else None,
+        accelerator=accelerator,
+        peak_tflops=peak,
+        theoretical_rps=round(theoretical, 3) if theoretical is not None else None,
+        served_rps=served_rps,
+        served_over_raw=ratio(served_rps, at_formed.throughput_rps if at_formed else None),
+        served_over_best_raw=ratio(served_rps, best.throughput_rps if best else None),
+        served_over_theoretical=ratio(served_rps, theoretical),
+    )
+    return ceiling.model_copy(update={"note": _notes(ceiling, figures is not None, precision)})
 
 
 def ceiling_of(
@@ -121,37 +179,9 @@ def ceiling_of(
         accelerator = accelerator_of(figures.device) if device_kind == "cuda" else None
     else:
         accelerator = accelerator_from_spec(spec.server)
-    precision = str(spec.server.precision)
-    peak = PEAK_TFLOPS.get(accelerator or "", {}).get(precision) if accelerator else None
-    theoretical = theoretical_rps(flops_per_inference, peak)
     served = level.throughput_rps if level is not None else None
-    rows = [figures.measured[b] for b in sorted(figures.measured)] if figures else []
-    best = max(rows, key=lambda row: row.throughput_rps, default=None)
-    at_formed = next((row for row in rows if row.batch_size == formed), None)
-    skipped = [RawSkip(batch_size=b, reason=why) for b, why in sorted(figures.skipped.items())] if figures else None
-    ceiling = Ceiling(
-        flops_per_inference=int(flops_per_inference),
-        raw_batch_size=formed,
-        formed_batch_size_mean=mean,
-        raw_at_formed_batch_rps=at_formed.throughput_rps if at_formed else None,
-        raw_best_rps=best.throughput_rps if best else None,
-        raw_best_batch_size=best.batch_size if best else None,
-        raw_device=figures.device if figures else None,
-        raw_budget_seconds=spec.ceiling.raw_seconds if figures else None,
-        raw_measure_seconds=figures.measure_seconds if figures else None,
-        raw_setup_seconds=figures.setup_seconds if figures else None,
-        raw_table=rows if figures else None,
-        raw_skipped=skipped,
-        raw_reused_batch_sizes=figures.from_cache if figures else None,
-        accelerator=accelerator,
-        peak_tflops=peak,
-        theoretical_rps=round(theoretical, 3) if theoretical is not None else None,
-        served_rps=served,
-        served_over_raw=ratio(served, at_formed.throughput_rps if at_formed else None),
-        served_over_best_raw=ratio(served, best.throughput_rps if best else None),
-        served_over_theoretical=ratio(served, theoretical),
-    )
-    return ceiling.model_copy(update={"note": _notes(ceiling, figures is not None, precision)})
+    raw = raw_block(mean, formed, figures, spec.ceiling.raw_seconds)
+    return ceiling_report(served, flops_per_inference, raw, accelerator, str(spec.server.precision))
 
 
 def plan(spec: ExperimentSpec, levels: Sequence[LevelResult]) -> list[int]:

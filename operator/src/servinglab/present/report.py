@@ -18,6 +18,7 @@ cluster experiment's results document (`servinglab results NAME -o file.json`). 
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,8 @@ def _throughput_p99(levels: list[LevelResult], slo: float | None, path: Path) ->
     throughput_axes.set_xlabel(label)
     throughput_axes.set_ylabel("throughput (responses/s)", color="tab:blue")
     p99_axes = throughput_axes.twinx()
-    p99_axes.plot(x, [level.latency_ms.p99 for level in levels], "s--", color="tab:red", label="p99")
+    p99 = [level.latency_ms.p99 if level.latency_ms.p99 is not None else math.nan for level in levels]
+    p99_axes.plot(x, p99, "s--", color="tab:red", label="p99")
     p99_axes.set_ylabel("p99 latency (ms)", color="tab:red")
     if slo:
         p99_axes.axhline(slo, color="tab:red", alpha=0.4, linestyle=":", label=f"SLO {slo:g} ms")
@@ -201,7 +203,7 @@ def _page(document: ExperimentResults) -> str:
     server, load = document.server, document.load
     title = f"{document.experiment}: {document.model}"
     config = (
-        f"{server.kind or 'torchserve'}: batch {server.batch_size}, max delay {server.max_batch_delay_ms} ms, "
+        f"{server.kind}: batch {server.batch_size}, max delay {server.max_batch_delay_ms} ms, "
         f"{server.workers} worker(s), {server.precision}; load {load.mode if load else ''}"
     )
     rows = []

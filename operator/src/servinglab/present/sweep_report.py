@@ -53,8 +53,9 @@ def _pareto(document: SweepResults, path: Path) -> None:
     if slo:
         axes.axvline(slo, color="grey", linestyle="--", label=f"SLO p99 {slo:g} ms")
     if (best := document.best) is not None:
-        axes.scatter([best.p99_latency_ms], [best.capacity_rps], marker="*", s=220, color="gold",
-                     edgecolors="black", zorder=5, label="best within the SLO")  # fmt: skip
+        at = best.p99_latency_ms if best.p99_latency_ms is not None else math.nan
+        axes.scatter([at], [best.capacity_rps], marker="*", s=220, color="gold", edgecolors="black", zorder=5,
+                     label="best within the SLO")  # fmt: skip
     axes.set_xscale("log")
     axes.set_xlabel("p99 latency (ms)")
     axes.set_ylabel("throughput (requests/s)")

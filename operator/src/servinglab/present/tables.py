@@ -32,9 +32,8 @@ def print_results(document: ExperimentResults) -> None:
     ceiling."""
     server = document.server
     title = (
-        f"{document.experiment}: {document.model}"
-        + (f" on {server.kind}" if server.kind and server.kind != "torchserve" else "")
-        + f" batch={server.batch_size} delay={server.max_batch_delay_ms}ms workers={server.workers} "
+        f"{document.experiment}: {document.model} on {server.kind}"
+        f" batch={server.batch_size} delay={server.max_batch_delay_ms}ms workers={server.workers} "
         f"precision={server.precision}"
     )
     table = Table(title=title, title_justify="left")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from servinglab.api import ExperimentSpec, LoadSpec, ServerSpec
+from servinglab.api import ExperimentSpec, LoadSpec, ModelRef, Precision, ServerSpec
 from servinglab.api.results import EffectiveSettings, ModelDescription, ServerBreakdown, Warmup
 
 #: A Kubernetes object or a part of one (a container, a volume), as the API takes it.
@@ -166,6 +166,16 @@ class Server(Protocol):
     def prepare_model(self, spec: ExperimentSpec, workdir: Path) -> ServedModel:
         """The experiment's model packed for this server (locally); raises :class:`ModelError` with its
         reason before any server starts."""
+        ...
+
+    def layout_builtin(self, name: str, build: Path, into: Path) -> None:
+        """A built-in model's (checked) build at `into`, laid out as this server serves it."""
+        ...
+
+    def prepare_user_model(
+        self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool
+    ) -> ModelDescription:
+        """The user's model fetched, checked and laid out at `into`; raises :class:`ModelError`."""
         ...
 
     def local(self, model_name: str, served: Path, spec: ExperimentSpec, workdir: Path, reuse: bool) -> LocalServer:

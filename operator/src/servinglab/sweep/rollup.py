@@ -164,18 +164,25 @@ def document(
         strategy=spec.strategy,
         space=space,
         grid_size=space_size(spec) if spec.strategy != "list" else len(spec.configurations),
-        objective=SweepObjective(p99_latency_ms=spec.template.slo.p99_latency_ms,
-                                 max_error_rate=spec.objective.max_error_rate),  # fmt: skip
+        objective=SweepObjective(
+            p99_latency_ms=spec.template.slo.p99_latency_ms, max_error_rate=spec.objective.max_error_rate
+        ),  # fmt: skip
         trials=[record.model_copy(update={"results": None}) for record in ordered],
         counts=SweepCounts(
             succeeded=sum(1 for record in ordered if record.state == SUCCEEDED),
             infeasible=sum(1 for record in ordered if record.state == INFEASIBLE),
-            pruned=len(pruned), run=len(ordered),
+            pruned=len(pruned),
+            run=len(ordered),
         ),  # fmt: skip
         pruned=pruned,
-        best=None if top is None else SweepBest(
-            trial=top.name, config=top.config, capacity_rps=top.capacity_rps or 0.0,
-            p99_latency_ms=top.p99_latency_ms, level=top.level,
+        best=None
+        if top is None
+        else SweepBest(
+            trial=top.name,
+            config=top.config,
+            capacity_rps=top.capacity_rps or 0.0,
+            p99_latency_ms=top.p99_latency_ms,
+            level=top.level,
         ),  # fmt: skip
         points=every,
         front=pareto_front(every),

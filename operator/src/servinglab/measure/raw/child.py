@@ -96,18 +96,18 @@ class Probe:
     def __init__(self, model: str, precision: str, device_name: str) -> None:
         import torch
 
-        from servinglab import ceiling
+        from servinglab.models import counting
 
         self.torch = torch
         self.device = torch.device(device_name)
-        imaging = ceiling.handler_imaging()
+        imaging = counting.handler_imaging()
         self.plan = imaging.plan_precision(precision, self.device)
         self.input: dict[str, Any] = {"kind": "image"}
         if os.path.isdir(model):  # the user's model as servinglab packed it, with its declared input
-            network, self.input = ceiling.packed_network(model)
+            network, self.input = counting.packed_network(model)
             self.size = int(self.input.get("size", 224))
         else:
-            network, self.size = ceiling.network(model, weights=True)
+            network, self.size = counting.network(model, weights=True)
         # the handler's default: channels-last for image batches on a GPU
         self.channels_last = self.device.type == "cuda" and self.input["kind"] == "image"
         self.network = imaging.apply_precision(network.to(self.device), self.plan, self.channels_last)

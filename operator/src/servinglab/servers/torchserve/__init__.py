@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servinglab import models, modelsource
-from servinglab.api import ExperimentSpec, ServerSpec
+from servinglab.api import ExperimentSpec, ModelRef, Precision, ServerSpec
 from servinglab.api.results import ModelDescription, ServerBreakdown
-from servinglab.servers.torchserve.local import LocalTorchServe
+from servinglab.models import builtins
+from servinglab.models.catalogue import request_image_size
 from servinglab.servers.base import ModelError, PodInputs, PodPlan, ServedModel, container_resources
-from servinglab.servers.torchserve import launcher, metrics, pod
+from servinglab.servers.torchserve import archive, launcher, metrics, pod
+from servinglab.servers.torchserve.local import LocalTorchServe
 
 #: The pinned upstream image a pod runs when the spec names none.
 DEFAULT_IMAGE = "pytorch/torchserve:0.12.0-gpu"
@@ -48,26 +49,39 @@ class TorchServe:
         return f"/predictions/{model_name}"
 
     def prepare_model(self, spec: ExperimentSpec, workdir: Path) -> ServedModel:
-        """The built-in model's archive (built once, in a child process), or the user's model fetched,
-        checked and packed; a bad source raises :class:`ModelError` with its reason (ModelDownloadFailed,
-        ModelChecksumMismatch, ModelNotRecognized, ModelTooLarge, PrecisionNotSupported) before any server
-        starts."""
+        """The built-in model laid out from its build (built once, in a child process), or the user's model
+        fetched, checked and laid out; a bad source raises :class:`ModelError` with its reason
+        (ModelDownloadFailed, ModelChecksumMismatch, ModelNotRecognized, ModelTooLarge,
+        PrecisionNotSupported) before any server starts."""
         model = spec.model
-        size = models.request_image_size(model, spec.load.payload)
+        size = request_image_size(model, spec.load.payload)
+        target = workdir / "prepared" / model.name
         if model.source is None:
-            archive = models.ensure_built(model.name)
-            return ServedModel(archive, size, ModelDescription.model_validate(models.description(model.name, archive)))
+            build = builtins.ensure_built(model.name)
+            served = archive.layout_builtin(model.name, build, target, link_weights=True)
+            return ServedModel(served, size, builtins.description(model.name, build))
         try:
-            prepared = modelsource.prepare(
-                model, spec.server.precision, workdir / "prepared" / model.name, cache=modelsource.cache_dir()
-            )
-        except modelsource.ModelSourceError as exc:
+            prepared = archive.prepare(model, spec.server.precision, target, cache=archive.cache_dir())
+        except archive.ModelSourceError as exc:
             raise ModelError(exc.reason, str(exc)) from None
         return ServedModel(prepared.directory, size, ModelDescription.model_validate(prepared.info))
 
-    def local(
-        self, model_name: str, served: Path, spec: ExperimentSpec, workdir: Path, reuse: bool
-    ) -> LocalTorchServe:
+    def layout_builtin(self, name: str, build: Path, into: Path) -> None:
+        """A server pod's copy of a built-in build, laid out where TorchServe serves it."""
+        archive.layout_builtin(name, build, into)
+
+    def prepare_user_model(
+        self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool
+    ) -> ModelDescription:
+        """The user's model fetched, checked and laid out at `into` (a server pod's first init container:
+        nothing of the user's runs here without `count`)."""
+        try:
+            prepared = archive.prepare(model, precision, into, mounted=mounted, cache=cache, count=count)
+        except archive.ModelSourceError as exc:
+            raise ModelError(exc.reason, str(exc)) from None
+        return ModelDescription.model_validate(prepared.info)
+
+    def local(self, model_name: str, served: Path, spec: ExperimentSpec, workdir: Path, reuse: bool) -> LocalTorchServe:
         return LocalTorchServe(model_name, served, spec.server, workdir, spec.load, model_api=reuse)
 
     def metrics(self, model_name: str) -> TorchServeMetrics:

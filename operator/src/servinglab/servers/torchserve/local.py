@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,28 +27,21 @@ from typing import Any
 
 import psutil
 
-from servinglab.servers.torchserve import config
-from servinglab.servers.torchserve.launcher import LOAD_ATTEMPTS, LOAD_FAILED
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
+from servinglab.servers.process import free_ports, visible_gpus
+from servinglab.servers.torchserve.config import (
+    Addresses,
+    config_properties,
+    render_metrics_config,
+    render_model_config,
+    render_properties,
+)
 from servinglab.servers.torchserve.java import find_java_home
+from servinglab.servers.torchserve.launcher import LOAD_ATTEMPTS, LOAD_FAILED
 
 _LINK_ABOVE_BYTES = 1 << 20
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @dataclass(frozen=True)
@@ -92,7 +84,7 @@ class LocalTorchServe:
         self.model_api = model_api  # register/unregister through the management API (reconfigure)
         self.workdir = workdir
         ports = free_ports(5)
-        self.addresses = config.Addresses(
+        self.addresses = Addresses(
             inference=f"http://127.0.0.1:{ports[0]}",
             management=f"http://127.0.0.1:{ports[1]}",
             metrics=f"http://127.0.0.1:{ports[2]}",
@@ -101,7 +93,7 @@ class LocalTorchServe:
         )
         self.process: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
-        self.gpus = _visible_gpus()
+        self.gpus = visible_gpus()
         self.tmpdir: Path | None = None
 
     # -- files -----------------------------------------------------------------------------------
@@ -122,11 +114,11 @@ class LocalTorchServe:
                 target.symlink_to(entry.resolve())  # weights: hundreds of MB, read-only
             else:
                 shutil.copy2(entry, target)
-        (model_dir / "model-config.yaml").write_text(config.render_model_config(self.server, self.load))
+        (model_dir / "model-config.yaml").write_text(render_model_config(self.server, self.load))
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         metrics_path = self.workdir / "metrics.yaml"
-        metrics_path.write_text(config.render_metrics_config())
-        properties = config.config_properties(
+        metrics_path.write_text(render_metrics_config())
+        properties = config_properties(
             self.model_name,
             self.server,
             model_store=str(store),
@@ -136,7 +128,7 @@ class LocalTorchServe:
             model_api=self.model_api,
         )
         config_path = self.workdir / "config.properties"
-        config_path.write_text(config.render_properties(properties))
+        config_path.write_text(render_properties(properties))
         return config_path
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -192,7 +184,7 @@ class LocalTorchServe:
         started = time.monotonic()
         self.server, self.load = server, load
         model_dir = self.workdir / "model-store" / self.model_name
-        (model_dir / "model-config.yaml").write_text(config.render_model_config(server, load))
+        (model_dir / "model-config.yaml").write_text(render_model_config(server, load))
         self._http(f"{self.addresses.management}/models/{self.model_name}", 60.0, "DELETE")
         query = urllib.parse.urlencode(
             {"url": self.model_name, "initial_workers": server.workers, "synchronous": "true"}
@@ -365,20 +357,3 @@ def _worker_statements(logs: Path, marker: str) -> list[str]:
         return []
     lines = log.read_text(errors="replace").splitlines()
     return [line.split(marker, 1)[1].strip() for line in lines if marker in line]
-
-
-def _visible_gpus() -> int:
-    """GPUs TorchServe may use: none unless CUDA_VISIBLE_DEVICES or nvidia-smi says otherwise."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        result = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return len(result.stdout.split())

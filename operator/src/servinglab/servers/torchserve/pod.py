@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import math
 
-from servinglab import modelsource
 from servinglab.api import ExperimentSpec
+from servinglab.models.fetch import AUTHORIZATION_ENV
 from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, PodInputs, PodPlan
-from servinglab.servers.torchserve import config
+from servinglab.servers.torchserve.config import (
+    Addresses,
+    config_properties,
+    render_metrics_config,
+    render_model_config,
+    render_properties,
+)
 from servinglab.servers.torchserve.launcher import server_launcher
 
 INFERENCE_PORT = 8080
@@ -85,12 +91,12 @@ def restricted(read_only_root: bool = True) -> Manifest:
 
 
 def pod_config_properties(model: str, spec: ExperimentSpec) -> str:
-    addresses = config.Addresses(
+    addresses = Addresses(
         inference=f"http://0.0.0.0:{INFERENCE_PORT}",
         management=f"http://127.0.0.1:{MANAGEMENT_PORT}",
         metrics=f"http://0.0.0.0:{METRICS_PORT}",
     )
-    properties = config.config_properties(
+    properties = config_properties(
         model,
         spec.server,
         model_store=MODEL_STORE,
@@ -98,15 +104,15 @@ def pod_config_properties(model: str, spec: ExperimentSpec) -> str:
         addresses=addresses,
         number_of_gpu=spec.server.gpus,
     )
-    return config.render_properties(properties)
+    return render_properties(properties)
 
 
 def config_files(spec: ExperimentSpec) -> dict[str, str]:
     """TorchServe's three files, as a pod reads them from the experiment's ConfigMap."""
     return {
         "config.properties": pod_config_properties(spec.model.name, spec),
-        "model-config.yaml": config.render_model_config(spec.server, spec.load),
-        "metrics.yaml": config.render_metrics_config(),
+        "model-config.yaml": render_model_config(spec.server, spec.load),
+        "metrics.yaml": render_metrics_config(),
     }
 
 
@@ -141,7 +147,7 @@ def model_init_container(spec: ExperimentSpec, inputs: PodInputs) -> Manifest:
             options += f" --mounted {MODEL_SOURCE_DIR}"
         if source.authorization_secret is not None:
             secret = source.authorization_secret
-            env.append({"name": modelsource.AUTHORIZATION_ENV,
+            env.append({"name": AUTHORIZATION_ENV,
                         "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})  # fmt: skip
         script = (
             f"servinglab prepare-model --spec-file {CONFIG_DIR}/{inputs.experiment_file} "
@@ -203,8 +209,14 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
         # when it cannot be (see launcher.server_launcher)
         "command": ["sh", "-c", launcher],
         "args": [
-            "torchserve", "--foreground", "--ncs", "--disable-token-auth",
-            "--ts-config", f"{CONFIG_DIR}/config.properties", "--model-store", MODEL_STORE,
+            "torchserve",
+            "--foreground",
+            "--ncs",
+            "--disable-token-auth",
+            "--ts-config",
+            f"{CONFIG_DIR}/config.properties",
+            "--model-store",
+            MODEL_STORE,
         ],  # fmt: skip
         "env": [
             {"name": "LOG_LOCATION", "value": SERVER_LOGS},

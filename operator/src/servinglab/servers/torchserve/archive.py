@@ -1,9 +1,11 @@
-"""The user's own model: recognise what was fetched, check it, and lay it out as a TorchServe no-archive
-directory ready to serve (the second half of preparing it; :mod:`servinglab.modelfetch` fetches).
+"""Models as TorchServe serves them: no-archive folders (a `MAR-INF/MANIFEST.json` naming the handler, the
+serialized model and the experiment's model-config.yaml), laid out from a built-in model's build or from
+the user's own model, which is recognised, checked and laid out here (the second half of preparing it;
+:mod:`servinglab.models.fetch` fetches).
 
 Called by the local runner (`servinglab run`/`sweep`) and, on Kubernetes, by `servinglab prepare-model` in
 the server pod's first init container. No torch here, and nothing of the user's is run or unpickled: a
-packed model's parameters and FLOPs are counted by :mod:`servinglab.modelprobe`, a child process, and on
+packed model's parameters and FLOPs are counted by :mod:`servinglab.models.probe`, a child process, and on
 Kubernetes in a second init container that has neither the cache nor any credentials (`servinglab
 count-model`).
 
@@ -32,8 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from servinglab import modelprobe, models
-from servinglab.modelfetch import (
+from servinglab.api import ModelFormat, ModelInput, ModelRef, ModelSource, Precision
+from servinglab.models import probe as modelprobe
+from servinglab.models.builtins import MODEL_FILE, WEIGHTS_FILE
+from servinglab.models.catalogue import HANDLER_FILE, INFO_FILE, INPUT_FILE, handler_paths
+from servinglab.models.fetch import (
     AUTHORIZATION_ENV,
     MAX_FILES,
     Fetched,
@@ -45,14 +50,16 @@ from servinglab.modelfetch import (
     take_file,
     too_large,
 )
-from servinglab.api import ModelFormat, ModelInput, ModelRef, ModelSource, Precision
+from servinglab.servers.torchserve.config import ARCHIVE_VERSION
 
-__all__ = ["AUTHORIZATION_ENV", "Fetched", "ModelSourceError", "PreparedModel", "cache_dir", "prepare", "recognise"]
+__all__ = [
+    "AUTHORIZATION_ENV", "Fetched", "ModelSourceError", "PreparedModel", "cache_dir", "layout_builtin", "prepare",
+    "recognise",
+]  # fmt: skip
 
-#: Written into every folder this module lays out: what was served and where it came from.
-INFO_FILE = "servinglab-model.json"
-#: The declared input, read by servinglab's handler in a packed model.
-INPUT_FILE = "servinglab-input.json"
+#: The per-experiment model configuration, in the model's folder.
+CONFIG_FILE = "model-config.yaml"
+
 _SERIALIZED = {ModelFormat.TORCHSCRIPT: "model.pt", ModelFormat.EXPORTED: "model.pt2"}
 PACKED = tuple(_SERIALIZED)
 #: A MAR-INF/MANIFEST.json is a few hundred bytes; one larger than this is not read into memory.
@@ -170,28 +177,55 @@ def _stage(source: ModelSource, fetched: Fetched, fmt: ModelFormat, target: Path
     target.mkdir(parents=True)
     serialized = _SERIALIZED[fmt]
     os.replace(fetched.path, target / serialized)
-    for helper in models.handler_paths():
+    for helper in handler_paths():
         shutil.copyfile(helper, target / helper.name)
-    (target / "MAR-INF").mkdir()
-    manifest = {
-        "runtime": "python",
-        "model": {
-            "modelName": name,
-            "serializedFile": serialized,
-            "handler": models.HANDLER_FILE,
-            "modelVersion": "1.0",
-            "configFile": "model-config.yaml",  # without it TorchServe ignores the experiment's settings
-        },
-        "archiverVersion": "servinglab",
-    }
-    (target / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest, indent=2))
+    write_manifest(target, name, serialized)
     declared = (model_input or ModelInput()).model_dump(by_alias=True)
     (target / INPUT_FILE).write_text(json.dumps({"format": str(fmt), **declared}, indent=2))
 
 
+def write_manifest(target: Path, name: str, serialized: str, model_file: str | None = None) -> None:
+    """The no-archive folder's manifest: servinglab's handler, the serialized model, and the experiment's
+    model-config.yaml (without it TorchServe ignores the experiment's batching and workers)."""
+    model: dict[str, str] = {
+        "modelName": name,
+        "serializedFile": serialized,
+        "handler": HANDLER_FILE,
+        "modelVersion": ARCHIVE_VERSION,
+        "configFile": CONFIG_FILE,
+    }
+    if model_file is not None:
+        model["modelFile"] = model_file
+    (target / "MAR-INF").mkdir(exist_ok=True)
+    manifest = {"runtime": "python", "model": model, "archiverVersion": "servinglab"}
+    (target / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest, indent=2))
+
+
+def layout_builtin(name: str, build: Path, target: Path, link_weights: bool = False) -> Path:
+    """A built-in model's build (code, seeded weights, counts) as a no-archive folder at `target`: the build's
+    files, servinglab's handler, the manifest and a placeholder model-config.yaml (every experiment writes
+    its own). `link_weights` links the weights instead of copying them (a local server's work folder)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in build.iterdir():
+        destination = target / entry.name
+        if destination.resolve() == entry.resolve():
+            continue  # laid out in place (a server pod's checked copy of the build)
+        if destination.exists() or destination.is_symlink():
+            destination.unlink()
+        if link_weights and entry.name == WEIGHTS_FILE:
+            destination.symlink_to(entry.resolve())
+        else:
+            shutil.copyfile(entry, destination)
+    for helper in handler_paths():
+        shutil.copyfile(helper, target / helper.name)
+    write_manifest(target, name, WEIGHTS_FILE, MODEL_FILE)
+    (target / CONFIG_FILE).write_text("minWorkers: 1\nmaxWorkers: 1\n")
+    return target
+
+
 def _handler_digest() -> str:
     digest = hashlib.sha256()
-    for helper in models.handler_paths():
+    for helper in handler_paths():
         digest.update(helper.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -228,7 +262,7 @@ def prepare(model: ModelRef, precision: Precision, target: Path, authorization: 
     a packed model's parameters and FLOPs are counted here (a child process that loads it; kept in the cache
     as data); without, `servinglab count-model` counts them where nothing else is at stake."""
     source = model.source
-    assert source is not None, "built-in models are built by servinglab.models"
+    assert source is not None, "built-in models are laid out by layout_builtin"
     scratch = target.parent / f".scratch-{target.name}"
     for folder in (target, scratch):
         shutil.rmtree(folder, ignore_errors=True)
@@ -266,7 +300,7 @@ def _describe(
         "sha256": fetched.sha256,
         "sizeBytes": fetched.size_bytes,
         "downloaded": fetched.downloaded,
-        "handler": models.HANDLER_FILE,
+        "handler": HANDLER_FILE,
     }
     if fmt in PACKED:
         return info
@@ -274,7 +308,7 @@ def _describe(
     info["handler"] = handler
     if replaced:
         info["archiveConfigReplaced"] = replaced
-    if handler != models.HANDLER_FILE and precision is not Precision.FP32:
+    if handler != HANDLER_FILE and precision is not Precision.FP32:
         raise ModelSourceError(
             "PrecisionNotSupported",
             f"{source.describe()}: this archive brings its own handler ({handler}), which servinglab cannot "

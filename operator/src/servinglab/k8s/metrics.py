@@ -16,11 +16,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from prometheus_client import Counter, Gauge, start_http_server
 
 from servinglab.api import ExperimentSpec
+from servinglab.api.results import LevelResult
+from servinglab.api.trials import SweepBest, SweepPoint
 
 _CONFIG_LABELS = (
     "namespace",
@@ -70,7 +71,7 @@ def finished(
     experiment: str,
     state: str,
     spec: ExperimentSpec | None = None,
-    levels: list[dict[str, Any]] | None = None,
+    levels: list[LevelResult] | None = None,
 ) -> None:
     FINISHED.labels(state=state).inc()
     if spec is None or not levels:
@@ -85,15 +86,18 @@ def finished(
         "precision": str(spec.server.precision),
     }
     for level in levels:
-        which = {"concurrency": str(level.get("concurrency", "")), "rate_rps": f"{level.get('rateRps', '')}"}
-        THROUGHPUT.labels(**config, **which).set(level["throughputRps"])
-        if (p99 := level["latencyMs"].get("p99")) is not None:
-            P99.labels(**config, **which).set(p99)
-    BEST.labels(**config).set(max(level["throughputRps"] for level in levels))
+        which = {
+            "concurrency": str(level.concurrency) if level.concurrency is not None else "",
+            "rate_rps": f"{level.rate_rps}" if level.rate_rps is not None else "",
+        }
+        THROUGHPUT.labels(**config, **which).set(level.throughput_rps)
+        if level.latency_ms.p99 is not None:
+            P99.labels(**config, **which).set(level.latency_ms.p99)
+    BEST.labels(**config).set(max(level.throughput_rps for level in levels))
 
 
-def sweep(namespace: str, name: str, model: str, counts: dict[str, int], best: dict[str, Any] | None,
-          front: list[dict[str, Any]]) -> None:  # fmt: skip
+def sweep(namespace: str, name: str, model: str, counts: dict[str, int], best: SweepBest | None,
+          front: list[SweepPoint]) -> None:  # fmt: skip
     """A sweep's current roll-up; replaces the series this sweep had before (its best and front move)."""
     for gauge, values in _sweep_series.pop((namespace, name), []):
         gauge.remove(*values)
@@ -106,16 +110,12 @@ def sweep(namespace: str, name: str, model: str, counts: dict[str, int], best: d
     for state, count in counts.items():
         put(SWEEP_TRIALS, (namespace, name, model, state), count)
     if best is not None:
-        config = best["config"]
-        settings = (
-            str(config["batchSize"]),
-            str(config["maxBatchDelayMs"]),
-            str(config["workers"]),
-            config["precision"],
-        )
-        put(SWEEP_BEST, (namespace, name, model, *settings), best["capacityRps"])
+        config = best.config
+        settings = (str(config.batch_size), str(config.max_batch_delay_ms), str(config.workers), str(config.precision))
+        put(SWEEP_BEST, (namespace, name, model, *settings), best.capacity_rps)
     for rank, point in enumerate(front):
-        labels = (namespace, name, model, str(rank), point["trial"], str(point["level"]))
-        put(FRONT_RPS, labels, point["throughputRps"])
-        put(FRONT_P99, labels, point["p99LatencyMs"])
+        level = "" if point.level is None else f"{point.level:g}"
+        labels = (namespace, name, model, str(rank), point.trial, level)
+        put(FRONT_RPS, labels, point.throughput_rps)
+        put(FRONT_P99, labels, point.p99_latency_ms)
     _sweep_series[(namespace, name)] = series

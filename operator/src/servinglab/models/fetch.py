@@ -32,7 +32,8 @@ from http.client import HTTPMessage
 from pathlib import Path
 from typing import IO
 
-from servinglab.api import MODEL_MAX_BYTES_LIMIT, ModelSource, redact_url
+from servinglab.api import ModelSource
+from servinglab.api.modelref import MODEL_MAX_BYTES_LIMIT, redact_url
 
 #: Authorization header value for a URL source (from a Secret, in the fetching init container only).
 AUTHORIZATION_ENV = "SERVINGLAB_MODEL_AUTHORIZATION"

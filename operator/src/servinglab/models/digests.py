@@ -8,7 +8,7 @@ too), and with the digests the caller knows on its own (servinglab's handler fil
 a folder that differs is rebuilt, a copy that differs is refused. Files named by their digest (downloads)
 need no manifest: they are re-hashed against their name.
 
-Called by :mod:`servinglab.models` (built-in builds) and :mod:`servinglab.modelfetch` (downloads).
+Called by :mod:`servinglab.models.builtins` (built-in builds) and :mod:`servinglab.models.fetch` (downloads).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Parameters and FLOPs of a packed user model (TorchScript or exported program), in a child process.
 
-    python -m servinglab.modelprobe /path/to/packed-model-folder
+    python -m servinglab.models.probe_child /path/to/packed-model-folder
 
 Started by :func:`count` for the local runner and by `servinglab count-model` (the server pod's second
 init container, which mounts the model store read-only and neither the model cache nor any credentials:
@@ -61,7 +61,7 @@ class _Tail:
 
 def count(directory: Path, timeout: float = 300.0) -> dict[str, Any]:
     """{"parameters", "flopsPerInference", "countNote"} for a packed model."""
-    child = subprocess.Popen([sys.executable, "-m", "servinglab.modelprobe", str(directory)],
+    child = subprocess.Popen([sys.executable, "-m", "servinglab.models.probe_child", str(directory)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     assert child.stdout is not None and child.stderr is not None
     out, err = _Tail(child.stdout), _Tail(child.stderr)
@@ -83,30 +83,3 @@ def count(directory: Path, timeout: float = 300.0) -> dict[str, Any]:
     if counts is None:
         return {"parameters": None, "flopsPerInference": None, "countNote": "the model's probe answered nonsense"}
     return counts
-
-
-def _measure(directory: Path) -> dict[str, Any]:
-    import torch
-
-    from servinglab import ceiling
-
-    imaging = ceiling.handler_imaging()
-    model, declared = ceiling.packed_network(str(directory))
-    parameters = sum(p.numel() for p in model.parameters())
-    if declared["kind"] == "tensor":
-        sample = imaging.zeros_sample(declared["shape"], declared["dtype"])
-        batch = imaging.tensors_to_batch([sample], torch.device("cpu"), torch.float32)
-    else:
-        batch = torch.zeros((1, 3, int(declared["size"]), int(declared["size"])))
-    note = None
-    try:
-        flops: int | None = ceiling.flops_of(model, batch)
-    except Exception as exc:  # a counter gap must not stop the experiment: say so instead
-        flops, note = None, f"FLOPs not counted: {type(exc).__name__}: {exc}"
-    if flops == 0:
-        flops, note = None, "FLOPs not counted: the counter saw no matrix product or convolution"
-    return {"parameters": int(parameters), "flopsPerInference": flops, "countNote": note}
-
-
-if __name__ == "__main__":
-    print(json.dumps(_measure(Path(sys.argv[1]))), flush=True)

@@ -13,27 +13,40 @@ references). The experiment reconciler does not know about sweeps.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from servinglab.k8s import conditions as cond
-from servinglab.k8s import gpuqueue, opmetrics
+from servinglab.api import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    SWEEP_KIND,
+    SWEEP_LABEL,
+    ExperimentSpec,
+    ServingSweep,
+    SpecError,
+    TrialConfig,
+    parse_sweep,
+    space_size,
+    trial_name,
+    trial_spec,
+)
+from servinglab.api import conditions as cond
+from servinglab.api.results import ExperimentResults, Runtime, to_json
+from servinglab.api.status import ExperimentStatus, SweepStatus
+from servinglab.api.trials import SweepResults, SweepSummary, TrialRecord
+from servinglab.k8s import metrics as opmetrics
+from servinglab.k8s.builders import MANAGED_BY
 from servinglab.k8s.client import Kube, Ref
-from servinglab.k8s.resources import MANAGED_BY
-from servinglab.api import API_GROUP, API_VERSION, KIND, SpecError
+from servinglab.k8s.experiment.gpuqueue import offers
+from servinglab.measure.document import experiment_results
+from servinglab.servers.base import Manifest
 from servinglab.sweep import rollup
 from servinglab.sweep.search import propose
-from servinglab.api import SWEEP_KIND, ServingSweep, TrialConfig, parse_sweep, space_size, trial_name, trial_spec
 
-SWEEP_PLURAL = "servingsweeps"
-SWEEP_LABEL = f"{API_GROUP}/sweep"
 ORDER_ANNOTATION = f"{API_GROUP}/trial-order"
 LOG = logging.getLogger("servinglab.sweeps")
 
-#: Status fields of the rolled-up document (the points of every trial stay with the trials).
-_STATUS_FIELDS = ("trials", "counts", "pruned", "best", "front", "stopReason", "gridSize")
 
-
-def trial_manifest(sweep: ServingSweep, uid: str, namespace: str, config: TrialConfig, order: int) -> dict[str, Any]:
+def trial_manifest(sweep: ServingSweep, uid: str, namespace: str, config: TrialConfig, order: int) -> Manifest:
     """The child experiment of one trial: deterministic name, its configuration in labels, owned by the sweep."""
     name = sweep.metadata.name
     return {
@@ -66,46 +79,44 @@ def trial_manifest(sweep: ServingSweep, uid: str, namespace: str, config: TrialC
     }
 
 
-def sweep_of(body: dict[str, Any]) -> ServingSweep:
+def sweep_of(body: Manifest) -> ServingSweep:
     """The validated sweep of a stored object (its metadata beyond the name is the API server's)."""
     document = {k: body.get(k) for k in ("apiVersion", "kind", "spec")}
     return parse_sweep(document | {"metadata": {"name": body["metadata"]["name"]}})
 
 
-def owned_by(child: dict[str, Any], uid: str) -> bool:
+def owned_by(child: Manifest, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in child["metadata"].get("ownerReferences", []))
 
 
-def config_of(child: dict[str, Any]) -> TrialConfig:
+def config_of(child: Manifest) -> TrialConfig:
     server = child["spec"]["server"]
     return TrialConfig.model_validate({k: server[k] for k in ("batchSize", "maxBatchDelayMs", "workers", "precision")})
 
 
-def trial_record(sweep: ServingSweep, child: dict[str, Any]) -> dict[str, Any] | None:
-    """The record of a finished trial from its experiment's status (None while it runs)."""
-    status = child.get("status") or {}
-    conditions = list(status.get("conditions") or [])
-    if not cond.finished(conditions):
+def trial_record(sweep: ServingSweep, child: Manifest) -> TrialRecord | None:
+    """The record of a finished trial from its experiment's typed status (None while it runs): the same
+    results document a local trial keeps (peak rate with its p99 included), so the same best is picked."""
+    status = ExperimentStatus.model_validate(child.get("status") or {})
+    if not cond.finished(status.conditions):
         return None
     name, config = child["metadata"]["name"], config_of(child)
     order = int(child["metadata"].get("annotations", {}).get(ORDER_ANNOTATION, 0))
-    if cond.is_true(conditions, cond.SUCCEEDED):
-        summary = status.get("summary") or {}
-        document: dict[str, Any] = {
-            "results": status.get("results") or [],
-            "coldStartSeconds": status.get("coldStartSeconds"),
-        }
-        if summary.get("peakRateRps") is not None:
-            document["peakRate"] = {"rateRps": summary["peakRateRps"], "p99LatencyMs": None}
-        entry = rollup.record(sweep, name, order, config, document, None)
+    if cond.is_true(status.conditions, cond.SUCCEEDED):
+        spec = ExperimentSpec.model_validate(child["spec"])
+        document: ExperimentResults | None = experiment_results(
+            name, spec, status.results or [], runtime=Runtime(mode="cluster", server_pod=status.server_pod),
+            cold_start_seconds=status.cold_start_seconds, peak_rate=status.peak_rate, ceiling=status.ceiling,
+        )  # fmt: skip
+        failure = None
     else:
-        failed = cond.get(conditions, cond.FAILED) or {}
-        entry = rollup.record(sweep, name, order, config, None, f"{failed.get('reason')}: {failed.get('message')}")
-    entry["finishedAt"] = status.get("finishedAt")  # the trial's own time, the same on every pass
-    return entry
+        failed = cond.get(status.conditions, cond.FAILED)
+        document, failure = None, f"{failed.reason if failed else None}: {failed.message if failed else None}"
+    # the trial's own time, the same on every pass
+    return rollup.record(sweep, name, order, config, document, failure, finished_at=status.finished_at)
 
 
-async def children(kube: Kube, namespace: str, name: str, uid: str) -> tuple[list[dict[str, Any]], set[str]]:
+async def children(kube: Kube, namespace: str, name: str, uid: str) -> tuple[list[Manifest], set[str]]:
     """(this sweep's trials, names still held by trials of an earlier sweep of the same name)."""
     found = await kube.list(Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace), label_selector=f"{SWEEP_LABEL}={name}")
     # a re-applied sweep never reads, nor adopts, the trials of the one it replaced (garbage collection takes them)
@@ -117,26 +128,27 @@ async def gpu_capacity(kube: Kube, sweep: ServingSweep) -> int | None:
     server = sweep.spec.template.server
     if server.gpus == 0:
         return None
-    return sum(offer // server.gpus for offer in gpuqueue.offers(await kube.list(Ref("v1", "Node", "")), server))
+    return sum(offer // server.gpus for offer in offers(await kube.list(Ref("v1", "Node", "")), server))
 
 
-async def reconcile_sweep(kube: Kube, body: dict[str, Any]) -> bool:
+async def reconcile_sweep(kube: Kube, body: Manifest) -> bool:
     """Start what the search proposes, roll the trials up; True once the sweep has finished."""
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
     ref = Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace, name)
-    status = dict(body.get("status") or {})
-    conditions = list(status.get("conditions") or [])
+    status = SweepStatus.model_validate(body.get("status") or {})
+    conditions = status.conditions
     if cond.finished(conditions):
         return True
     try:
         sweep = sweep_of(body)
     except SpecError as exc:  # nothing is created for an invalid sweep
         message = "; ".join(exc.problems)
-        failed = cond.set_condition(conditions, cond.FAILED, True, "InvalidSpec", message)
-        await kube.patch_status(ref, {"conditions": failed, "summary": {"state": "Failed"}, "finishedAt": cond.now()})
+        failed = SweepStatus(conditions=cond.set_condition(conditions, cond.FAILED, True, "InvalidSpec", message),
+                             summary=SweepSummary(state="Failed"), finished_at=cond.now())  # fmt: skip
+        await kube.patch_status(ref, to_json(failed))
         return True
-    started_at = status.get("startedAt") or cond.now()
+    started_at = status.started_at or cond.now()
     trials, stale = await children(kube, namespace, name, uid)
     outcomes = [(child, trial_record(sweep, child)) for child in trials]
     records = [record for _, record in outcomes if record is not None]
@@ -155,45 +167,35 @@ async def reconcile_sweep(kube: Kube, body: dict[str, Any]) -> bool:
     rolled = rollup.document(sweep, records, proposal.stop_reason if finished else None, started_at)
     size = len(sweep.spec.configurations) if sweep.spec.strategy == "list" else space_size(sweep.spec)
     total = min(size, sweep.spec.max_trials or size)
-    best = rolled["best"]
-    summary = {
-        "state": "Succeeded" if finished else "Running",
-        "trialsDone": len(records),
-        "trialsRunning": len(running),
-        "trialsTotal": total,
-        **(
-            {
-                "bestConfig": TrialConfig.model_validate(best["config"]).label(),
-                "bestThroughputRps": best["capacityRps"],
-                "bestP99LatencyMs": best["p99LatencyMs"],
-            }
-            if best
-            else {}
-        ),  # fmt: skip
-    }
+    best = rolled.best
+    summary = SweepSummary(
+        state="Succeeded" if finished else "Running", trials_done=len(records), trials_running=len(running),
+        trials_total=total, best_config=best.config.label() if best else None,
+        best_throughput_rps=best.capacity_rps if best else None,
+        best_p99_latency_ms=best.p99_latency_ms if best else None,
+    )  # fmt: skip
     if finished:
-        conditions = cond.set_condition(conditions, cond.SUCCEEDED, True, "Finished", str(proposal.stop_reason))
+        stop = str(proposal.stop_reason)
+        conditions = cond.set_condition(conditions, cond.SUCCEEDED, True, "Finished", stop)
         conditions = cond.set_condition(conditions, cond.FAILED, False, "Finished", "")
+        conditions = cond.set_condition(conditions, cond.RUNNING, False, "Finished", stop)
     else:
         message = f"{len(records)} trials finished, {len(running)} running (at most {limit} at once)"
-        conditions = cond.set_condition(conditions, "Running", True, "TrialsRunning", message)
-    patch = {k: rolled[k] for k in _STATUS_FIELDS} | {
-        "summary": summary,
-        "conditions": conditions,
-        "startedAt": started_at,
-    }
-    if finished:
-        patch["finishedAt"] = cond.now()
-        patch["conditions"] = cond.set_condition(conditions, "Running", False, "Finished", str(proposal.stop_reason))
-    await kube.patch_status(ref, patch)
-    tally = rolled["counts"]
-    counts = {"Succeeded": tally["Succeeded"], "Infeasible": tally["Infeasible"], "Pruned": tally["pruned"],
+        conditions = cond.set_condition(conditions, cond.RUNNING, True, "TrialsRunning", message)
+    patch = SweepStatus(
+        conditions=conditions, summary=summary, trials=rolled.trials, counts=rolled.counts, pruned=rolled.pruned,
+        best=rolled.best, front=rolled.front, stop_reason=rolled.stop_reason, grid_size=rolled.grid_size,
+        started_at=started_at, finished_at=cond.now() if finished else None,
+    )  # fmt: skip
+    await kube.patch_status(ref, to_json(patch))
+    tally = rolled.counts
+    counts = {"Succeeded": tally.succeeded, "Infeasible": tally.infeasible, "Pruned": tally.pruned,
               "Running": len(running)}  # fmt: skip
-    opmetrics.sweep(namespace, name, sweep.spec.template.model.name, counts, best, rolled["front"])
+    opmetrics.sweep(namespace, name, sweep.spec.template.model.name, counts, rolled.best, rolled.front)
     return finished
 
 
-async def sweep_document(kube: Kube, namespace: str, name: str) -> tuple[ServingSweep, dict[str, Any]] | None:
+async def sweep_document(kube: Kube, namespace: str, name: str) -> tuple[ServingSweep, SweepResults] | None:
     """A cluster sweep and its full results document, as a local sweep writes it (every trial's points
     included), rebuilt from its trials; None when there is no such sweep."""
     body = await kube.get(Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace, name))
@@ -202,8 +204,6 @@ async def sweep_document(kube: Kube, namespace: str, name: str) -> tuple[Serving
     parsed = sweep_of(body)
     trials, _ = await children(kube, namespace, name, body["metadata"]["uid"])
     records = [record for child in trials if (record := trial_record(parsed, child)) is not None]
-    status = body.get("status") or {}
-    rolled = rollup.document(parsed, records, status.get("stopReason"), status.get("startedAt") or "")
-    rolled["finishedAt"] = status.get("finishedAt")
-    rolled["summary"] = status.get("summary")
-    return parsed, rolled
+    status = SweepStatus.model_validate(body.get("status") or {})
+    rolled = rollup.document(parsed, records, status.stop_reason, status.started_at or "")
+    return parsed, rolled.model_copy(update={"finished_at": status.finished_at, "summary": status.summary})

@@ -1,0 +1,116 @@
+"""A finished load Job's results into the experiment's status: its typed document read from the results
+ConfigMap (and its parts), the GPU figures of each measured window from Prometheus, and one status write,
+so a finished result lands whole or not at all. Used by the experiment reconciler once the Job is Complete.
+"""
+
+from __future__ import annotations
+
+from servinglab.api import ExperimentSpec
+from servinglab.api import conditions as cond
+from servinglab.api.results import GpuFigures, LevelResult, LoadJobResults
+from servinglab.k8s import builders
+from servinglab.k8s import metrics as opmetrics
+from servinglab.k8s.experiment.status import Experiment, summary_of
+from servinglab.k8s.promql import GpuMetrics, PrometheusError
+from servinglab.k8s.sink import ResultsUnreadable, decode_results, part_name
+
+
+async def job_message(experiment: Experiment) -> str | None:
+    """The load pod's termination: its exit code and message (what the Job's program said at its end)."""
+    pods = await experiment.kube.list(
+        experiment.child("v1", "Pod", ""), label_selector=builders.pod_selector(experiment.owner, "load")
+    )
+    for pod in pods:
+        for container in pod.get("status", {}).get("containerStatuses", []):
+            terminated = container.get("state", {}).get("terminated") or {}
+            if terminated:
+                return (
+                    f"exit code {terminated.get('exitCode')}: {terminated.get('message') or terminated.get('reason')}"
+                )
+    return None
+
+
+async def read_results(experiment: Experiment) -> LoadJobResults:
+    """The load Job's results document, whole and this experiment's own; ResultsUnreadable if not."""
+    results_ref = experiment.child("v1", "ConfigMap", experiment.names.results)
+    head = await experiment.owned(results_ref)
+    parts = {}
+    if head is not None:
+        for index in range(1, int((head.get("data") or {}).get("parts", "1"))):
+            name = part_name(experiment.names.results, index)
+            parts[name] = await experiment.owned(experiment.child("v1", "ConfigMap", name))
+    document = decode_results(head, parts.get)
+    try:
+        results = LoadJobResults.model_validate(document)
+    except ValueError as exc:
+        raise ResultsUnreadable(f"{results_ref} is not a results document: {str(exc).splitlines()[0]}") from None
+    if (results.experiment_uid or experiment.uid) != experiment.uid:
+        raise ResultsUnreadable(f"{results_ref} holds the results of another experiment of this name")
+    return results
+
+
+async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
+    try:
+        document = await read_results(experiment)
+    except ResultsUnreadable as exc:
+        await experiment.fail(
+            "ResultsMissing",
+            f"the load Job finished without readable results ({exc}); Job {experiment.names.load} and its log "
+            "are kept",
+        )
+        return
+    gpu, gpu_condition = await gpu_figures(experiment, spec, document.results)
+    slo = spec.slo.p99_latency_ms
+    levels = [
+        level.compact().model_copy(update={"gpu": gpu.get(index)}) for index, level in enumerate(document.results)
+    ]
+    generation = experiment.generation
+    conditions = cond.set_condition(experiment.conditions, cond.GPU_METRICS, *gpu_condition, generation)
+    conditions = cond.set_condition(conditions, cond.LOAD_TEST_COMPLETE, True, "Complete",
+                                    f"{len(levels)} levels measured", generation)  # fmt: skip
+    conditions = cond.set_condition(conditions, cond.SUCCEEDED, True, "Measured", "results are in status.results",
+                                    generation)  # fmt: skip
+    conditions = cond.set_condition(conditions, cond.FAILED, False, "Measured", "", generation)
+    # Cold start ends when the server first answers a prediction (its health check can pass while
+    # workers are still loading the model), as seen by the load Job.
+    cold_start = experiment.status.cold_start_seconds
+    if document.server_answered_at and experiment.status.started_at:
+        cold_start = round(document.server_answered_at - cond.epoch(experiment.status.started_at), 3)
+    # One write: the finished result lands whole, or not at all.
+    await experiment.patch(
+        cold_start_seconds=cold_start,
+        conditions=conditions,
+        results=levels,
+        summary=summary_of(levels, slo, "Succeeded", document.peak_rate),
+        peak_rate=document.peak_rate,
+        ceiling=document.ceiling,
+        finished_at=cond.now(),
+        observed_generation=generation,
+    )
+    await experiment.event("Normal", "Succeeded", f"{len(levels)} levels measured")
+    opmetrics.finished(experiment.namespace, experiment.name, "Succeeded", spec, levels)
+
+
+async def gpu_figures(
+    experiment: Experiment, spec: ExperimentSpec, levels: list[LevelResult]
+) -> tuple[dict[int, GpuFigures], tuple[bool, str, str]]:
+    """Each level's GPU figures over its measured window, and the GPUMetricsAvailable condition's value."""
+    url = spec.metrics.prometheus_url or experiment.settings.prometheus_url
+    if url is None:
+        return {}, (False, "NotConfigured", "no Prometheus URL in spec.metrics or the operator settings")
+    reader, pod = GpuMetrics(url), experiment.status.server_pod or ""
+    figures: dict[int, GpuFigures] = {}
+    try:
+        for index, level in enumerate(levels):
+            if level.window_start is None or level.window_end is None:
+                continue
+            figures[index] = GpuFigures.model_validate(
+                await reader.window(
+                    experiment.namespace, pod, level.window_start, level.window_end, level.requests - level.errors
+                )  # fmt: skip
+            )
+    except PrometheusError as exc:
+        return {}, (False, "PrometheusUnreachable", str(exc))
+    if not any(value is not None for level in figures.values() for value in dict(level).values()):
+        return figures, (False, "NoData", f"Prometheus at {url} has no DCGM metrics for pod {pod}")
+    return figures, (True, "Measured", f"DCGM metrics of pod {pod} from {url}")

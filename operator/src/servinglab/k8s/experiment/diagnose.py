@@ -1,0 +1,165 @@
+"""Why a server pod is not serving, read from its status (pure functions): unschedulable, an init
+container that could not put the model in place, a server that gave up on its model, a crash, a replaced
+pod; and what a valid spec cannot do on a cluster.
+
+The server's own reasons (a container's termination message "<Reason>: <message>") are read through the
+seam (:meth:`~servinglab.servers.base.Server.start_failure`); the model init containers' protocol is every
+server's (:data:`~servinglab.servers.base.MODEL_INIT`). Used by the experiment reconciler.
+"""
+
+from __future__ import annotations
+
+import json
+
+from servinglab.api import ExperimentSpec
+from servinglab.api.results import ModelDescription
+from servinglab.models.probe import checked
+from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, Server
+
+
+def unschedulable_reason(pods: list[Manifest]) -> str | None:
+    """The scheduler's message when the server pod cannot be placed (e.g. no node has the GPUs)."""
+    for pod in pods:
+        for condition in pod.get("status", {}).get("conditions", []):
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                return str(condition.get("message", "unschedulable"))
+    return None
+
+
+def _last_termination(container: Manifest) -> Manifest | None:
+    """A container status's termination: the current one, else the one before its restart."""
+    terminated = container.get("state", {}).get("terminated") or container.get("lastState", {}).get("terminated")
+    return dict(terminated) if terminated else None
+
+
+def _container_problem(pod: Manifest) -> str | None:
+    for container in pod.get("status", {}).get("containerStatuses", []):
+        state = container.get("state", {})
+        terminated = _last_termination(container)
+        restarts = container.get("restartCount", 0)
+        if restarts > 0 or state.get("terminated"):
+            detail = terminated or state.get("waiting") or {}
+            return (
+                f"container {container['name']} {'terminated' if not restarts else f'restarted {restarts} times'}: "
+                f"{detail.get('reason', 'unknown')} (exit code {detail.get('exitCode', '?')}) "
+                f"{detail.get('message', '')}"
+            ).strip()
+    return None
+
+
+#: Reasons `servinglab prepare-model` (and `build-model --into`) end with (the termination message starts
+#: "<Reason>: ").
+MODEL_REASONS = (
+    "ModelDownloadFailed",
+    "ModelChecksumMismatch",
+    "ModelNotRecognized",
+    "ModelTooLarge",
+    "PrecisionNotSupported",
+)
+
+
+def cluster_problems(spec: ExperimentSpec) -> list[str]:
+    """What a valid spec cannot do on Kubernetes: paths of the operator's machine mean nothing to a pod."""
+    problems = []
+    source, payload = spec.model.source, spec.load.payload
+    if source is not None and source.path is not None:
+        problems.append(f"spec.model.source.path: {source.path!r} is a local path; on Kubernetes use url or pvc")
+    if payload.own_bodies and payload.config_map is None and payload.pvc is None:
+        problems.append("spec.load.payload: files/records on Kubernetes come from a configMap or a pvc; name one")
+    if spec.load.shape is not None and spec.load.shape.trace is not None and not (payload.config_map or payload.pvc):
+        problems.append("spec.load.shape.trace: on Kubernetes the trace file comes from payload's configMap or pvc")
+    if spec.load.generators == "auto":
+        problems.append(
+            "spec.load.generators: auto counts this machine's cores; on Kubernetes give the number of load pods"
+        )
+    return problems
+
+
+def _init_terminated(pod: Manifest, name: str) -> tuple[Manifest, bool] | None:
+    """The model init container's last termination and whether it succeeded, if it ended."""
+    for container in pod.get("status", {}).get("initContainerStatuses", []):
+        if container.get("name") != name:
+            continue
+        if terminated := _last_termination(container):
+            return terminated, terminated.get("exitCode") == 0 and "terminated" in container.get("state", {})
+    return None
+
+
+def model_init_failure(pods: list[Manifest]) -> tuple[str, str] | None:
+    """(reason, message) when the model could not be put in place: an init container (`model`, or the
+    `probe` that counts it) failed. `model`'s own reason (a download, a checksum, a size, ...) when it says
+    one, else ModelPreparationFailed."""
+    for pod in pods:
+        for name in (MODEL_INIT, PROBE_INIT):
+            ended = _init_terminated(pod, name)
+            if ended is None or ended[1]:
+                continue
+            terminated = ended[0]
+            message = str(terminated.get("message") or terminated.get("reason") or "").strip()
+            reason, _, rest = message.partition(": ")
+            if name == MODEL_INIT and reason in MODEL_REASONS:
+                return reason, rest
+            return "ModelPreparationFailed", (
+                f"server pod {pod['metadata']['name']}: init container {name} exited with code "
+                f"{terminated.get('exitCode', '?')}: {message}"
+            ).strip()
+    return None
+
+
+def server_start_failure(pods: list[Manifest], server: Server) -> tuple[str, str] | None:
+    """(reason, message) when a server container gave up on its own (e.g. TorchServe's launcher ends it with
+    ModelLoadFailed once the handler has failed to load the model): its termination message, read by its kind."""
+    for pod in pods:
+        for container in pod.get("status", {}).get("containerStatuses", []):
+            terminated = _last_termination(container) or {}
+            if (found := server.start_failure(str(terminated.get("message") or ""))) is not None:
+                return found[0], f"server pod {pod['metadata']['name']}: {found[1]}"
+    return None
+
+
+def _init_json(pod: Manifest, name: str) -> Manifest | None:
+    ended = _init_terminated(pod, name)
+    if ended is None or not ended[1]:
+        return None
+    try:
+        said = json.loads(ended[0].get("message") or "")
+    except ValueError:
+        return None
+    return said if isinstance(said, dict) else None
+
+
+def model_description(pod: Manifest) -> ModelDescription | None:
+    """What `servinglab prepare-model` (or `build-model`) said of the model it put in place, with the
+    parameters and FLOPs `servinglab count-model` counted: only those three figures are taken from the
+    probe, which ran the user's code and so may say anything."""
+    described = _init_json(pod, MODEL_INIT)
+    if described is None:
+        return None
+    counts = checked(_init_json(pod, PROBE_INIT))
+    try:
+        return ModelDescription.model_validate({**described, **(counts or {})})
+    except ValueError:
+        return None
+
+
+def crash_reason(pods: list[Manifest]) -> str | None:
+    """Why the server died, if it did: its pod ended, or a container restarted or terminated."""
+    for pod in pods:
+        status, name = pod.get("status", {}), pod["metadata"]["name"]
+        problem = _container_problem(pod)
+        if status.get("phase") in ("Failed", "Succeeded"):
+            return f"server pod {name} is {status['phase']}: {problem or status.get('message', '')}".strip()
+        if problem is not None:
+            return f"server pod {name}: {problem}"
+    return None
+
+
+def replaced_server(pods: list[Manifest], serving: str) -> str | None:
+    """Why the pod the load is measuring is no longer the server, if it is not: deleted, or replaced
+    by another pod (whose cold start and caches would be measured as if nothing had happened)."""
+    live = {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+    if serving in live:
+        return None
+    others = sorted(live)
+    now = f"; now {', '.join(others)}" if others else ""
+    return f"server pod {serving} was deleted during the load test{now}: its measurements are discarded"

@@ -1,0 +1,266 @@
+"""The experiment reconciler: one idempotent pass that moves a ServingExperiment one step towards its result.
+
+A pass reads the current state from the API and moves it on:
+
+  admitted (GPU queue) -> children deployed (server-side apply; once per daemon run) -> server ready (cold
+  start recorded) -> load Job created -> Job Complete: results collected, status written once -> finished
+  -> cleanup (no running Job; per spec.cleanup no server) retried on every pass until done ->
+  `cleanedUpAt` (never touched again).
+
+Failures end the experiment with a Failed condition naming the cause: invalid spec (no children are
+created), credentials not allowed, unschedulable server (the scheduler's own message), a model that cannot
+be put in place or loaded, server not ready in time, server crashed or replaced during the load, load Job
+failed (its termination message), results missing. A restarted operator resumes from what the API holds:
+the same children, at most one Job, nothing lost. Children are recognised by their owner's uid, never by
+name alone, so a deleted and re-applied experiment never reads its predecessor's pods, Job or results.
+
+The server's kind (:func:`servinglab.servers.get`) gives the pod; nothing here knows a server.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from servinglab import servers
+from servinglab.api import KIND, ExperimentSpec, SpecError, parse_experiment
+from servinglab.api import conditions as cond
+from servinglab.api.status import ExperimentSummary, ResultsRef
+from servinglab.k8s import builders, credentials
+from servinglab.k8s.client import Kube, Ref
+from servinglab.k8s.experiment import diagnose, gpuqueue
+from servinglab.k8s.experiment.admission import admitted
+from servinglab.k8s.experiment.collect import collect, job_message
+from servinglab.k8s.experiment.status import Experiment
+from servinglab.k8s.settings import Settings
+from servinglab.k8s.sink import RESULTS_KEY
+from servinglab.servers.base import Manifest, PodInputs, PodPlan
+
+
+async def reconcile(kube: Kube, body: Manifest, settings: Settings, deploy: bool = True) -> bool | None:
+    """Move the experiment one step; True once it has finished (Succeeded or Failed), None while it
+    waits in the GPU queue (nothing deployed yet), else False.
+
+    `deploy` applies the children (idempotent); the daemon asks for it on its first pass only — at
+    creation, and again after an operator restart — not on every poll of a running experiment.
+    """
+    experiment = Experiment(kube, body, settings)
+    if not cond.finished(experiment.conditions):
+        outcome = await _advance(experiment, body, deploy)
+        if outcome is not True:
+            return outcome
+    await _clean_up(experiment)
+    return True
+
+
+def _plan(experiment: Experiment, spec: ExperimentSpec) -> PodPlan:
+    inputs = PodInputs(
+        config_map=experiment.names.config,
+        servinglab_image=experiment.settings.servinglab_image,
+        model_cache_claim=experiment.settings.model_cache_claim,
+        experiment_file=builders.EXPERIMENT_FILE,
+    )
+    return servers.get(spec.server.kind).pod(spec, inputs)
+
+
+async def _advance(experiment: Experiment, body: Manifest, deploy: bool) -> bool | None:
+    try:
+        document = {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "metadata": {"name": experiment.name, "namespace": experiment.namespace},
+            "spec": body.get("spec"),
+        }
+        spec = parse_experiment(document).spec
+    except SpecError as exc:
+        await experiment.fail("InvalidSpec", "; ".join(exc.problems))
+        return True
+    if problems := diagnose.cluster_problems(spec):
+        await experiment.fail("InvalidSpec", "; ".join(problems))
+        return True
+    if problems := credentials.problems(spec, experiment.namespace, experiment.settings.model_credentials):
+        await experiment.fail("CredentialsNotAllowed", "; ".join(problems))
+        return True
+
+    status = experiment.status
+    if status.started_at is None and spec.server.gpus > 0 and not await admitted(experiment, spec):
+        return True if cond.finished(experiment.conditions) else None
+    if experiment.status.started_at is None:
+        await experiment.set(
+            cond.SERVER_READY, None, "Deploying", f"the {spec.server.kind} server is being deployed",
+            started_at=cond.now(), summary=ExperimentSummary(state="Deploying"),
+            results_ref=ResultsRef(name=experiment.names.results, key=RESULTS_KEY),
+        )  # fmt: skip
+        await experiment.event("Normal", "Deploying", f"Deploying {spec.server.kind} for {spec.model.name}")
+
+    plan = _plan(experiment, spec)
+    if deploy and not cond.is_true(experiment.conditions, cond.LOAD_TEST_COMPLETE):
+        deployed = await _deploy(experiment, spec, plan)
+        if deployed is not True:
+            return deployed
+    if not cond.is_true(experiment.conditions, cond.SERVER_READY):
+        return await _await_server(experiment, spec)
+    return await _run_load(experiment, spec, plan)
+
+
+@dataclass(frozen=True)
+class Obstacle:
+    """An object that stands where a child is to be applied and is not this experiment's."""
+
+    message: str
+    conflict: bool  # True: foreign, never ours to remove; False: a predecessor's, being garbage-collected
+
+
+async def _predecessor(experiment: Experiment, ref: Ref) -> Obstacle | None:
+    """What stands in the way of a child: an object of its name that this incarnation of the experiment
+    does not own. One owned by an experiment that is gone (deleted, then re-applied under the same name)
+    is the garbage collector's to remove: wait for it. Anything else is a conflict: the operator never
+    deletes what it did not create."""
+    existing = await experiment.kube.get(ref)
+    if existing is None or builders.owned_by(existing, experiment.uid):
+        return None
+    owners = existing["metadata"].get("ownerReferences") or []
+    if any(owner.get("kind") == KIND and owner.get("name") == experiment.name for owner in owners):
+        return Obstacle(f"{ref} of a previous experiment named {experiment.name} is still being deleted", False)
+    return Obstacle(f"{ref} exists and does not belong to this experiment; delete or rename it", True)
+
+
+async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -> bool | None:
+    """Apply the children; None (nothing applied) while a predecessor's children are still there."""
+    owner = experiment.owner
+    document = {
+        "apiVersion": experiment.ref.api_version,
+        "kind": KIND,
+        "metadata": {"name": experiment.name},
+        "spec": spec.model_dump(by_alias=True, mode="json"),
+    }
+    manifests = (
+        builders.config_map(owner, plan, document),
+        builders.results_config_map(owner),
+        builders.load_service_account(owner),
+        builders.load_role(owner),
+        builders.load_role_binding(owner),
+        builders.deployment(owner, spec, plan),
+        builders.service(owner, plan),
+        *([builders.load_service(owner)] if builders.generator_count(spec) > 1 else []),
+    )
+    job = experiment.child("batch/v1", "Job", experiment.names.load)
+    for ref in (*(Ref.of(manifest) for manifest in manifests), job):
+        if (obstacle := await _predecessor(experiment, ref)) is None:
+            continue
+        if obstacle.conflict:
+            await experiment.fail("NameConflict", obstacle.message)
+            return True
+        await experiment.set(cond.SERVER_READY, None, "WaitingForPredecessor", obstacle.message)
+        return None
+    for manifest in manifests:
+        await experiment.kube.apply(manifest)
+    return True
+
+
+async def _server_pods(experiment: Experiment) -> list[Manifest]:
+    selector = builders.pod_selector(experiment.owner, "server")
+    return await experiment.kube.list(experiment.child("v1", "Pod", ""), label_selector=selector)
+
+
+def _elapsed(since: str | None) -> float:
+    return time.time() - cond.epoch(since) if since else 0.0
+
+
+async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
+    kube = experiment.kube
+    kind = spec.server.kind
+    deployment = await kube.get(experiment.child("apps/v1", "Deployment", experiment.names.server)) or {}
+    pods = await _server_pods(experiment)
+    elapsed = _elapsed(experiment.status.started_at)
+    if (deployment.get("status", {}).get("availableReplicas") or 0) >= 1:
+        ready = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        pod_name = ready[0]["metadata"]["name"] if ready else ""
+        model = diagnose.model_description(ready[0]) if ready else None
+        await experiment.set(
+            cond.SERVER_READY, True, "Available", f"the {kind} server is ready in pod {pod_name}",
+            cold_start_seconds=round(elapsed, 3), server_ready_at=cond.now(), server_pod=pod_name,
+            summary=ExperimentSummary(state="Ready"), **({"model": model} if model else {}),
+        )  # fmt: skip
+        await experiment.event("Normal", "ServerReady", f"{kind} ready after {elapsed:.1f} s")
+        return False
+    failure = diagnose.model_init_failure(pods) or diagnose.server_start_failure(pods, servers.get(kind))
+    if failure is not None:
+        await experiment.fail(*failure)
+        return True
+    if (crash := diagnose.crash_reason(pods)) is not None:
+        await experiment.fail("ServerCrashed", crash)
+        return True
+    unschedulable = diagnose.unschedulable_reason(pods)
+    # Admitted means some node can hold it: a GPU still held by a finishing server is a wait, not a failure.
+    waiting_for_gpu = unschedulable is not None and f"Insufficient {gpuqueue.GPU}" in unschedulable
+    if unschedulable is not None and not waiting_for_gpu and elapsed > experiment.settings.unschedulable_grace_seconds:
+        await experiment.fail("Unschedulable", f"the scheduler cannot place the server: {unschedulable}")
+        return True
+    if elapsed > spec.server.startup_timeout_seconds:
+        await experiment.fail("ServerNotReady", f"the {kind} server was not ready within "
+                              f"{spec.server.startup_timeout_seconds} s")  # fmt: skip
+        return True
+    return False
+
+
+def _true_conditions(job: Manifest) -> dict[str, Manifest]:
+    """The Job's conditions that hold (Complete, Failed, ...), by type."""
+    return {c["type"]: c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"}
+
+
+def _job_finished(job: Manifest) -> bool:
+    return bool(_true_conditions(job).keys() & {"Complete", "Failed"})
+
+
+async def _run_load(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -> bool:
+    kube = experiment.kube
+    job_ref = experiment.child("batch/v1", "Job", experiment.names.load)
+    pods = await _server_pods(experiment)
+    serving = experiment.status.server_pod
+    if serving and (replaced := diagnose.replaced_server(pods, serving)) is not None:
+        await experiment.fail("ServerRestarted", replaced)
+        return True
+    job = await kube.get(job_ref)
+    if job is not None and not builders.owned_by(job, experiment.uid):
+        return False  # a predecessor's Job, still being garbage-collected: never read it as ours
+    if job is None:
+        model = experiment.status.model
+        flops = model.flops_per_inference if model is not None else None
+        await kube.apply(builders.load_job(experiment.owner, spec, plan, experiment.settings.servinglab_image, flops))
+        await experiment.set(
+            cond.LOAD_TEST_COMPLETE, False, "Running",
+            f"load ({spec.load.describe()}) running in Job {experiment.names.load}",
+            summary=ExperimentSummary(state="Running"),
+        )  # fmt: skip
+        await experiment.event("Normal", "LoadTestStarted", f"Job {experiment.names.load} started")
+        return False
+    job_conditions = _true_conditions(job)
+    if "Failed" in job_conditions:
+        message = await job_message(experiment) or job_conditions["Failed"].get("message", "")
+        await experiment.fail("LoadJobFailed", f"Job {experiment.names.load} failed: {message}")
+        return True
+    if "Complete" in job_conditions:
+        await collect(experiment, spec)
+        return True
+    if (crash := diagnose.crash_reason(pods)) is not None:
+        await experiment.fail("ServerCrashed", f"during the load test: {crash}")
+        return True
+    return False
+
+
+async def _clean_up(experiment: Experiment) -> None:
+    """The desired state of a finished experiment: no load Job running and, per spec.cleanup, no server
+    holding a GPU. Runs on every pass until it has succeeded (also after an operator restart or a
+    refused delete: a KubeError propagates and the daemon retries), then records `cleanedUpAt`.
+    A Job that finished is kept: its log is the last copy of results that were not collected."""
+    if experiment.status.cleaned_up_at:
+        return
+    job_ref = experiment.child("batch/v1", "Job", experiment.names.load)
+    job = await experiment.owned(job_ref)
+    if job is not None and not _job_finished(job):
+        await experiment.kube.delete(job_ref)
+    if experiment.delete_server_when_done:
+        await experiment.delete_owned(experiment.child("apps/v1", "Deployment", experiment.names.server))
+        await experiment.delete_owned(experiment.child("v1", "Service", experiment.names.server))
+    await experiment.patch(cleaned_up_at=cond.now())

@@ -1,0 +1,82 @@
+"""A model's size and work, counted with torch: parameters, and FLOPs per inference (PyTorch's
+FlopCounterMode over one forward pass at batch 1; a multiply-add is 2 FLOPs, matrix products and
+convolutions only).
+
+Imported only by the programs that run as child processes (a model's build, the model probe, the raw
+measurement): never by a process that generates load or reconciles. Also how those programs load a model
+as servinglab serves it: a built-in with its seeded weights, or a packed TorchScript/.pt2 with its
+declared input, converted to a precision by the handler's own helpers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from servinglab import paths
+from servinglab.models.catalogue import INPUT_FILE, get_builtin, load_module
+
+
+def handler_imaging() -> ModuleType:
+    """The handler's precision helpers, so the raw loop converts the model exactly as the server does."""
+    return load_module(paths.handlers_dir() / "servinglab_imaging.py", "servinglab_imaging")
+
+
+def network(model_name: str, weights: bool = False) -> tuple[Any, int]:
+    """The built-in model; with `weights`, the very weights its archive serves (calibrated
+    BatchNorm: uncalibrated statistics can drive activations into slow denormal arithmetic)."""
+    import torch
+
+    builtin = get_builtin(model_name)
+    source = load_module(builtin.source)
+    torch.manual_seed(builtin.seed)
+    built = source.build_model()
+    if weights:
+        from servinglab.models.builtins import WEIGHTS_FILE, ensure_built
+
+        build = ensure_built(model_name)
+        built.load_state_dict(torch.load(build / WEIGHTS_FILE, map_location="cpu", weights_only=True))
+    return built.eval(), int(source.INPUT_SIZE)
+
+
+def packed_network(directory: str) -> tuple[Any, dict[str, Any]]:
+    """A model servinglab packed (TorchScript or .pt2) on the CPU, and its declared input."""
+    import torch
+
+    folder = Path(directory)
+    serialized = next(p for p in (folder / "model.pt", folder / "model.pt2") if p.exists())
+    declared: dict[str, Any] = json.loads((folder / INPUT_FILE).read_text())
+    return handler_imaging().load_serialized(serialized, torch.device("cpu")), declared
+
+
+def flops_of(module: Any, batch: Any) -> int:
+    """FLOPs PyTorch's counter sees in one forward pass (matrix products and convolutions, 2 per
+    multiply-add); raises what the forward pass raises."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:  # (inference_mode hides the ops from the counter)
+        module(batch)
+    return int(counter.get_total_flops())
+
+
+@functools.cache
+def count_flops(model_name: str) -> float:
+    """FLOPs of one inference (batch 1, fp32) of a built-in model."""
+    import torch
+
+    built, size = network(model_name)
+    return float(flops_of(built, torch.zeros(1, 3, size, size)))
+
+
+def builtin_counts(model_name: str) -> dict[str, int | float]:
+    """Parameters and FLOPs per inference of a built-in model (what its build keeps)."""
+    import torch
+
+    network_, size = network(model_name)
+    return {"parameters": sum(p.numel() for p in network_.parameters()),
+            "flopsPerInference": flops_of(network_, torch.zeros(1, 3, size, size))}  # fmt: skip
