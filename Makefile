@@ -24,9 +24,10 @@ demo: setup ## run the ResNet-50 demo experiment locally (results in results-dem
 smoke: setup ## run the tiny smoke experiment (under a minute)
 	$(BIN)/servinglab run examples/experiment-smoke.yaml --output results-smoke.json
 
-lint: setup ## ruff lint and format check
+lint: setup ## ruff lint and format check; the package's layers and import contracts (.importlinter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 typecheck: setup ## mypy --strict on the servinglab package
 	$(BIN)/mypy

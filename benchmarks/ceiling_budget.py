@@ -20,9 +20,12 @@ import time
 
 from common import table
 
-from servinglab import ceiling, rawprobe, tsconfig
-from servinglab.rawmeasure import Probe
 from servinglab.api import LoadSpec
+from servinglab.measure import ceiling
+from servinglab.measure.raw import probe as rawprobe
+from servinglab.measure.raw.child import Probe
+from servinglab.models import counting
+from servinglab.servers.torchserve import config as tsconfig
 
 OLD_WARMUP_PASSES, OLD_SEGMENTS, OLD_PASSES_PER_SEGMENT = 3, 5, 2
 
@@ -35,7 +38,7 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=8)
     args = parser.parse_args()
 
-    warm_up = ceiling.handler_imaging().warm_up  # the handler's own function
+    warm_up = counting.handler_imaging().warm_up  # the handler's own function
     probe = Probe("resnet50", "fp32", "cpu")
     largest = max(args.sizes)
     pass_seconds: dict[int, float] = {}

@@ -21,12 +21,12 @@ from typing import Any
 
 import yaml
 
-from servinglab import models
+from servinglab import servers
+from servinglab.api import parse_experiment
 from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
+from servinglab.models.catalogue import request_image_size
 from servinglab.servers.process import free_ports
 from servinglab.servers.torchserve.local import LocalTorchServe
-from servinglab.runner import resolve_archive
-from servinglab.api import parse_experiment
 
 _BESIDE = Path(sys.executable).with_name("servinglab")
 #: the CLI beside this interpreter (a venv), else the one on PATH (a machine set up by hack/device-setup.sh)
@@ -47,7 +47,7 @@ def torchserve(document: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """A local TorchServe for the experiment's model and server settings: (inference URL, model)."""
     parsed = parse_experiment(document)
     workdir = Path(tempfile.mkdtemp(prefix="bench-ts-"))
-    archive = resolve_archive(parsed, workdir).directory
+    archive = servers.get(parsed.spec.server.kind).prepare_model(parsed.spec, workdir).directory
     server = LocalTorchServe(parsed.spec.model.name, archive, parsed.spec.server, workdir)
     try:
         server.start()
@@ -120,7 +120,7 @@ def payload_file(document: dict[str, Any], folder: Path) -> tuple[Path, str]:
     """The experiment's first payload on disk, for wrk's Lua script; (path, content type)."""
     spec = parse_experiment(document).spec
     load = spec.load
-    size = models.request_image_size(spec.model, load.payload)
+    size = request_image_size(spec.model, load.payload)
     body = make_payloads(load.payload.format, size, 1, load.payload.seed)[0]
     path = folder / "payload.bin"
     path.write_bytes(body)

@@ -88,8 +88,8 @@ def main() -> None:
     rows: list[list[Any]] = []
     folder = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
     body = folder / "body.jpg"
-    from servinglab.loadgen.payloads import make_payloads
     from servinglab.api import PayloadFormat
+    from servinglab.loadgen.payloads import make_payloads
 
     body.write_bytes(make_payloads(PayloadFormat.JPEG, 224, 1, seed=0)[0])
     with nginx() as url:

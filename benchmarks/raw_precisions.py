@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/raw_precisions.py [--model resnet50] [--precisions fp32,tf32,fp16,bf16]
                                                   [--sizes 1,8,32,64,128,256] [--seconds 30]
 
-For each precision, one `servinglab.rawmeasure` child (the ceiling's own probe: the model converted
+For each precision, one `servinglab.measure.raw.child` child (the ceiling's own probe: the model converted
 exactly as the handler converts it, random inputs already on the device, every pass synchronised)
 measures the batch sizes in turn within `--seconds`. Prints raw inferences/s, the fastest pass, the
-theoretical rate from the peak table (`servinglab.ceiling.PEAK_TFLOPS`, dense tensor-core figures)
+theoretical rate from the peak table (`servinglab.measure.ceiling.PEAK_TFLOPS`, dense tensor-core figures)
 and raw/theoretical. Needs a GPU for the tf32/fp16/bf16 rows to mean anything.
 """
 
@@ -20,14 +20,15 @@ from typing import Any
 
 from common import table
 
-from servinglab import ceiling
+from servinglab.measure import ceiling
+from servinglab.models.counting import count_flops
 
 
 def probe(
     model: str, precision: str, device: str, sizes: list[int], seconds: float
 ) -> tuple[str, list[dict[str, Any]]]:
     request = {"model": model, "precision": precision, "device": device, "batchSizes": sizes, "seconds": seconds}
-    child = subprocess.run([sys.executable, "-m", "servinglab.rawmeasure", json.dumps(request)],
+    child = subprocess.run([sys.executable, "-m", "servinglab.measure.raw.child", json.dumps(request)],
                            capture_output=True, text=True, check=True)  # fmt: skip
     events = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
     device = next(event["device"] for event in events if event["event"] == "ready")
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda:0")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
-    flops = ceiling.count_flops(args.model)
+    flops = count_flops(args.model)
     table_rows, device = [], "?"
     for precision in args.precisions.split(","):
         device, rows = probe(args.model, precision, args.device, sizes, args.seconds)

@@ -12,9 +12,9 @@ from locust import events
 
 from typing import Any
 
+from servinglab.api import PayloadFormat
 from servinglab.loadgen.closed_loop import InferenceUser, LoadPlan
 from servinglab.loadgen.payloads import CONTENT_TYPES, Payload, make_payloads
-from servinglab.api import PayloadFormat
 
 __all__ = ["InferenceUser"]
 

@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+import uuid
 from collections.abc import Iterator
 
 import psutil
 import pytest
 
 TORCHSERVE_MARKERS = ("org.pytorch.serve.ModelServer", "model_service_worker.py")
+#: Every process this test session starts inherits this mark, so the leftover check and its clean-up see
+#: this session's servers only (another session on the same machine may be serving meanwhile).
+SESSION_MARK = "SERVINGLAB_TEST_SESSION"
+os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+
+
+def _ours(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return proc.environ().get(SESSION_MARK) == os.environ[SESSION_MARK]
+    return False
 
 
 def torchserve_processes(since: float) -> list[psutil.Process]:
-    """TorchServe frontends and workers created after `since` (tests run one server at a time)."""
+    """This session's TorchServe frontends and workers created after `since` (tests run one server at a time)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "create_time"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if proc.info["create_time"] >= since - 1 and any(m in cmdline for m in TORCHSERVE_MARKERS):
+        if proc.info["create_time"] >= since - 1 and any(m in cmdline for m in TORCHSERVE_MARKERS) and _ours(proc):
             found.append(proc)
     return found
 

@@ -12,7 +12,9 @@ import psutil
 import pytest
 import yaml
 
-from servinglab import ceiling, rawprobe
+from servinglab.measure import ceiling
+from servinglab.measure.raw import probe as rawprobe
+from servinglab.measure.raw.figures import RawCache
 
 pytestmark = pytest.mark.torchserve
 
@@ -23,13 +25,13 @@ def probes_alive() -> list[psutil.Process]:
     return [
         proc
         for proc in psutil.process_iter(["cmdline"])
-        if "servinglab.rawmeasure" in " ".join(proc.info["cmdline"] or [])
+        if "servinglab.measure.raw.child" in " ".join(proc.info["cmdline"] or [])
     ]
 
 
 def test_probe_at_batch_1024_keeps_to_its_budget_and_reuses_what_it_measured() -> None:
     sizes = ceiling.scan_batch_sizes(8, 1024)
-    cache = rawprobe.RawCache()
+    cache = RawCache()
     messages: list[str] = []
     started = time.monotonic()
     figures = rawprobe.measure("tiny", "fp32", "cpu", sizes, 2.0, messages.append, cache)
@@ -38,7 +40,7 @@ def test_probe_at_batch_1024_keeps_to_its_budget_and_reuses_what_it_measured() -
     # every size is either measured or skipped with a reason; the formed size comes first
     assert set(figures.measured) | set(figures.skipped) == set(sizes)
     assert messages[0] == "Ceiling: model alone at batch 8"
-    longest_pass = max(row["passSeconds"] for row in figures.measured.values())
+    longest_pass = max(row.pass_seconds for row in figures.measured.values())
     # the budget bounds the measuring: at most one pass (plus a first pass per size) beyond it
     assert figures.measure_seconds <= 2.0 + 2 * longest_pass + 0.5, figures
     assert wall <= figures.setup_seconds + figures.measure_seconds + 3.0
@@ -53,7 +55,7 @@ def test_probe_at_batch_1024_keeps_to_its_budget_and_reuses_what_it_measured() -
 def test_a_batch_that_cannot_fit_in_memory_is_skipped_before_allocating_it() -> None:
     figures = rawprobe.measure("tiny", "fp32", "cpu", [10_000_000, 4], 1.0)
     assert "GiB for activations" in figures.skipped[10_000_000] and "GiB free" in figures.skipped[10_000_000]
-    assert figures.measured[4]["throughputRps"] > 0
+    assert figures.measured[4].throughput_rps > 0
 
 
 def test_batch_1024_run_measures_the_ceiling_at_the_formed_batch_and_warms_up_what_the_load_forms(

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servinglab import tsmetrics
-from servinglab.servers.torchserve.local import LocalTorchServe
 from servinglab.api import ServerSpec
+from servinglab.servers.torchserve import metrics as tsmetrics
+from servinglab.servers.torchserve.local import LocalTorchServe
 
 pytestmark = pytest.mark.torchserve
 

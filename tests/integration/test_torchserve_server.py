@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from servinglab import tsmetrics
-from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
-from servinglab.servers.torchserve.local import LocalTorchServe
 from servinglab.api import PayloadFormat, Precision, ServerSpec
+from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
+from servinglab.servers.torchserve import metrics as tsmetrics
+from servinglab.servers.torchserve.local import LocalTorchServe
 
 pytestmark = pytest.mark.torchserve
 
@@ -39,8 +39,8 @@ def test_requested_batching_and_workers_are_in_effect_and_batches_form(
         after = tsmetrics.parse(server.metrics_text(), "tiny")
     assert all(code == 200 for code, _ in answers)
     breakdown = tsmetrics.breakdown(before, after)
-    assert breakdown["serverRequests"] == 16
-    assert breakdown["meanBatchSize"] is not None and breakdown["meanBatchSize"] > 1.5
+    assert breakdown.server_requests == 16
+    assert breakdown.mean_batch_size is not None and breakdown.mean_batch_size > 1.5
 
 
 def test_handler_through_the_server_accepts_every_format_and_rejects_garbage(

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from servinglab.loadgen.payloads import make_payloads
 from servinglab.api import PayloadFormat
+from servinglab.loadgen.payloads import make_payloads
 from usermodels import UserModels, file_server, make_local_ca, make_user_models
 
 pytestmark = pytest.mark.torchserve

@@ -11,9 +11,8 @@ import pytest
 import yaml
 
 from clusterenv.controlplane import Cluster
+from servinglab.api import grid, parse_experiment, parse_sweep
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest
-from servinglab.api import parse_experiment
-from servinglab.api import grid, parse_sweep
 
 pytestmark = pytest.mark.k8s
 

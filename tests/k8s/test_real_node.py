@@ -25,7 +25,7 @@ from clusterenv import manifests
 from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.node import RealNode, image_archive, node_namespace
-from servinglab.k8s import resources
+from servinglab.servers.torchserve import pod as resources
 
 # building the images from nothing (torch from PyPI) and importing them into containerd take minutes
 pytestmark = [pytest.mark.k8s, pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -150,7 +150,7 @@ def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
         (owner,) = trial["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["uid"]) == ("ServingSweep", body["metadata"]["uid"])
     best = status["best"]
-    assert best["capacityRps"] == max(t["capacityRps"] for t in status["trials"] if t["capacityRps"] is not None)
+    assert best["capacityRps"] == max(t["capacityRps"] for t in status["trials"] if t.get("capacityRps") is not None)
     assert status["summary"]["bestConfig"] == "b{batchSize}-d{maxBatchDelayMs}-w{workers}-{precision}".format(
         **best["config"]
     )

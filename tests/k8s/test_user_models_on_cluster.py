@@ -21,8 +21,8 @@ from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus
 from clusterenv.operatorproc import Operator
-from servinglab.loadgen.payloads import make_payloads
 from servinglab.api import PayloadFormat
+from servinglab.loadgen.payloads import make_payloads
 from usermodels import UserModels, file_server, make_local_ca, make_user_models
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]

@@ -88,6 +88,7 @@ def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, t
         _show_cluster_result(found, output)
         return
 
+    from servinglab import servers
     from servinglab.local import runner
     from servinglab.present.progress import LoadProgress
     from servinglab.present.tables import print_results
@@ -99,7 +100,8 @@ def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, t
         except runner.RunError as exc:
             _fail(f"experiment {experiment.metadata.name} failed: {exc}", ExitCode.FAILED)
         except runner.Interrupted as exc:
-            _fail(f"interrupted by {exc}; the server stopped, nothing left running", interrupted(exc.signum))
+            stopped = servers.get(experiment.spec.server.kind).name
+            _fail(f"interrupted by {exc}; {stopped} stopped, nothing left running", interrupted(exc.signum))
     print_results(document)
     if output is not None:
         _write_json(document, output)
@@ -114,6 +116,7 @@ def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, t
 def sweep(file: Path, output: Path, resume: bool, fresh_servers: bool) -> None:
     """Run a sweep on this machine: trials one after another on one server (reconfigured between them
     where it can be), the search choosing the next; then the table, the best configuration and its export."""
+    from servinglab import servers
     from servinglab.api import load_sweep
     from servinglab.local import runner
     from servinglab.local.sweep import SweepError, run_sweep
@@ -133,7 +136,8 @@ def sweep(file: Path, output: Path, resume: bool, fresh_servers: bool) -> None:
             _fail(str(exc), ExitCode.FAILED)
         except runner.Interrupted as exc:
             _fail(
-                f"interrupted by {exc}; the server stopped, finished trials kept in {output} (--resume continues)",
+                f"interrupted by {exc}; {servers.get(parsed.spec.template.server.kind).name} stopped, finished trials "
+                f"kept in {output} (--resume continues)",
                 interrupted(exc.signum),
             )
     print_sweep(document)

@@ -1,12 +1,13 @@
-"""The ServingExperiment CustomResourceDefinition, generated from the spec model (pure functions).
+"""The ServingExperiment and ServingSweep CustomResourceDefinitions, generated from the API models (pure).
 
-`spec.py` is the single source of truth: its pydantic JSON schema is turned into the structural
-OpenAPI v3.0 schema Kubernetes requires — references inlined, `Optional[X]` as nullable X, numeric
-`exclusiveMinimum` as OpenAPI's boolean form, titles dropped, `additionalProperties: false` dropped
-(the API server prunes unknown fields instead, and kubectl's strict validation reports them).
-Checks that need code (a built-in model or an archive, unique levels) stay in the operator.
+The spec and the status models are the single source of truth: their pydantic JSON schemas are turned
+into the structural OpenAPI v3.0 schemas Kubernetes requires — references inlined, `Optional[X]` as
+nullable X, numeric `exclusiveMinimum` as OpenAPI's boolean form, titles dropped,
+`additionalProperties: false` dropped (the API server prunes unknown fields instead, and kubectl's strict
+validation reports them), and no defaults in a status. Checks that need code (a built-in model or an
+archive, unique levels) stay in the operator.
 
-Used by `servinglab crd` and, later, by the Helm chart (a test keeps the chart's copy in sync).
+Used by `servinglab crd` and the Helm chart (a test keeps the chart's copy in sync).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 
 from servinglab.api.experiment import ExperimentSpec
 from servinglab.api.meta import API_GROUP, API_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL
+from servinglab.api.status import ExperimentStatus, SweepStatus
 from servinglab.api.sweep import SweepSpec
 
 SHORT_NAMES = ["sx"]
@@ -65,6 +67,23 @@ def _structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str
 IMMUTABLE_SPEC_MESSAGE = "spec is immutable once applied: delete the experiment and apply a new one"
 
 
+def _without_defaults(schema: Any) -> Any:
+    """A status schema must not default anything: the API server would add the defaults to what is stored,
+    and the status read back would differ from the status written."""
+    if isinstance(schema, dict):
+        return {key: _without_defaults(value) for key, value in schema.items() if key != "default"}
+    if isinstance(schema, list):
+        return [_without_defaults(item) for item in schema]
+    return schema
+
+
+def status_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The structural OpenAPI schema of `status`, generated from the typed status model: the API server
+    stores exactly the fields servinglab writes (an unknown one would be pruned, a wrong type refused)."""
+    raw = model.model_json_schema(by_alias=True, mode="serialization")
+    return dict(_without_defaults(_structural(raw, raw.get("$defs", {}))))
+
+
 def spec_schema(model: type[BaseModel] = ExperimentSpec) -> dict[str, Any]:
     """The structural OpenAPI schema of `spec`; the API server refuses edits of an applied spec,
     so results always describe the spec that is stored with them."""
@@ -82,7 +101,13 @@ def _column(name: str, json_path: str, kind: str = "string", priority: int = 0) 
 
 
 def _manifest(
-    kind: str, plural: str, short_names: list[str], spec: dict[str, Any], columns: list[dict[str, Any]], about: str
+    kind: str,
+    plural: str,
+    short_names: list[str],
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    columns: list[dict[str, Any]],
+    about: str,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -115,7 +140,7 @@ def _manifest(
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
                                 "spec": spec,
-                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                                "status": status,
                             },
                         }
                     },
@@ -139,8 +164,9 @@ def crd_manifest() -> dict[str, Any]:
         _column("Age", ".metadata.creationTimestamp", "date"),
     ]
     return _manifest(
-        KIND, PLURAL, SHORT_NAMES, spec_schema(), columns, "A TorchServe configuration benchmarked under load."
-    )
+        KIND, PLURAL, SHORT_NAMES, spec_schema(), status_schema(ExperimentStatus), columns,
+        "A model server configuration benchmarked under load.",
+    )  # fmt: skip
 
 
 def sweep_crd_manifest() -> dict[str, Any]:
@@ -156,5 +182,7 @@ def sweep_crd_manifest() -> dict[str, Any]:
         _column("State", ".status.summary.state"),
         _column("Age", ".metadata.creationTimestamp", "date"),
     ]
-    about = "TorchServe configurations of one model searched for the best within an SLO."
-    return _manifest(SWEEP_KIND, SWEEP_PLURAL, SWEEP_SHORT_NAMES, spec_schema(SweepSpec), columns, about)
+    about = "Server configurations of one model searched for the best within an SLO."
+    return _manifest(
+        SWEEP_KIND, SWEEP_PLURAL, SWEEP_SHORT_NAMES, spec_schema(SweepSpec), status_schema(SweepStatus), columns, about
+    )

@@ -105,7 +105,7 @@ class ServerSlot:
         kind = servers.get(spec.server.kind)
         same = self.server is not None and self.kind == kind.kind and self.server.model_name == spec.model.name
         if self.server is not None and same and self.reuse and kind.reconfigurable:
-            self.hooks.phase(f"Reconfiguring {kind.kind}: {experiment.metadata.name}")
+            self.hooks.phase(f"Reconfiguring {kind.name}: {experiment.metadata.name}")
             return self.server, self.server.reconfigure(spec.server, spec.load), True
         self.stop_server()
         self.hooks.phase(f"Preparing model {spec.model.name}")
@@ -115,10 +115,10 @@ class ServerSlot:
             raise RunError(f"{exc.reason}: {exc}") from None
         server = kind.local(spec.model.name, model.directory, spec, self.workdir, self.reuse)
         self.server, self.kind = server, kind.kind
-        self.hooks.phase(f"Starting {kind.kind}")
+        self.hooks.phase(f"Starting {kind.name}")
         server.start()
         cold_start = server.wait_ready(spec.server.startup_timeout_seconds)
-        self.hooks.phase(f"{kind.kind} ready in {cold_start:.1f} s")
+        self.hooks.phase(f"{kind.name} ready in {cold_start:.1f} s")
         return server, cold_start, False
 
     def stop_server(self) -> None:

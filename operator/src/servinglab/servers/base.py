@@ -158,6 +158,8 @@ class Server(Protocol):
     """One kind of model server."""
 
     kind: str
+    #: The server's name for people ("TorchServe").
+    name: str
     #: Whether a running server takes a new configuration without restarting (a sweep's trials).
     reconfigurable: bool
 

@@ -87,11 +87,13 @@ async def _advance(experiment: Experiment, body: Manifest, deploy: bool) -> bool
         return True if cond.finished(experiment.conditions) else None
     if experiment.status.started_at is None:
         await experiment.set(
-            cond.SERVER_READY, None, "Deploying", f"the {spec.server.kind} server is being deployed",
+            cond.SERVER_READY, None, "Deploying", f"{servers.get(spec.server.kind).name} is being deployed",
             started_at=cond.now(), summary=ExperimentSummary(state="Deploying"),
             results_ref=ResultsRef(name=experiment.names.results, key=RESULTS_KEY),
         )  # fmt: skip
-        await experiment.event("Normal", "Deploying", f"Deploying {spec.server.kind} for {spec.model.name}")
+        await experiment.event(
+            "Normal", "Deploying", f"Deploying {servers.get(spec.server.kind).name} for {spec.model.name}"
+        )
 
     plan = _plan(experiment, spec)
     if deploy and not cond.is_true(experiment.conditions, cond.LOAD_TEST_COMPLETE):
@@ -169,7 +171,8 @@ def _elapsed(since: str | None) -> float:
 
 async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
     kube = experiment.kube
-    kind = spec.server.kind
+    server = servers.get(spec.server.kind)
+    kind = server.name
     deployment = await kube.get(experiment.child("apps/v1", "Deployment", experiment.names.server)) or {}
     pods = await _server_pods(experiment)
     elapsed = _elapsed(experiment.status.started_at)
@@ -178,13 +181,13 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
         pod_name = ready[0]["metadata"]["name"] if ready else ""
         model = diagnose.model_description(ready[0]) if ready else None
         await experiment.set(
-            cond.SERVER_READY, True, "Available", f"the {kind} server is ready in pod {pod_name}",
+            cond.SERVER_READY, True, "Available", f"{kind} is ready in pod {pod_name}",
             cold_start_seconds=round(elapsed, 3), server_ready_at=cond.now(), server_pod=pod_name,
             summary=ExperimentSummary(state="Ready"), **({"model": model} if model else {}),
         )  # fmt: skip
         await experiment.event("Normal", "ServerReady", f"{kind} ready after {elapsed:.1f} s")
         return False
-    failure = diagnose.model_init_failure(pods) or diagnose.server_start_failure(pods, servers.get(kind))
+    failure = diagnose.model_init_failure(pods) or diagnose.server_start_failure(pods, server)
     if failure is not None:
         await experiment.fail(*failure)
         return True
@@ -198,8 +201,7 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
         await experiment.fail("Unschedulable", f"the scheduler cannot place the server: {unschedulable}")
         return True
     if elapsed > spec.server.startup_timeout_seconds:
-        await experiment.fail("ServerNotReady", f"the {kind} server was not ready within "
-                              f"{spec.server.startup_timeout_seconds} s")  # fmt: skip
+        await experiment.fail("ServerNotReady", f"{kind} was not ready within {spec.server.startup_timeout_seconds} s")
         return True
     return False
 

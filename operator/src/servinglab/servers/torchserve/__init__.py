@@ -42,6 +42,7 @@ class TorchServe:
     """TorchServe 0.12 (the last upstream release)."""
 
     kind = "torchserve"
+    name = "TorchServe"
     reconfigurable = True  # the management API registers the model again with new settings
     default_image = DEFAULT_IMAGE
 
