@@ -105,7 +105,7 @@ class RawPart:
 
     @property
     def best(self) -> RawRow | None:
-        rows = self.figures.measured.values() if self.figures is not None else []
+        rows: list[RawRow] = list(self.figures.measured.values()) if self.figures is not None else []
         return max(rows, key=lambda row: row.throughput_rps, default=None)
 
 
