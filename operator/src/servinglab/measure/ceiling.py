@@ -105,8 +105,8 @@ class RawPart:
 
     @property
     def best(self) -> RawRow | None:
-        rows: list[RawRow] = list(self.figures.measured.values()) if self.figures is not None else []
-        return max(rows, key=lambda row: row.throughput_rps, default=None)
+        rows = list(self.figures.measured.values()) if self.figures is not None else []
+        return max(rows, key=lambda row: row.throughput_rps) if rows else None
 
 
 def raw_block(formed_mean: float | None, formed: int, figures: RawFigures | None, budget: float) -> RawPart:
