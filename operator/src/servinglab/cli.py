@@ -7,7 +7,6 @@ work (spec, models, runner, loadgen). Commands that generate load are entered th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -365,7 +364,8 @@ def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, t
 @click.option(
     "--generators-listen",
     metavar="HOST:PORT",
-    help="With spec.load.generators > 1, the first load pod takes the others' generators here.",
+    help="With spec.load.generators > 1, the first load pod takes the others' generators here "
+    "(each proves it holds the key in SERVINGLAB_GENERATOR_KEY).",
 )
 @click.option(
     "--generators-join",
@@ -404,12 +404,14 @@ def loadtest(
     except SpecError as exc:
         finish(str(exc), 1)
     load = experiment.spec.load
-    # pods of one indexed Job share the spec file: its digest keeps other connections out
-    authkey = hashlib.sha256(spec_file.read_bytes()).digest()
+    try:
+        key = _generator_key(load, generators_listen, generators_join)
+    except ValueError as exc:
+        finish(str(exc), 6)
     index = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
-    if index > 0 and generators_join:  # one of the other load pods: a generator for the first
+    if index > 0 and generators_join and key is not None:  # one of the other load pods: a generator for the first
         # the first pod waits for the server (up to ready_timeout) before it takes generators
-        problem = _generate_for(generators_join, authkey, ready_timeout + 120)
+        problem = _generate_for(generators_join, key, ready_timeout + 120)
         finish(problem or f"load generator {index + 1} done", 6 if problem else 0)
         return
     try:
@@ -422,7 +424,7 @@ def loadtest(
     windows = tsmetrics.WindowReader(tsmetrics.http_fetcher(metrics_url), model_name) if metrics_url else None
     hooks = LevelHooks(window_start=windows.window_start, window_end=windows.window_end) if windows else None
     try:
-        remote = _other_generators(load, generators_listen, authkey, ready_timeout)
+        remote = _other_generators(load, generators_listen, key, ready_timeout)
         outcome = levels.run_load(load, experiment.spec.slo.p99_latency_ms, destination, hooks, remote)
     except generators.GeneratorError as exc:
         finish(str(exc), 6)
@@ -474,21 +476,37 @@ def _load_document(
     return document
 
 
-def _other_generators(load: Any, listen: str | None, authkey: bytes, timeout_seconds: float) -> list[Any]:
+def _generator_key(load: Any, listen: str | None, join: str | None) -> bytes | None:
+    """The key the load pods of one experiment share (a Secret the operator made, in the environment);
+    None when this pod runs alone. ValueError, naming the variable, when it is needed and absent."""
+    from servinglab.loadgen import wire
+
+    if not (listen or join) or not isinstance(load.generators, int) or load.generators == 1:
+        return None
+    text = os.environ.get(wire.KEY_ENV)
+    if not text:
+        raise ValueError(
+            f"spec.load.generators is {load.generators} but {wire.KEY_ENV} is not set: the load pods need the "
+            "experiment's generator key (the operator gives it to them from a Secret) to admit each other"
+        )
+    return wire.key_from_text(text)
+
+
+def _other_generators(load: Any, listen: str | None, key: bytes | None, timeout_seconds: float) -> list[Any]:
     """The other load pods' generators, once they have joined this (the first) pod."""
     from servinglab.loadgen import generators
 
-    if not listen or not isinstance(load.generators, int) or load.generators == 1:
+    if not listen or key is None:
         return []
-    return generators.accept_generators(_host_port(listen), load.generators - 1, authkey, timeout_seconds)
+    return generators.accept_generators(_host_port(listen), load.generators - 1, key, timeout_seconds)
 
 
-def _generate_for(coordinator: str, authkey: bytes, timeout_seconds: float) -> str | None:
+def _generate_for(coordinator: str, key: bytes, timeout_seconds: float) -> str | None:
     """Join the first load pod and generate its share of every level; why not, if it failed."""
     from servinglab.loadgen import generators
 
     try:
-        generators.serve(generators.join_coordinator(_host_port(coordinator), authkey, timeout_seconds))
+        generators.serve(generators.join_coordinator(_host_port(coordinator), key, timeout_seconds))
     except (generators.GeneratorError, EOFError, OSError) as exc:
         return f"load generator for {coordinator}: {exc}"
     return None

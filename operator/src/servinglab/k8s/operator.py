@@ -42,11 +42,14 @@ from servinglab.k8s import conditions as cond
 from servinglab.k8s import gpuqueue, leader, opmetrics, resources, summary, sweeps
 from servinglab.k8s.kube import Kube, KubeError, Ref
 from servinglab.k8s.promql import GpuMetrics, PrometheusError
+from servinglab.loadgen import wire
 from servinglab.loadgen.results_sink import RESULTS_KEY, ResultsUnreadable, decode_results, part_name
 from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
 from servinglab.sweepspec import SWEEP_KIND
 
 PLURAL = "servingexperiments"
+#: The status field naming the Secret of the load pods' generator key (several generators only).
+GENERATOR_KEY_SECRET = "generatorKeySecret"
 LOG = logging.getLogger("servinglab.operator")
 
 
@@ -344,7 +347,11 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> bool | None:
         resources.load_role_binding(owner),
         resources.deployment(owner, spec, image, experiment.settings.model_cache_claim),
         resources.service(owner),
-        *([resources.load_service(owner)] if resources.generator_count(spec) > 1 else []),
+        *(
+            [resources.load_service(owner), resources.load_network_policy(owner)]
+            if resources.generator_count(spec) > 1
+            else []
+        ),
     )
     job = experiment.child("batch/v1", "Job", experiment.names.load)
     for ref in (*(Ref.of(manifest) for manifest in manifests), job):
@@ -357,6 +364,14 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> bool | None:
         return None
     for manifest in manifests:
         await experiment.kube.apply(manifest)
+    if resources.generator_count(spec) > 1 and not experiment.status.get(GENERATOR_KEY_SECRET):
+        # Created once, before the Job (which names it) can exist; its name in status is what makes that
+        # once: a restarted operator finds it there and never makes a second key under running pods. A
+        # restart between the create and the patch leaves an unused Secret, owned, so collected with the
+        # experiment. The operator cannot read Secrets (no get/list: that would be every Secret in the
+        # namespace), hence generateName and the name kept here, not a fixed name it would have to check.
+        secret = await experiment.kube.create(resources.generator_key_secret(owner, wire.new_key()))
+        await experiment.patch(**{GENERATOR_KEY_SECRET: secret["metadata"]["name"]})
     return True
 
 
@@ -541,7 +556,10 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec) -> bool:
         return False  # a predecessor's Job, still being garbage-collected: never read it as ours
     if job is None:
         flops = (experiment.status.get("model") or {}).get("flopsPerInference")
-        await kube.apply(resources.load_job(experiment.owner, spec, experiment.settings.servinglab_image, flops))
+        key_secret = experiment.status.get(GENERATOR_KEY_SECRET)
+        await kube.apply(
+            resources.load_job(experiment.owner, spec, experiment.settings.servinglab_image, flops, key_secret)
+        )
         await experiment.set(
             cond.LOAD_TEST_COMPLETE, False, "Running",
             f"load ({spec.load.describe()}) running in Job {experiment.names.load}",
