@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,3 +139,32 @@ def test_two_load_pods_meet_with_their_own_key_past_strangers_behind_their_own_n
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": own}], "ports": [port]}]
     pods = cluster.kubectl.get("pods", "-n", namespace, "-l", "app.kubernetes.io/component=load")["items"]
     assert len(pods) == 2 and all(pod["metadata"]["labels"][UID_LABEL] == uid for pod in pods)
+
+
+def test_an_operator_restarted_under_running_load_pods_keeps_their_key_and_their_job(
+    tmp_path: Path, cluster: Cluster, namespace: str, operator: Operator,
+    kubelet_factory: Callable[..., LocalKubelet],
+) -> None:  # fmt: skip
+    kubelet = kubelet_factory()
+    document = experiment("again")
+    document["spec"]["load"].update(concurrency=[2, 4], durationSeconds=4, generators=2)
+    cluster.kubectl.apply(document, namespace=namespace)
+    cluster.kubectl.wait_for(
+        lambda: sum(pod.dns.startswith("again-load-") and not pod.done for pod in list(kubelet.pods.values())) == 2,
+        180, "both load pods running",
+    )  # fmt: skip
+    key_secret = cluster.kubectl.get("sx", "again", "-n", namespace)["status"]["generatorKeySecret"]
+    job_uid = cluster.kubectl.get("job", "again-load", "-n", namespace)["metadata"]["uid"]
+    operator.kill()  # while the load pods run with the key
+    restarted = Operator(cluster, namespace, tmp_path / "restarted").start()
+    try:
+        body = wait_finished(cluster, namespace, "again", restarted.log)
+    finally:
+        restarted.stop()
+    assert condition(body, "Succeeded")["status"] == "True", (body["status"]["conditions"], kubelet.errors)
+    assert body["status"]["generatorKeySecret"] == key_secret
+    secrets = cluster.kubectl.get("secrets", "-n", namespace)["items"]
+    ours = [s["metadata"]["name"] for s in secrets if s["metadata"].get("labels", {}).get(EXPERIMENT_LABEL) == "again"]
+    assert ours == [key_secret]  # no second key
+    jobs = cluster.kubectl.get("jobs", "-n", namespace)["items"]
+    assert [j["metadata"]["uid"] for j in jobs] == [job_uid]

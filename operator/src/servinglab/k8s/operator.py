@@ -40,7 +40,7 @@ import kopf
 
 from servinglab.k8s import conditions as cond
 from servinglab.k8s import gpuqueue, leader, opmetrics, resources, summary, sweeps
-from servinglab.k8s.kube import Kube, KubeError, Ref
+from servinglab.k8s.kube import Forbidden, Kube, KubeError, Ref
 from servinglab.k8s.promql import GpuMetrics, PrometheusError
 from servinglab.loadgen import wire
 from servinglab.loadgen.results_sink import RESULTS_KEY, ResultsUnreadable, decode_results, part_name
@@ -370,7 +370,11 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> bool | None:
         # restart between the create and the patch leaves an unused Secret, owned, so collected with the
         # experiment. The operator cannot read Secrets (no get/list: that would be every Secret in the
         # namespace), hence generateName and the name kept here, not a fixed name it would have to check.
-        secret = await experiment.kube.create(resources.generator_key_secret(owner, wire.new_key()))
+        try:
+            secret = await experiment.kube.create(resources.generator_key_secret(owner, wire.new_key()))
+        except Forbidden as exc:  # a chart from before several load pods: retrying would not help
+            await experiment.fail("Forbidden", f"the load pods' key: {exc}; the operator needs create on secrets")
+            return True
         await experiment.patch(**{GENERATOR_KEY_SECRET: secret["metadata"]["name"]})
     return True
 

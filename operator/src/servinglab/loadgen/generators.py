@@ -4,10 +4,10 @@ One generator process is one gevent loop on one core (docs/benchmarks.md §2 and
 capacity); a faster server needs more. A `GeneratorPool` runs `spec.load.generators` of them: local
 processes (each on a socket pair), or the other pods of an indexed load Job, which join the first pod
 over TCP (their clocks are aligned by a round trip). Both speak one protocol (:mod:`wire`: a mutual
-HMAC handshake on a random key, then MAC'd JSON frames of :mod:`messages`; nothing is unpickled),
-and the first pod takes each connection's handshake in its own greenlet under a deadline, so a
-silent or foreign client never holds up the generators that belong. For each
-level it gives every generator its share — of the users, of the offered rate (each a Poisson
+HMAC handshake on a random key, then MAC'd JSON frames of :mod:`messages`; nothing is unpickled);
+the first pod takes each connection's handshake in its own greenlet under a deadline, so a silent
+or foreign client never holds up the generators that belong. For each level the pool gives every
+generator its share — of the users, of the offered rate (each a Poisson
 process of rate/N with its own seed: their sum is a Poisson process at the full rate), or of a
 shaped run's schedule (every N-th send; each step's users) — and one common time at which all of
 them start measuring, so their measured periods line up.
@@ -226,15 +226,19 @@ class GeneratorPool:
         self._processes: list[Any] = []
         try:
             self._start_local(local)
+            for channel in remote:
+                self._channels.append(channel)
+                self._offsets.append(_clock_offset(channel))
+            self._send_plans()
         except BaseException:
             self.close()
             raise
-        for channel in remote:
-            self._channels.append(channel)
-            self._offsets.append(_clock_offset(channel))
-        count = len(self._channels)
+
+    def _send_plans(self) -> None:
+        """Each generator's own copy of the plan: where it starts in the bodies, its arrival seed."""
+        plan, count = self.plan, len(self._channels)
         payloads = max(1, len(plan.payloads))
-        for number, channel in enumerate(self._channels):
+        for number in range(count):
             offset = number * payloads // count  # generators start at different bodies
             own: closed_loop.LoadPlan | open_loop.OpenLoopPlan
             if isinstance(plan, open_loop.OpenLoopPlan):
@@ -242,7 +246,7 @@ class GeneratorPool:
             else:
                 own = dataclasses.replace(plan, payload_offset=offset)
             for message in messages.plan_messages(self.loop, own):
-                channel.send(message)
+                self._send(number, message)
 
     def _start_local(self, count: int) -> None:
         """`count` generator processes, each on its end of a socket pair. They speak the same protocol as
@@ -365,6 +369,7 @@ class GeneratorPool:
             with contextlib.suppress(OSError):  # a generator that died has closed its end
                 channel.send(messages.STOP)
             channel.close()
+        self._channels = []
         for process in self._processes:
             process.join(timeout=10)
             if process.is_alive():

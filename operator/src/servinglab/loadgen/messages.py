@@ -4,8 +4,9 @@ Each message is a JSON object with a `kind`; every value that travels has its ow
 decoder that checks it field by field and refuses (MessageError, naming the message and the field)
 anything else: an unknown kind, a missing or mistyped field, a non-finite number, a size over its
 bound. Bytes (request bodies) travel as base64; samples and send times as base64 of little-endian
-float64 columns (exact, and a tenth of the cost of JSON numbers). Large values travel in batches
-(payloads, samples), so no message nears wire.MAX_MESSAGE_BYTES.
+float64 columns (exact; for 200 000 samples 4.3 MB and ~0.05 s to encode and decode, where JSON numbers
+take 9.4 MB and ~0.4 s). Large values travel in batches (payloads, samples), so no message nears
+wire.MAX_MESSAGE_BYTES.
 
 Coordinator -> generator: `plan` (+ `payloads` batches), `clock`, `level` (a share: users, a rate
 or a schedule), `extend`, `stop`. Generator -> coordinator: `clock`, `samples` batches (the last one

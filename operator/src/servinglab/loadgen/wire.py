@@ -135,7 +135,10 @@ class Channel:
         sock.settimeout(None)  # after the handshake a message may take as long as a level does
 
     def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+        try:
+            data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+        except ValueError as exc:  # NaN or infinity: JSON has no such numbers
+            raise WireError(f"a {message.get('kind')!r} message cannot travel: {exc}") from None
         self._sock.settimeout(None)
         if len(data) > MAX_MESSAGE_BYTES:
             raise WireError(
