@@ -362,8 +362,6 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> bool | None:
             return True
         await experiment.set(cond.SERVER_READY, None, "WaitingForPredecessor", obstacle.message)
         return None
-    for manifest in manifests:
-        await experiment.kube.apply(manifest)
     if resources.generator_count(spec) > 1 and not experiment.status.get(GENERATOR_KEY_SECRET):
         # Created once, before the Job (which names it) can exist; its name in status is what makes that
         # once: a restarted operator finds it there and never makes a second key under running pods. A
@@ -372,10 +370,12 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec) -> bool | None:
         # namespace), hence generateName and the name kept here, not a fixed name it would have to check.
         try:
             secret = await experiment.kube.create(resources.generator_key_secret(owner, wire.new_key()))
-        except Forbidden as exc:  # a chart from before several load pods: retrying would not help
+        except Forbidden as exc:  # RBAC from before several load pods: retrying cannot help; nothing is applied yet
             await experiment.fail("Forbidden", f"the load pods' key: {exc}; the operator needs create on secrets")
             return True
         await experiment.patch(**{GENERATOR_KEY_SECRET: secret["metadata"]["name"]})
+    for manifest in manifests:
+        await experiment.kube.apply(manifest)
     return True
 
 
