@@ -120,6 +120,18 @@ def test_a_message_over_its_bound_is_refused_before_its_next_frame_is_read(
         sending.result(timeout=5)
 
 
+def test_a_message_of_empty_frames_that_never_ends_is_refused(pool: ThreadPoolExecutor) -> None:
+    coordinator, generator = pair(pool)
+    limit = -(-wire.MAX_MESSAGE_BYTES // wire.MAX_FRAME_BYTES)
+    frames = []
+    for _ in range(limit + 1):
+        frames.append(raw_frame(generator, b"", flags=0))
+        generator._sent += 1
+    generator._sock.sendall(b"".join(frames))
+    with pytest.raises(wire.WireError, match=f"refused a message of more than {limit} frames"):
+        coordinator.recv(timeout_seconds=5)
+
+
 def test_a_frame_altered_replayed_or_reflected_is_refused(pool: ThreadPoolExecutor) -> None:
     for alter in ("mac", "chunk", "replay", "reflect"):
         coordinator, generator = pair(pool)

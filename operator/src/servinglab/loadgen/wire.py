@@ -21,7 +21,8 @@ or alter samples, and must not stall the coordinator. So:
   from both challenges, over an implicit sequence number: frames cannot be forged, replayed,
   reordered, dropped or reflected without the receiver noticing.
 - Every size is bounded before anything is allocated: a frame's length prefix above
-  MAX_FRAME_BYTES, or a message above MAX_MESSAGE_BYTES, is refused.
+  MAX_FRAME_BYTES, or a message above MAX_MESSAGE_BYTES (or of more frames than that needs), is
+  refused.
 - The handshake has a deadline from the first byte (the caller runs each in its own greenlet), so a
   silent or slow client is dropped after HANDSHAKE_SECONDS and never blocks anyone else.
 
@@ -163,6 +164,8 @@ class Channel:
                 raise WireError(f"refused a frame of {length} bytes (a frame has 33 to {MAX_FRAME_BYTES + 33})")
             if size + length - 1 - _MAC_BYTES > MAX_MESSAGE_BYTES:
                 raise WireError(f"refused a message over the {MAX_MESSAGE_BYTES} bytes one message may have")
+            if len(parts) >= -(-MAX_MESSAGE_BYTES // MAX_FRAME_BYTES):  # empty frames, on and on
+                raise WireError(f"refused a message of more than {len(parts)} frames")
             body = _read_exact(self._sock, length, deadline, "a frame")
             flags, chunk, mac = body[:1], body[1:-_MAC_BYTES], body[-_MAC_BYTES:]
             expected = _mac(self._receive_key, _SEQUENCE.pack(self._received), flags, chunk)
