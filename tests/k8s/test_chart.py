@@ -305,6 +305,8 @@ OPERATOR_NEEDS = {
     "roles.rbac.authorization.k8s.io": {"get", "create", "patch"},
     "rolebindings.rbac.authorization.k8s.io": {"get", "create", "patch"},
     "events": {"create"},
+    "secrets": {"create"},  # the load pods' generator key; never read back
+    "networkpolicies.networking.k8s.io": {"get", "create", "patch"},
 }
 # Granted to every authenticated identity by Kubernetes itself (system:basic-user and friends).
 EVERYONE_MAY = {
@@ -343,6 +345,12 @@ def test_operator_service_account_can_do_exactly_what_it_needs(cluster: Cluster,
     for request in (
         ["get", "secrets", "-n", ns],
         ["list", "secrets", "-n", ns],
+        ["watch", "secrets", "-n", ns],
+        ["patch", "secrets", "-n", ns],
+        ["update", "secrets", "-n", ns],
+        ["delete", "secrets", "-n", ns],
+        ["delete", "networkpolicies.networking.k8s.io", "-n", ns],
+        ["create", "secrets", "-n", "default"],
         ["delete", "servingexperiments.servinglab.dev", "-n", ns],
         ["update", "servingexperiments.servinglab.dev", "-n", ns],
         ["delete", "configmaps", "-n", ns],

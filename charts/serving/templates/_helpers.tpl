@@ -133,4 +133,14 @@ Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl 
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# Several load pods: the key they prove to each other, one Secret per experiment. Created only (named by
+# the API server, the name kept in status): no get/list/watch, which would read every Secret here.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+# Several load pods: a NetworkPolicy admitting their coordination port only from the same experiment's
+# load pods; server-side applied (create+patch), checked for a foreign one of its name (get).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
 {{- end }}

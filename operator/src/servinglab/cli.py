@@ -387,7 +387,8 @@ def _report(termination_log: Path | None, message: str | dict[str, object]) -> N
 @click.option(
     "--generators-listen",
     metavar="HOST:PORT",
-    help="With spec.load.generators > 1, the first load pod takes the others' generators here.",
+    help="With spec.load.generators > 1, the first load pod takes the others' generators here "
+    "(each proves it holds the key in SERVINGLAB_GENERATOR_KEY).",
 )
 @click.option(
     "--generators-join",

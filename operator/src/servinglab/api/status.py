@@ -52,6 +52,8 @@ class ExperimentStatus(ResultModel):
     results_ref: ResultsRef | None = None
     peak_rate: PeakRate | None = None
     ceiling: Ceiling | None = None
+    #: The Secret of the load pods' generator key (several generators only): its name, never its value.
+    generator_key_secret: str | None = None
     finished_at: str | None = None
     cleaned_up_at: str | None = None
 

@@ -17,6 +17,7 @@ of the same name never reads its predecessor's. Used by the experiment reconcile
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ import yaml
 
 from servinglab.api import API_GROUP, API_VERSION, EXPERIMENT_LABEL, EXPERIMENT_UID_LABEL, KIND, ExperimentSpec
 from servinglab.k8s import sink
+from servinglab.loadgen import wire
 from servinglab.servers.base import Manifest, PodPlan
 
 EXPERIMENT_DIR = "/etc/servinglab"
@@ -229,6 +231,51 @@ def load_service(owner: Owner) -> Manifest:
     }
 
 
+def load_network_policy(owner: Owner) -> Manifest:
+    """A multi-generator experiment's load pods admit connections only to the generators' port, and only
+    from this experiment's own load pods (by its uid: not a same-named predecessor's, not another
+    experiment's). Defence in depth beside the generator key: a port scanner never reaches the port.
+    Needs a network plugin that enforces NetworkPolicy."""
+    own_load_pods = {"matchLabels": {"app.kubernetes.io/component": "load", UID_LABEL: owner.uid}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(owner, Names(owner.name).load, "load"),
+        "spec": {
+            "podSelector": own_load_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": own_load_pods}], "ports": [{"protocol": "TCP", "port": GENERATOR_PORT}]}
+            ],
+        },
+    }
+
+
+#: The field of the generator-key Secret that holds the key (hex text: it is read into an env variable).
+GENERATOR_KEY_FIELD = "key"
+
+
+def generator_key_secret(owner: Owner, key: bytes) -> Manifest:
+    """The key a multi-generator experiment's load pods prove to each other (:mod:`servinglab.loadgen.wire`),
+    for the operator to create once. The API server names it (`generateName`): the operator may create
+    Secrets but never read one, so it keeps the name it was given in status and hands it to the Job; a
+    name is not a secret, and no other object can claim it in advance. Immutable: never rotated under
+    running pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "generateName": f"{Names(owner.name).load}-key-",
+            "namespace": owner.namespace,
+            "labels": labels(owner, "load"),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "data": {GENERATOR_KEY_FIELD: base64.b64encode(wire.key_to_text(key).encode()).decode()},
+    }
+
+
 def load_service_account(owner: Owner) -> Manifest:
     return {
         "apiVersion": "v1",
@@ -288,9 +335,15 @@ def _generator_args(names: Names, count: int) -> list[str]:
 
 
 def load_job(
-    owner: Owner, spec: ExperimentSpec, plan: PodPlan, servinglab_image: str, flops_per_inference: float | None = None
+    owner: Owner,
+    spec: ExperimentSpec,
+    plan: PodPlan,
+    servinglab_image: str,
+    flops_per_inference: float | None = None,
+    key_secret: str | None = None,
 ) -> Manifest:
-    """The load Job; `flops_per_inference` (from status.model) spares it importing torch to count them."""
+    """The load Job; `flops_per_inference` (from status.model) spares it importing torch to count them.
+    Several generators need `key_secret`, the Secret of their key (:func:`generator_key_secret`)."""
     names = Names(owner.name)
     load = spec.load
     # Generous bound: every level's warm-up and longest measurement, plus stragglers and start-up.
@@ -308,6 +361,13 @@ def load_job(
     pod_extras: Manifest = {"subdomain": names.load} if generators > 1 else {}
     container_extras: Manifest = (
         {"ports": [{"name": "generators", "containerPort": GENERATOR_PORT}]} if generators > 1 else {}
+    )
+    if generators > 1 and not key_secret:
+        raise ValueError(f"a load Job of {generators} generators needs the Secret of their key")
+    key_env = (
+        [{"name": wire.KEY_ENV, "valueFrom": {"secretKeyRef": {"name": key_secret, "key": GENERATOR_KEY_FIELD}}}]
+        if generators > 1
+        else []
     )
     return {
         "apiVersion": "batch/v1",
@@ -355,6 +415,7 @@ def load_job(
                                     "name": sink.OWNER_ENV,
                                     "value": json.dumps(owner_reference(owner, controller=False)),
                                 },
+                                *key_env,
                             ],
                             **container_extras,
                             "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -26,10 +26,12 @@ _PATHS = {
     ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps",
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts",
+    ("v1", "Secret"): "/api/v1/namespaces/{namespace}/secrets",
     ("v1", "Pod"): "/api/v1/namespaces/{namespace}/pods",
     ("v1", "Event"): "/api/v1/namespaces/{namespace}/events",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments",
     ("batch/v1", "Job"): "/apis/batch/v1/namespaces/{namespace}/jobs",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
     (
         "rbac.authorization.k8s.io/v1",
         "Role",

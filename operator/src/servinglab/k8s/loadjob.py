@@ -13,12 +13,10 @@ The caller must have imported Locust first (see :mod:`servinglab.entry`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 from servinglab import servers
@@ -26,7 +24,7 @@ from servinglab.api import ExperimentSpec, SpecError, load_experiment
 from servinglab.api.exitcodes import ExitCode
 from servinglab.api.results import LoadJobResults, to_json
 from servinglab.k8s import sink
-from servinglab.loadgen import generators, levels, shapes
+from servinglab.loadgen import generators, levels, shapes, wire
 from servinglab.loadgen.payloads import PayloadError, request_payloads
 from servinglab.measure.ceiling import ceiling_of
 from servinglab.measure.driver import ServerWindows, measure_load
@@ -67,12 +65,14 @@ def run(options: LoadJobOptions) -> Ending:
     except SpecError as exc:
         return Ending(ExitCode.INVALID, str(exc))
     spec = experiment.spec
-    # pods of one indexed Job share the spec file: its digest keeps other connections out
-    authkey = hashlib.sha256(options.spec_file.read_bytes()).digest()
+    try:
+        key = _generator_key(spec, options.generators_listen, options.generators_join)
+    except ValueError as exc:
+        return Ending(ExitCode.GENERATORS_FAILED, str(exc))
     index = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
-    if index > 0 and options.generators_join:  # one of the other load pods: a generator for the first
+    if index > 0 and options.generators_join and key is not None:  # another load pod: a generator for pod 0
         # the first pod waits for the server (up to ready_timeout) before it takes generators
-        problem = _generate_for(options.generators_join, authkey, options.ready_timeout + 120)
+        problem = _generate_for(options.generators_join, key, options.ready_timeout + 120)
         if problem:
             return Ending(ExitCode.GENERATORS_FAILED, problem)
         return Ending(ExitCode.OK, f"load generator {index + 1} done")
@@ -88,7 +88,7 @@ def run(options: LoadJobOptions) -> Ending:
     windows = ServerWindows(http_fetcher(options.metrics_url), kind.metrics(options.model_name)) if (
         options.metrics_url) else None  # fmt: skip
     try:
-        remote = _other_generators(spec, options.generators_listen, authkey, options.ready_timeout)
+        remote = _other_generators(spec, options.generators_listen, key, options.ready_timeout)
         measured = measure_load(load, spec.slo.p99_latency_ms, target, windows, remote=remote)
     except generators.GeneratorError as exc:
         return Ending(ExitCode.GENERATORS_FAILED, str(exc))
@@ -122,20 +122,35 @@ def _target(spec: ExperimentSpec, options: LoadJobOptions) -> levels.Target:
     return levels.Target(options.target.rstrip("/"), path, payloads, load.payload.check, options.payload_dir)
 
 
+def _generator_key(spec: ExperimentSpec, listen: str | None, join: str | None) -> bytes | None:
+    """The key the load pods of one experiment share (a Secret the operator made, in the environment);
+    None when this pod runs alone. ValueError, naming the variable, when it is needed and absent."""
+    count = spec.load.generators
+    if not (listen or join) or not isinstance(count, int) or count == 1:
+        return None
+    text = os.environ.get(wire.KEY_ENV)
+    if not text:
+        raise ValueError(
+            f"spec.load.generators is {count} but {wire.KEY_ENV} is not set: the load pods need the "
+            "experiment's generator key (the operator gives it to them from a Secret) to admit each other"
+        )
+    return wire.key_from_text(text)
+
+
 def _other_generators(
-    spec: ExperimentSpec, listen: str | None, authkey: bytes, timeout_seconds: float
-) -> list[Connection]:
+    spec: ExperimentSpec, listen: str | None, key: bytes | None, timeout_seconds: float
+) -> list[wire.Channel]:
     """The other load pods' generators, once they have joined this (the first) pod."""
     count = spec.load.generators
-    if not listen or not isinstance(count, int) or count == 1:
+    if not listen or key is None or not isinstance(count, int):
         return []
-    return generators.accept_generators(_host_port(listen), count - 1, authkey, timeout_seconds)
+    return generators.accept_generators(_host_port(listen), count - 1, key, timeout_seconds)
 
 
-def _generate_for(coordinator: str, authkey: bytes, timeout_seconds: float) -> str | None:
+def _generate_for(coordinator: str, key: bytes, timeout_seconds: float) -> str | None:
     """Join the first load pod and generate its share of every level; why not, if it failed."""
     try:
-        generators.serve(generators.join_coordinator(_host_port(coordinator), authkey, timeout_seconds))
+        generators.serve(generators.join_coordinator(_host_port(coordinator), key, timeout_seconds))
     except (generators.GeneratorError, EOFError, OSError) as exc:
         return f"load generator for {coordinator}: {exc}"
     return None

@@ -2,9 +2,12 @@
 
 One generator process is one gevent loop on one core (docs/benchmarks.md §2 and §8 give its
 capacity); a faster server needs more. A `GeneratorPool` runs `spec.load.generators` of them: local
-processes (over pipes), or the other pods of an indexed load Job, which join the first pod over TCP
-(an HMAC handshake keyed by the experiment; their clocks are aligned by a round trip). For each
-level it gives every generator its share — of the users, of the offered rate (each a Poisson
+processes (each on a socket pair), or the other pods of an indexed load Job, which join the first pod
+over TCP (their clocks are aligned by a round trip). Both speak one protocol (:mod:`wire`: a mutual
+HMAC handshake on a random key, then MAC'd JSON frames of :mod:`messages`; nothing is unpickled);
+the first pod takes each connection's handshake in its own greenlet under a deadline, so a silent
+or foreign client never holds up the generators that belong. For each level the pool gives every
+generator its share — of the users, of the offered rate (each a Poisson
 process of rate/N with its own seed: their sum is a Poisson process at the full rate), or of a
 shaped run's schedule (every N-th send; each step's users) — and one common time at which all of
 them start measuring, so their measured periods line up.
@@ -29,14 +32,15 @@ import multiprocessing
 import os
 import socket
 import time
-from collections.abc import Sequence
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
-from typing import Any
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any, TypeVar
 
 import gevent
+import gevent.event
+import gevent.pool
 
-from servinglab.loadgen import closed_loop, open_loop, shapes, sharing
+from servinglab.loadgen import closed_loop, messages, open_loop, shapes, sharing, wire
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.stats import (
     LevelStats,
@@ -44,19 +48,26 @@ from servinglab.loadgen.stats import (
     extension_seconds,
 )
 
+LOG = logging.getLogger(__name__)
+_T = TypeVar("_T")
 #: Users a generator spawns per second (Locust's advice); the common start leaves time for it.
 _SPAWN_RATE = 100
 _SETUP_SECONDS = 1.0
 #: Seeds of different generators' arrival streams are this far apart.
 _SEED_STRIDE = 1_000_003
 _TICK_SECONDS = 0.25
+#: A local generator process has this long to start (a fresh interpreter importing Locust) and answer.
+_LOCAL_START_SECONDS = 120.0
+#: Handshakes in progress at once; a connection beyond them is closed at once (the real generators
+#: retry), so a flood of connections costs the coordinator a bounded number of greenlets and sockets.
+MAX_PENDING_HANDSHAKES = 64
 
 
 class _CoordinatedTiming(LevelTiming):
     """A generator's timing when a coordinator decides: its start time, and each extension."""
 
-    def __init__(self, connection: Connection, measure_from: float) -> None:
-        self._connection = connection
+    def __init__(self, channel: wire.Channel, measure_from: float) -> None:
+        self._channel = channel
         self._measure_from = measure_from
         self.sent = 0  # samples already with the coordinator (a level's samples only ever grow)
 
@@ -64,91 +75,136 @@ class _CoordinatedTiming(LevelTiming):
         return self._measure_from
 
     def extend(self, samples: Sequence[Sample], start: float, measured: float, rule: Any) -> float:
-        self._connection.send(("samples", list(samples[self.sent :])))
+        messages.send_samples(self._channel, samples[self.sent :])
         self.sent = len(samples)
-        while not self._connection.poll():  # the generator's users keep sending meanwhile
-            gevent.sleep(0.002)
-        extra: float = self._connection.recv()
-        return extra
+        # gevent's sockets wait cooperatively: the generator's users keep sending meanwhile
+        return messages.read_extend(self._channel.recv())
 
 
-def serve(connection: Connection) -> None:
+def serve(channel: wire.Channel) -> None:
     """A generator: takes its plan from the coordinator, then runs each level it is given with its
-    share, until told to stop. The same over a pipe (a local process) or TCP (a load pod)."""
-    loop: str = "closed"
-    plan: Any = None  # the first order carries it
-    while (order := connection.recv()) is not None:
-        if order == "clock":  # the coordinator measures this generator's clock offset
-            connection.send(time.time())
+    share, until told to stop. The same over a socket pair (a local process) or TCP (a load pod)."""
+    plan: closed_loop.LoadPlan | open_loop.OpenLoopPlan | None = None  # the first order carries it
+    while (order := channel.recv())["kind"] != "stop":
+        if order["kind"] == "clock":  # the coordinator measures this generator's clock offset
+            channel.send(messages.clock(time.time()))
             continue
-        if order[0] == "plan":
-            _, loop, plan = order
+        if order["kind"] == "plan":
+            _, plan = messages.read_plan(order, channel)
             continue
-        share, index, measure_from, warmup_seconds, duration_seconds = order
-        plan.timing = timing = _CoordinatedTiming(connection, measure_from)
-        if isinstance(share, shapes.Schedule) and loop == "closed":
-            (stats,) = closed_loop.run_schedule(plan, share, index=index)
-        elif isinstance(share, shapes.Schedule):
-            (stats,) = open_loop.run_schedule(plan, share, index=index)
-        elif loop == "closed":
-            (stats,) = closed_loop.run_levels(plan, [share], warmup_seconds, duration_seconds, first_index=index)
+        share, index, measure_from, warmup_seconds, duration_seconds = messages.read_level(order)
+        if plan is None:
+            raise messages.MessageError("a 'level' message came before the plan")
+        plan.timing = timing = _CoordinatedTiming(channel, measure_from)
+        if isinstance(share, shapes.Schedule):
+            if isinstance(plan, closed_loop.LoadPlan):
+                (stats,) = closed_loop.run_schedule(plan, share, index=index)
+            else:
+                (stats,) = open_loop.run_schedule(plan, share, index=index)
+        elif isinstance(plan, closed_loop.LoadPlan):
+            (stats,) = closed_loop.run_levels(plan, [int(share)], warmup_seconds, duration_seconds, first_index=index)
         else:
-            (stats,) = open_loop.run_rates(plan, [share], warmup_seconds, duration_seconds, first_index=index)
+            (stats,) = open_loop.run_rates(plan, [float(share)], warmup_seconds, duration_seconds, first_index=index)
         # the coordinator has the samples it was sent while deciding: only the rest travel again
-        connection.send(("done", dataclasses.replace(stats, samples=stats.samples[timing.sent :])))
+        messages.send_done(channel, dataclasses.replace(stats, samples=stats.samples[timing.sent :]))
 
 
-def _blocking(connection: Connection) -> Connection:
-    # a connection made under gevent's patched socket module is non-blocking; recv() expects blocking
-    os.set_blocking(connection.fileno(), True)
-    return connection
+def serve_local(connection: Connection, key: bytes) -> None:
+    """A local generator process: its end of the runner's socket pair (no pickled message ever
+    crosses it: only the socket is taken from the Connection), authenticated with the runner's key."""
+    sock = _socket_of(connection)
+    serve(wire.join(sock, key, _LOCAL_START_SECONDS))
 
 
-def _authenticated(sock: socket.socket, authkey: bytes, first: bool) -> Connection:
-    """A blocking Connection over `sock`, once both ends have proved they hold `authkey` (the HMAC
-    handshake multiprocessing's Listener and Client use; done here on a socket made blocking first)."""
-    connection = _blocking(Connection(sock.detach()))
-    if first:
-        deliver_challenge(connection, authkey)
-        answer_challenge(connection, authkey)
-    else:
-        answer_challenge(connection, authkey)
-        deliver_challenge(connection, authkey)
-    return connection
+def _socket_of(connection: Connection) -> socket.socket:
+    """The socket under a duplex Pipe end (a socket pair on POSIX); the Connection itself is closed. Made
+    here, after Locust's import patched the socket module, so its waits are cooperative."""
+    sock = socket.socket(fileno=os.dup(connection.fileno()))
+    connection.close()
+    return sock
 
 
-def accept_generators(address: tuple[str, int], count: int, authkey: bytes, timeout_seconds: float) -> list[Connection]:
-    """Wait for `count` generators to join over TCP (the other pods of an indexed load Job)."""
-    joined: list[Connection] = []
-    with socket.create_server(address) as server:
+def accept_generators(
+    address: tuple[str, int], count: int, key: bytes, timeout_seconds: float,
+    handshake_seconds: float = wire.HANDSHAKE_SECONDS,
+) -> list[wire.Channel]:  # fmt: skip
+    """Wait for `count` generators to join over TCP (the other pods of an indexed load Job).
+
+    Each connection's handshake runs in its own greenlet under a deadline from its first byte, so a
+    silent, slow or wrong-keyed peer is dropped (and logged) without delaying anyone else; accepting
+    goes on until `count` generators joined or `timeout_seconds` passed (GeneratorError)."""
+    joined: list[wire.Channel] = []
+    refused: list[tuple[str, OSError]] = []
+    everyone = gevent.event.Event()
+    handshakes = gevent.pool.Pool(MAX_PENDING_HANDSHAKES)
+
+    def admit(sock: socket.socket, peer: Any) -> None:
         try:
-            with gevent.Timeout(timeout_seconds):  # the load command runs gevent-patched: accept() yields
-                while len(joined) < count:
-                    sock, peer = server.accept()
-                    try:
-                        joined.append(_authenticated(sock, authkey, first=True))
-                    except (AuthenticationError, EOFError, OSError) as exc:  # not one of ours: ignored
-                        logging.getLogger(__name__).warning("refused a generator connection from %s: %s", peer, exc)
-        except gevent.Timeout:
-            raise GeneratorError(
-                f"{len(joined)} of {count} load generators joined within {timeout_seconds:g} s"
-            ) from None
+            channel = wire.accept(sock, key, handshake_seconds)
+        except (wire.WireError, OSError) as exc:  # not one of ours: dropped
+            LOG.warning("refused a load generator connection from %s: %s", peer, exc)
+            refused.append((peer[0], exc))
+            sock.close()
+            return
+        except BaseException:  # killed: everyone joined, or the time is up
+            sock.close()
+            raise
+        if len(joined) == count:  # one too many (a generator that reconnected): not needed
+            channel.close()
+            return
+        joined.append(channel)
+        if len(joined) == count:
+            everyone.set()
+
+    def accept_all(server: socket.socket) -> None:
+        while True:
+            sock, peer = server.accept()
+            if handshakes.full():
+                LOG.warning("refused a load generator connection from %s: %d handshakes already in progress",
+                            peer, MAX_PENDING_HANDSHAKES)  # fmt: skip
+                sock.close()
+                continue
+            handshakes.spawn(admit, sock, peer)
+
+    with socket.create_server(address) as server:
+        acceptor = gevent.spawn(accept_all, server)
+        try:
+            everyone.wait(timeout_seconds)
+        finally:
+            acceptor.kill()
+            handshakes.kill()
+    if len(joined) < count:
+        for channel in joined:
+            channel.close()
+        # a peer with another key says most (a Secret mix-up); a silent one may be any port scanner
+        keyed = [(peer, exc) for peer, exc in refused if isinstance(exc, wire.AuthenticationFailed)]
+        example = f", e.g. {(keyed or refused)[-1][0]}: {(keyed or refused)[-1][1]}" if refused else ""
+        raise GeneratorError(
+            f"{len(joined)} of {count} load generators joined within {timeout_seconds:g} s; "
+            f"{len(refused)} connection(s) refused{example}"
+        )
     return joined
 
 
-def join_coordinator(address: tuple[str, int], authkey: bytes, timeout_seconds: float) -> Connection:
-    """Connect to the coordinator (pod 0 of an indexed load Job), retrying while it starts."""
+def join_coordinator(address: tuple[str, int], key: bytes, timeout_seconds: float) -> wire.Channel:
+    """Connect to the coordinator (pod 0 of an indexed load Job), retrying while it starts or is busy;
+    a coordinator that holds another key ends it at once."""
     deadline = time.monotonic() + timeout_seconds
+    where = f"{address[0]}:{address[1]}"
     while True:
+        sock: socket.socket | None = None
         try:
-            return _authenticated(socket.create_connection(address, timeout=10), authkey, first=False)
-        except AuthenticationError as exc:
-            raise GeneratorError(
-                f"the load coordinator at {address[0]}:{address[1]} refused this generator: {exc}"
-            ) from None
-        except OSError as exc:
+            sock = socket.create_connection(address, timeout=10)
+            return wire.join(sock, key)
+        except wire.AuthenticationFailed as exc:
+            if sock is not None:
+                sock.close()
+            raise GeneratorError(str(exc)) from None
+        except OSError as exc:  # not listening yet, or closed a connection it had no room for (WireError)
+            if sock is not None:
+                sock.close()
             if time.monotonic() > deadline:
-                raise GeneratorError(f"cannot reach the load coordinator at {address[0]}:{address[1]}: {exc}") from None
+                raise GeneratorError(f"cannot join the load coordinator at {where}: {exc}") from None
             time.sleep(1.0)
 
 
@@ -161,39 +217,64 @@ class GeneratorPool:
     started here, and `remote` ones already connected (whose clocks may differ from this one's)."""
 
     def __init__(
-        self, plan: closed_loop.LoadPlan | open_loop.OpenLoopPlan, local: int, remote: Sequence[Connection] = ()
+        self, plan: closed_loop.LoadPlan | open_loop.OpenLoopPlan, local: int, remote: Sequence[wire.Channel] = ()
     ) -> None:
         self.loop = "closed" if isinstance(plan, closed_loop.LoadPlan) else "open"
         self.plan = plan
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: gevent patches it itself
-        self._connections: list[Connection] = []
+        self._channels: list[wire.Channel] = []
         self._offsets: list[float] = []  # each generator's clock minus this one's
         self._processes: list[Any] = []
-        for _ in range(local):
-            parent, child = context.Pipe()
-            process = context.Process(target=serve, args=(_blocking(child),), daemon=True)
-            process.start()
-            child.close()
-            self._connections.append(_blocking(parent))
-            self._offsets.append(0.0)  # the same clock
-            self._processes.append(process)
-        for connection in remote:
-            self._connections.append(connection)
-            self._offsets.append(_clock_offset(connection))
-        count = len(self._connections)
+        try:
+            self._start_local(local)
+            for channel in remote:
+                self._channels.append(channel)
+                self._offsets.append(_clock_offset(channel))
+            self._send_plans()
+        except BaseException:
+            self.close()
+            raise
+
+    def _send_plans(self) -> None:
+        """Each generator's own copy of the plan: where it starts in the bodies, its arrival seed."""
+        plan, count = self.plan, len(self._channels)
         payloads = max(1, len(plan.payloads))
-        for number, connection in enumerate(self._connections):
+        for number in range(count):
             offset = number * payloads // count  # generators start at different bodies
             own: closed_loop.LoadPlan | open_loop.OpenLoopPlan
             if isinstance(plan, open_loop.OpenLoopPlan):
                 own = dataclasses.replace(plan, payload_offset=offset, seed=plan.seed + number * _SEED_STRIDE)
             else:
                 own = dataclasses.replace(plan, payload_offset=offset)
-            connection.send(("plan", self.loop, own))
+            for message in messages.plan_messages(self.loop, own):
+                self._send(number, message)
+
+    def _start_local(self, count: int) -> None:
+        """`count` generator processes, each on its end of a socket pair. They speak the same protocol as
+        load pods do, under a key made for this pool alone (handed to them by multiprocessing's own
+        spawn pipe): one protocol, and no other process on this machine could join even if it got hold
+        of the socket."""
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: gevent patches it itself
+        key = wire.new_key()
+        ends = []
+        for _ in range(count):
+            parent, child = context.Pipe()  # a socket pair; only its sockets are used
+            process = context.Process(target=serve_local, args=(child, key), daemon=True)
+            process.start()
+            child.close()
+            self._processes.append(process)
+            ends.append(_socket_of(parent))
+        for number, sock in enumerate(ends):
+            try:
+                self._channels.append(wire.accept(sock, key, _LOCAL_START_SECONDS))
+            except (wire.WireError, OSError) as exc:
+                for other in ends[number:]:
+                    other.close()
+                raise GeneratorError(f"local load generator {number + 1} of {count} did not start: {exc}") from None
+            self._offsets.append(0.0)  # the same clock
 
     @property
     def count(self) -> int:
-        return len(self._connections)
+        return len(self._channels)
 
     def run_level(
         self, level: float, index: int, warmup_seconds: float, duration_seconds: float, hooks: LevelHooks | None = None
@@ -228,8 +309,8 @@ class GeneratorPool:
         active = [i for i, share in enumerate(shares) if not isinstance(share, int | float) or share > 0]
         measure_from = time.time() + setup + warmup_seconds
         for i in active:
-            order = (shares[i], index, measure_from + self._offsets[i], warmup_seconds, duration_seconds)
-            self._connections[i].send(order)
+            order = messages.level(shares[i], index, measure_from + self._offsets[i], warmup_seconds, duration_seconds)
+            self._send(i, order)
         self._tick_until(measure_from, hooks, label, "warmup", warmup_seconds)
         hooks.started(index)
         self._tick_until(measure_from + duration_seconds, hooks, label, "measure", duration_seconds)
@@ -238,19 +319,19 @@ class GeneratorPool:
         measured = duration_seconds
         while True:
             for i in active:
-                more = self._own_clock(i, self._receive(i, "samples"))
+                more = self._own_clock(i, self._receive(i, messages.receive_samples))
                 streamed[i].extend(more)
                 samples.extend(more)
             extra = extension_seconds(samples, measure_from, measured, self.plan.stability, time.time())
             for i in active:
-                self._connections[i].send(extra)
+                self._send(i, messages.extend(extra))
             if extra <= 0:
                 break
             measured += extra
             hooks.report(label, "extend", measured, self.plan.stability.max_duration_seconds or measured, len(samples))
         parts = []
         for i in active:
-            stats: LevelStats = self._receive(i, "done")  # its figures, and the samples not streamed yet
+            stats = self._receive(i, messages.receive_done)  # its figures, and the samples not streamed yet
             rest = self._own_clock(i, stats.samples)
             parts.append(dataclasses.replace(stats, samples=tuple(streamed[i] + rest)))
         hooks.ended(index)
@@ -259,14 +340,17 @@ class GeneratorPool:
             limits=self.plan.generator_limits, schedule=schedule,
         )  # fmt: skip
 
-    def _receive(self, number: int, expected: str) -> Any:
+    def _receive(self, number: int, read: Callable[[wire.Channel], _T]) -> _T:
         try:
-            kind, payload = self._connections[number].recv()
-        except (EOFError, OSError) as exc:
-            raise GeneratorError(f"load generator {number + 1} of {self.count} stopped answering: {exc!r}") from None
-        if kind != expected:
-            raise GeneratorError(f"load generator {number + 1} of {self.count} sent {kind!r}, not {expected!r}")
-        return payload
+            return read(self._channels[number])
+        except (wire.WireError, OSError) as exc:
+            raise GeneratorError(f"load generator {number + 1} of {self.count}: {exc}") from None
+
+    def _send(self, number: int, message: dict[str, Any]) -> None:
+        try:
+            self._channels[number].send(message)
+        except (wire.WireError, OSError) as exc:
+            raise GeneratorError(f"load generator {number + 1} of {self.count} stopped answering: {exc}") from None
 
     def _own_clock(self, number: int, samples: Sequence[Sample]) -> list[Sample]:
         """A generator's samples with their send times on this process's clock."""
@@ -281,9 +365,11 @@ class GeneratorPool:
             time.sleep(min(_TICK_SECONDS, left))
 
     def close(self) -> None:
-        for connection in self._connections:
+        for channel in self._channels:
             with contextlib.suppress(OSError):  # a generator that died has closed its end
-                connection.send(None)
+                channel.send(messages.STOP)
+            channel.close()
+        self._channels = []
         for process in self._processes:
             process.join(timeout=10)
             if process.is_alive():
@@ -296,13 +382,13 @@ class GeneratorPool:
         self.close()
 
 
-def _clock_offset(connection: Connection, rounds: int = 5) -> float:
+def _clock_offset(channel: wire.Channel, rounds: int = 5) -> float:
     """The other end's clock minus this one's, from the round trip with the least delay."""
     best: tuple[float, float] | None = None
     for _ in range(rounds):
         sent = time.time()
-        connection.send("clock")
-        theirs = float(connection.recv())
+        channel.send(messages.clock())
+        theirs = messages.read_clock(channel.recv())
         answered = time.time()
         if best is None or answered - sent < best[0]:
             best = (answered - sent, theirs - (sent + answered) / 2)

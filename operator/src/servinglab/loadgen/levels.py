@@ -18,12 +18,11 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 from servinglab.api import LoadSpec, ResponseCheck
 from servinglab.api.results import PeakRate
-from servinglab.loadgen import closed_loop, generators, open_loop, shapes, sharing
+from servinglab.loadgen import closed_loop, generators, open_loop, shapes, sharing, wire
 from servinglab.loadgen.hooks import LevelHooks
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.peak import search_peak_rate
@@ -57,7 +56,7 @@ def run_load(
     probe_passes: Callable[[LevelStats], bool] | None,
     target: Target,
     hooks: LevelHooks | None = None,
-    remote: Sequence[Connection] = (),
+    remote: Sequence[wire.Channel] = (),
 ) -> LoadOutcome:
     """Every level of `load`, in this process or split between generators: `load.generators` local
     processes, or one local process and the `remote` generators (the other load pods) that joined.
@@ -94,7 +93,7 @@ def _run_shape(
     plan: Plan,
     hooks: LevelHooks | None,
     local: int,
-    remote: Sequence[Connection],
+    remote: Sequence[wire.Channel],
 ) -> LoadOutcome:
     """A shaped run (an open-loop step, burst or trace; a closed-loop step of users): one level over
     the whole schedule, never extended (its load varies by design), with each phase's figures."""

@@ -14,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from multiprocessing.connection import Connection
 
 from servinglab.api import LoadSpec
 from servinglab.api.results import LevelResult, PeakRate
-from servinglab.loadgen import levels
+from servinglab.loadgen import levels, wire
 from servinglab.loadgen.hooks import LevelHooks, ProgressFn
 from servinglab.measure.levels import level_results, probe_passes
 from servinglab.measure.windows import WindowReader
@@ -55,7 +54,7 @@ def measure_load(
     target: levels.Target,
     server: ServerWindows | None = None,
     progress: ProgressFn | None = None,
-    remote: Sequence[Connection] = (),
+    remote: Sequence[wire.Channel] = (),
 ) -> Measured:
     """Run the load section (`remote`: the other load pods' generators, when several share it) and
     return its typed levels; without `server` the levels carry no server breakdown."""

@@ -27,13 +27,14 @@ from servinglab.api import KIND, ExperimentSpec, SpecError, parse_experiment
 from servinglab.api import conditions as cond
 from servinglab.api.status import ExperimentSummary, ResultsRef
 from servinglab.k8s import builders, credentials
-from servinglab.k8s.client import Kube, Ref
+from servinglab.k8s.client import Forbidden, Kube, Ref
 from servinglab.k8s.experiment import diagnose, gpuqueue
 from servinglab.k8s.experiment.admission import admitted
 from servinglab.k8s.experiment.collect import collect, job_message
 from servinglab.k8s.experiment.status import Experiment
 from servinglab.k8s.settings import Settings
 from servinglab.k8s.sink import RESULTS_KEY
+from servinglab.loadgen import wire
 from servinglab.servers.base import Manifest, PodInputs, PodPlan
 
 
@@ -144,7 +145,11 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -
         builders.load_role_binding(owner),
         builders.deployment(owner, spec, plan),
         builders.service(owner, plan),
-        *([builders.load_service(owner)] if builders.generator_count(spec) > 1 else []),
+        *(
+            [builders.load_service(owner), builders.load_network_policy(owner)]
+            if builders.generator_count(spec) > 1
+            else []
+        ),
     )
     job = experiment.child("batch/v1", "Job", experiment.names.load)
     for ref in (*(Ref.of(manifest) for manifest in manifests), job):
@@ -155,6 +160,18 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -
             return True
         await experiment.set(cond.SERVER_READY, None, "WaitingForPredecessor", obstacle.message)
         return None
+    if builders.generator_count(spec) > 1 and not experiment.status.generator_key_secret:
+        # Created once, before the Job (which names it) can exist; its name in status is what makes that
+        # once: a restarted operator finds it there and never makes a second key under running pods. A
+        # restart between the create and the patch leaves an unused Secret, owned, so collected with the
+        # experiment. The operator cannot read Secrets (no get/list: that would be every Secret in the
+        # namespace), hence generateName and the name kept here, not a fixed name it would have to check.
+        try:
+            secret = await experiment.kube.create(builders.generator_key_secret(owner, wire.new_key()))
+        except Forbidden as exc:  # RBAC from before several load pods: retrying cannot help; nothing is applied yet
+            await experiment.fail("Forbidden", f"the load pods' key: {exc}; the operator needs create on secrets")
+            return True
+        await experiment.patch(generator_key_secret=secret["metadata"]["name"])
     for manifest in manifests:
         await experiment.kube.apply(manifest)
     return True
@@ -229,7 +246,8 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan)
     if job is None:
         model = experiment.status.model
         flops = model.flops_per_inference if model is not None else None
-        await kube.apply(builders.load_job(experiment.owner, spec, plan, experiment.settings.servinglab_image, flops))
+        image, key_secret = experiment.settings.servinglab_image, experiment.status.generator_key_secret
+        await kube.apply(builders.load_job(experiment.owner, spec, plan, image, flops, key_secret))
         await experiment.set(
             cond.LOAD_TEST_COMPLETE, False, "Running",
             f"load ({spec.load.describe()}) running in Job {experiment.names.load}",
