@@ -441,16 +441,23 @@ def loadtest(
 
 
 def _load_target(spec: Any, target: str, model_name: str, image_size: int | None, payload_dir: Path) -> Any:
-    """Where the load goes and what it sends; a bad payload or trace raises before anything is sent."""
+    """Where the load goes and what it sends; a bad payload or trace raises before anything is sent.
+    Files are read from the payload folder only, which must itself stay on its volume (a claim's folder
+    that is a symlink out of the claim is refused)."""
     from servinglab import models
-    from servinglab.loadgen import levels, shapes
-    from servinglab.loadgen.payloads import request_payloads
+    from servinglab.loadgen import folder, levels, shapes
+    from servinglab.loadgen.payloads import PayloadError, request_payloads
 
     load = spec.load
+    if load.payload.pvc is not None:
+        try:
+            payload_dir = folder.within_volume(payload_dir, load.payload.pvc.path, "load.payload.pvc.path")
+        except folder.FolderError as exc:
+            raise PayloadError(str(exc)) from None
     size = image_size or models.request_image_size(spec.model, load.payload)
     payloads = request_payloads(load.payload, size, payload_dir)
     if load.shape is not None and load.shape.trace is not None:
-        shapes.read_trace(payload_dir / load.shape.trace.file, len(payloads))
+        shapes.load_trace(load.shape.trace, payload_dir, len(payloads), load.stability.window_seconds)
     return levels.Target(target.rstrip("/"), f"/predictions/{model_name}", payloads, load.payload.check, payload_dir)
 
 

@@ -42,7 +42,7 @@ from servinglab.k8s import conditions as cond
 from servinglab.k8s import gpuqueue, leader, opmetrics, resources, summary, sweeps
 from servinglab.k8s.kube import Kube, KubeError, Ref
 from servinglab.k8s.promql import GpuMetrics, PrometheusError
-from servinglab.loadgen.results_sink import RESULTS_KEY, ResultsUnreadable, decode_results, part_name
+from servinglab.loadgen.results_sink import RESULTS_KEY, Reader, ResultsMissing, ResultsUnreadable
 from servinglab.spec import API_GROUP, API_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
 from servinglab.sweepspec import SWEEP_KIND
 
@@ -577,29 +577,46 @@ async def _job_message(experiment: Experiment) -> str | None:
     return None
 
 
+# One results document is read at a time: each is bounded (see results_sink.Reader), and so is their sum.
+_RESULTS_READ = asyncio.Lock()
+
+
 async def _read_results(experiment: Experiment) -> dict[str, Any]:
-    """The load Job's results document, whole and this experiment's own; ResultsUnreadable if not."""
+    """The load Job's results document, whole and this experiment's own, without what the status never
+    shows (windows, latency CDF, phases: those stay in the ConfigMap); ResultsMissing if it is not
+    there, ResultsUnreadable if it is malformed or larger than the operator reads."""
     results_ref = experiment.child("v1", "ConfigMap", experiment.names.results)
-    head = await experiment.owned(results_ref)
-    parts: dict[str, dict[str, Any] | None] = {}
-    if head is not None:
-        for index in range(1, int((head.get("data") or {}).get("parts", "1"))):
-            name = part_name(experiment.names.results, index)
-            parts[name] = await experiment.owned(experiment.child("v1", "ConfigMap", name))
-    document = decode_results(head, parts.get)
+    async with _RESULTS_READ:
+        reader = Reader(await experiment.owned(results_ref))
+        for index, name in enumerate(reader.part_names, start=1):  # never more than MAX_PARTS
+            reader.add_part(index, await experiment.owned(experiment.child("v1", "ConfigMap", name)))
+        document = reader.document()
     if document.get("experimentUid", experiment.uid) != experiment.uid:
-        raise ResultsUnreadable(f"{results_ref} holds the results of another experiment of this name")
+        raise ResultsMissing(f"{results_ref} holds the results of another experiment of this name")
+    for level in document["results"]:
+        level.pop("latencyCdfMs", None)
+        level.pop("phases", None)
+        if isinstance(level.get("stability"), dict):
+            level["stability"].pop("windows", None)
     return document
 
 
 async def _collect(experiment: Experiment, spec: ExperimentSpec) -> None:
+    """Results to status, once. Unreadable results end the experiment as Failed, so that no later pass
+    and no restarted operator reads them again."""
     try:
         document = await _read_results(experiment)
-    except ResultsUnreadable as exc:
+    except ResultsMissing as exc:
         await experiment.fail(
             "ResultsMissing",
             f"the load Job finished without readable results ({exc}); Job {experiment.names.load} and its log "
             "are kept",
+        )
+        return
+    except ResultsUnreadable as exc:
+        await experiment.fail(
+            "ResultsUnreadable",
+            f"the load Job's results were not read: {exc}; Job {experiment.names.load} and its log are kept",
         )
         return
     levels: list[dict[str, Any]] = document["results"]
@@ -653,10 +670,10 @@ async def _gpu_figures(
                 experiment.namespace, pod, float(level["windowStart"]), float(level["windowEnd"]), successful
             )
     except PrometheusError as exc:
-        return {}, (False, "PrometheusUnreachable", str(exc))
+        return {}, (False, exc.reason, str(exc))
     if not any(value is not None for level in figures.values() for value in level.values()):
-        return figures, (False, "NoData", f"Prometheus at {url} has no DCGM metrics for pod {pod}")
-    return figures, (True, "Measured", f"DCGM metrics of pod {pod} from {url}")
+        return figures, (False, "NoData", f"Prometheus at {reader.shown} has no DCGM metrics for pod {pod}")
+    return figures, (True, "Measured", f"DCGM metrics of pod {pod} from {reader.shown}")
 
 
 # -- kopf wiring -----------------------------------------------------------------------------------
