@@ -77,15 +77,19 @@ class LocalKubelet:
         job_outcome: tuple[int, str] | None = None,
         on_operator_started: Callable[[str, int], None] | None = None,
         claims_root: Path | None = None,
+        job_command: list[str] | None = None,
     ) -> None:
         """`on_server_started(pod, metrics_port)` and `on_operator_started(pod, metrics_port)` let
         monitoring scrape them; `job_outcome` (exit code, message) replaces the real load run, to play
-        a Job that dies (e.g. OOMKilled). A PersistentVolumeClaim mounts the folder
+        a Job that dies (e.g. OOMKilled); `job_command` replaces the load container's command and args
+        (its env, mounts and ServiceAccount stay), to play a load Job that writes chosen results (both
+        may be changed between experiments). A PersistentVolumeClaim mounts the folder
         `claims_root/<claim name>` (default: `workdir/claims`)."""
         self.claims_root = claims_root or workdir / "claims"
         self.on_server_started = on_server_started
         self.on_operator_started = on_operator_started
         self.job_outcome = job_outcome
+        self.job_command = job_command
         self.kubectl = kubectl
         self.namespace = namespace
         self.workdir = workdir
@@ -431,6 +435,8 @@ class LocalKubelet:
         )
         command = self._command(container, mounts, urls)
         command += ["--termination-log", str(running.root / "termination-log")]
+        if self.job_command is not None:
+            command = list(self.job_command)
         if self.job_outcome is not None:
             code, message = self.job_outcome
             (running.root / "termination-log").write_text(message)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 import urllib.request
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import clusterenv
 from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
@@ -28,6 +30,8 @@ from clusterenv.operatorproc import Operator
 from servinglab.k8s.sink import decode_results
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
+
+RESULTS_WRITER = Path(clusterenv.__file__).with_name("results_writer.py")
 
 
 def longer(name: str, seconds: float = 8, prometheus_url: str | None = None) -> dict[str, Any]:
@@ -170,11 +174,10 @@ def test_the_server_is_removed_after_a_refused_delete_and_an_operator_killed_aft
 def test_a_results_document_of_several_mib_survives_writes_refused_for_a_while(
     cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
 ) -> None:
-    kubelet = kubelet_factory()
+    # Several MiB of windows take a legal spec (windows of 50 ms at least) half an hour of measuring: the
+    # load Job writes a document of that size through the real sink instead, as its ServiceAccount.
+    kubelet = kubelet_factory(job_command=[sys.executable, str(RESULTS_WRITER), "large"])
     big = experiment("big")
-    # short stability windows over the levels: tens of thousands of windows, several MiB of JSON
-    big["spec"]["load"] = {"concurrency": [1, 2], "warmupSeconds": 1, "durationSeconds": 6,
-                           "stability": {"windowSeconds": 0.0002, "windows": 2}}  # fmt: skip
     load_account = f"system:serviceaccount:{namespace}:big-load"
     writes = [
         {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"]}

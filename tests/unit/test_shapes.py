@@ -1,5 +1,6 @@
-"""Traffic shapes: the schedules they send, trace files (a bad line is refused by number), how
-generators split a schedule, and the per-phase figures."""
+"""Traffic shapes: the schedules they send, trace files (a bad line is refused by number; a trace
+outside the payload folder or past its bounds is refused), how generators split a schedule, and the
+per-phase figures."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servinglab.api import ShapeSpec, SpecError, parse_experiment
+from servinglab.api import ShapeSpec, SpecError, TraceShape, parse_experiment
 from servinglab.loadgen import shapes
 from servinglab.loadgen.stats import Sample, summarise
 
@@ -122,3 +123,55 @@ def test_a_step_of_users_splits_each_step_between_generators() -> None:
     samples = [Sample(1000.0 + t, 10.0) for t in (1.0, 6.0, 7.0, 12.0)]
     figures = shapes.phase_figures(samples, 1000.0, schedule)
     assert [(f["users"], f["requests"]) for f in figures] == [(1, 1), (4, 2), (7, 1)] and "rateRps" not in figures[0]
+
+
+def trace(file: str, speed: float = 1.0) -> TraceShape:
+    return TraceShape.model_validate({"file": file, "speed": speed})
+
+
+def test_a_trace_outside_the_payload_folder_is_refused_and_not_echoed(tmp_path: Path) -> None:
+    """The payload folder holds a symlink to a file outside it: the file's first line never reaches the error."""
+    (tmp_path / "outside.txt").write_text("eyJ-a-token-not-a-time\n")
+    (tmp_path / "payload").mkdir()
+    (tmp_path / "payload" / "t.csv").symlink_to(tmp_path / "outside.txt")
+    with pytest.raises(shapes.TraceError) as refused:
+        shapes.load_trace(trace("t.csv"), tmp_path / "payload")
+    assert str(refused.value) == (
+        f"load.shape.trace.file: 't.csv' leads outside the payload folder {tmp_path / 'payload'}; name a file inside it"
+    )
+    with pytest.raises(shapes.TraceError, match="leads outside"):  # as the load reads it, also past the spec
+        shapes.build(shape(trace={"file": "t.csv"}), 0.0, "constant", 0, tmp_path / "payload")
+
+
+@pytest.mark.parametrize(
+    ("text", "speed", "window", "problem"),
+    [
+        ("#\n" * 2_000_001, 1.0, None, "trace t.csv line 2000001: more than 2000000 lines; at most that many"),
+        ("0\n" * 1_000_001, 1.0, None, "trace t.csv line 1000001: more than 1000000 sends; at most that many"),
+        ("0\n7201\n", 1.0, None, "trace t.csv: lasts 7201 s replayed at speed 1; at most 7200 s"),
+        ("0\n20000\n", 2.0, None, "trace t.csv: lasts 10000 s replayed at speed 2; at most 7200 s"),
+        ("0\n7000\n", 1.0, 0.5, "trace t.csv: 7000 s replayed are 14000 stability windows of 0.5 s; at most 10000 "
+                                "(load.stability.windowSeconds >= 0.7)"),
+    ],
+    ids=["lines", "sends", "seconds", "seconds-at-speed", "windows"],
+)  # fmt: skip
+def test_a_trace_past_its_bounds_is_refused_naming_the_bound(
+    tmp_path: Path, text: str, speed: float, window: float | None, problem: str
+) -> None:
+    (tmp_path / "t.csv").write_text(text)
+    with pytest.raises(shapes.TraceError) as refused:
+        shapes.load_trace(trace("t.csv", speed), tmp_path, window_seconds=window)
+    assert problem in str(refused.value)
+
+
+def test_a_trace_file_past_its_size_is_refused_unread(tmp_path: Path) -> None:
+    with (tmp_path / "t.csv").open("wb") as big:  # sparse
+        big.truncate(shapes.MAX_TRACE_BYTES + 1)
+    with pytest.raises(shapes.TraceError, match="trace t.csv is larger than 64 MiB; at most that is read"):
+        shapes.load_trace(trace("t.csv"), tmp_path)
+
+
+def test_a_long_trace_inside_every_bound_is_read(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text("".join(f"{i * 0.0072:.4f}\n" for i in range(1_000_000)))  # 7200 s, 1M sends
+    times, indices = shapes.load_trace(trace("t.csv"), tmp_path, window_seconds=0.72)
+    assert len(times) == 1_000_000 and times[-1] == pytest.approx(7199.9928) and indices is None

@@ -5,12 +5,13 @@ generator (:mod:`servinglab.loadgen`) and the measurement driver.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from servinglab.api.meta import SpecModel, VolumePath, relative_path
+from servinglab.api.meta import SpecModel, VolumePath
 
 
 class PayloadFormat(StrEnum):
@@ -28,6 +29,13 @@ class ResponseCheck(SpecModel):
     json_body: bool = Field(
         default=False, alias="json", description="The body must parse as JSON (errors: `malformed_json`)."
     )
+
+
+def _in_payload_folder(value: str) -> str:
+    """A payload or trace file: named inside the payload folder (the load also refuses symlinks out)."""
+    if value.startswith("/") or ".." in value.split("/"):
+        raise ValueError(f"'{value}' must be a relative path inside the payload folder (no leading '/', no '..')")
+    return value
 
 
 class PayloadSpec(SpecModel):
@@ -68,15 +76,28 @@ class PayloadSpec(SpecModel):
         for name in [*self.files, *([self.records] if self.records else [])]:
             if self.config_map is not None and "/" in name:
                 raise ValueError(f"'{name}': a ConfigMap holds flat file names (its keys), no '/'")
-            if self.pvc is not None:
-                relative_path(name)
+            _in_payload_folder(name)
         return self
+
+
+#: Shortest stability window: a shorter one holds a handful of requests, judges nothing and only
+#: inflates the results document (every window is one record of it).
+MIN_WINDOW_SECONDS = 0.05
+#: Most stability windows one level, and one experiment in all, may be cut into. The operator reads the
+#: results document whole; these keep the largest legal one about 3.5 MB of JSON (some 60 bytes a
+#: window), well inside what it accepts (servinglab.k8s.sink.MAX_DOCUMENT_BYTES).
+MAX_WINDOWS_PER_LEVEL = 10_000
+MAX_WINDOWS = 50_000
+#: Most phases a burst run may have (each phase carries its own figures in the results).
+MAX_PHASES = 2_000
 
 
 class StabilitySpec(SpecModel):
     """When a level's numbers have settled: its last `windows` windows agree within `tolerance`."""
 
-    window_seconds: float = Field(default=5.0, gt=0, le=600, description="Length of one measurement window.")
+    window_seconds: float = Field(
+        default=5.0, ge=MIN_WINDOW_SECONDS, le=600, description="Length of one measurement window."
+    )
     windows: int = Field(default=3, ge=2, le=20, description="How many trailing windows must agree.")
     tolerance: float = Field(
         default=0.10, gt=0, le=1, description="Largest (max - min) / mean of throughput and of p99 across them."
@@ -157,9 +178,17 @@ class TraceShape(SpecModel):
     (the first time is the start; '#' lines are comments), relative to the payload files' folder."""
 
     file: str = Field(
-        min_length=1, description="The trace file (locally a path; on a cluster in payload's configMap/pvc)."
+        min_length=1,
+        max_length=1024,
+        description="The trace file, relative to the payload folder (locally the current directory; on a "
+        "cluster payload's configMap/pvc).",
     )
     speed: float = Field(default=1.0, gt=0, le=1000, description="Replay this many times faster (2: half the gaps).")
+
+    @field_validator("file")
+    @classmethod
+    def _inside(cls, value: str) -> str:
+        return _in_payload_folder(value)
 
 
 class ShapeSpec(SpecModel):
@@ -249,6 +278,46 @@ class LoadSpec(SpecModel):
         if self.shape is not None and self.repeats > 1:
             raise ValueError(f"repeats: {self.repeats}; a shaped run is one run (its phases are its levels)")
         return self
+
+    @model_validator(mode="after")
+    def _results_stay_bounded(self) -> LoadSpec:
+        """Every window and phase is a record of the results the operator reads whole: cap them (a
+        trace's length is only known from its file: the load checks it on reading)."""
+        window = self.stability.window_seconds
+        levels, longest = self._levels_and_longest()
+        per_level = math.floor(longest / window + 1e-6)  # as loadgen.stats.windows counts them
+        if per_level > MAX_WINDOWS_PER_LEVEL:
+            raise ValueError(
+                f"stability.windowSeconds: {window:g} s windows over a level measured up to {longest:g} s are "
+                f"{per_level} windows; at most {MAX_WINDOWS_PER_LEVEL} per level "
+                f"(windowSeconds >= {longest / MAX_WINDOWS_PER_LEVEL:.3g})"
+            )
+        if per_level * levels > MAX_WINDOWS:
+            raise ValueError(
+                f"stability.windowSeconds: {window:g} s windows over {levels} levels of up to {longest:g} s are "
+                f"{per_level * levels} windows; at most {MAX_WINDOWS} in all "
+                f"(windowSeconds >= {longest * levels / MAX_WINDOWS:.3g}, or fewer levels)"
+            )
+        burst = self.shape.burst if self.shape is not None else None
+        if burst is not None and (phases := 2 * math.ceil(burst.duration_seconds / burst.period_seconds)) > MAX_PHASES:
+            raise ValueError(
+                f"shape.burst.periodSeconds: {burst.period_seconds:g} s periods over {burst.duration_seconds:g} s "
+                f"are up to {phases} phases; at most {MAX_PHASES} "
+                f"(periodSeconds >= {2 * burst.duration_seconds / MAX_PHASES:.3g})"
+            )
+        return self
+
+    def _levels_and_longest(self) -> tuple[int, float]:
+        """How many levels the load runs (a shaped run is one) and the longest any is measured."""
+        if self.shape is not None and self.shape.step is not None:
+            steps = self.shape.step.rates or self.shape.step.users or []
+            return 1, len(steps) * self.shape.step.step_seconds
+        if self.shape is not None:
+            return 1, self.shape.burst.duration_seconds if self.shape.burst is not None else 0.0
+        levels = len(self.concurrency) if self.mode == "closed" else len(self.rates)
+        if self.mode == "open" and self.rate_search is not None:
+            levels += self.rate_search.max_probes
+        return levels, max(self.duration_seconds, self.stability.max_duration_seconds or 0.0)
 
     @model_validator(mode="after")
     def _extension_is_longer(self) -> LoadSpec:

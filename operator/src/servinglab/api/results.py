@@ -211,12 +211,14 @@ class LevelResult(ResultModel):
         return bool(self.generator_saturated)
 
     def compact(self) -> LevelResult:
-        """What an experiment's status keeps: everything the table and the report show, without the
-        latency CDF, the stability windows and every generator's own verdict (those stay in the full
-        document the status references)."""
+        """What an experiment's status keeps: everything the table shows, without the latency CDF, the
+        stability windows, a shaped run's phases and every generator's own verdict (those stay in the full
+        document the status references: they would make the status grow with the run's length)."""
         stability = self.stability.model_copy(update={"windows": []}) if self.stability is not None else None
         generator = self.generator.model_copy(update={"per_generator": None}) if self.generator is not None else None
-        return self.model_copy(update={"latency_cdf_ms": None, "stability": stability, "generator": generator})
+        return self.model_copy(
+            update={"latency_cdf_ms": None, "stability": stability, "generator": generator, "phases": None}
+        )
 
 
 # -- one experiment -----------------------------------------------------------------------------------

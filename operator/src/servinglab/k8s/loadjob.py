@@ -24,7 +24,7 @@ from servinglab.api import ExperimentSpec, SpecError, load_experiment
 from servinglab.api.exitcodes import ExitCode
 from servinglab.api.results import LoadJobResults, to_json
 from servinglab.k8s import sink
-from servinglab.loadgen import generators, levels, shapes, wire
+from servinglab.loadgen import folder, generators, levels, shapes, wire
 from servinglab.loadgen.payloads import PayloadError, request_payloads
 from servinglab.measure.ceiling import ceiling_of
 from servinglab.measure.driver import ServerWindows, measure_load
@@ -112,14 +112,22 @@ def run(options: LoadJobOptions) -> Ending:
 
 
 def _target(spec: ExperimentSpec, options: LoadJobOptions) -> levels.Target:
-    """Where the load goes and what it sends; a bad payload or trace raises before anything is sent."""
+    """Where the load goes and what it sends; a bad payload or trace raises before anything is sent.
+    Files are read from the payload folder only, which must itself stay on its volume (a claim's folder
+    that is a symlink out of the claim is refused)."""
     load = spec.load
+    payload_dir = options.payload_dir
+    if load.payload.pvc is not None:
+        try:
+            payload_dir = folder.within_volume(payload_dir, load.payload.pvc.path, "load.payload.pvc.path")
+        except folder.FolderError as exc:
+            raise PayloadError(str(exc)) from None
     size = options.image_size or request_image_size(spec.model, load.payload)
-    payloads = request_payloads(load.payload, size, options.payload_dir)
+    payloads = request_payloads(load.payload, size, payload_dir)
     if load.shape is not None and load.shape.trace is not None:
-        shapes.read_trace(options.payload_dir / load.shape.trace.file, len(payloads))
+        shapes.load_trace(load.shape.trace, payload_dir, len(payloads), load.stability.window_seconds)
     path = servers.get(spec.server.kind).request_path(options.model_name)
-    return levels.Target(options.target.rstrip("/"), path, payloads, load.payload.check, options.payload_dir)
+    return levels.Target(options.target.rstrip("/"), path, payloads, load.payload.check, payload_dir)
 
 
 def _generator_key(spec: ExperimentSpec, listen: str | None, join: str | None) -> bytes | None:

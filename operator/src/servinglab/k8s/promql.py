@@ -7,14 +7,22 @@ successful inference. dcgm-exporter labels the workload as `pod`/`namespace`, or
 
 `query_text` builds the PromQL (pure); `GpuMetrics` runs it over HTTP (GET /api/v1/query, one instant
 query per figure and level, each within its timeout) and returns None for a figure Prometheus has no
-data for. The operator reports why when every figure is missing; errors name the URL, the HTTP status
-and Prometheus' error type, never the response body.
+data for. The operator reports why when every figure is missing.
+
+The URL is the user's and the operator fetches it from inside the cluster, so what comes back is
+handled as hostile: redirects are not followed (a 3xx is reported as one, its Location never
+repeated), at most MAX_RESPONSE_BYTES of an answer are read, and errors name the URL (without
+credentials), the HTTP status, Prometheus' error type or a short category of connection failure
+("connection refused", "name not resolved", "TLS failed", ...), never the response body, the
+addresses tried or the socket's own message.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import urllib.parse
 from typing import Any
 
 import aiohttp
@@ -30,8 +38,51 @@ FIGURES: dict[str, tuple[str, str, float]] = {
 }
 
 
+#: A query's answer is one aggregated sample: a few hundred bytes. More than this is not Prometheus.
+MAX_RESPONSE_BYTES = 1 << 20
+
+
 class PrometheusError(RuntimeError):
-    """Prometheus could not be reached or rejected a query."""
+    """Prometheus could not be reached, redirected elsewhere or rejected a query; `reason` is the
+    GPUMetricsAvailable condition's reason."""
+
+    def __init__(self, message: str, reason: str = "PrometheusUnreachable") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def shown(url: str) -> str:
+    """The URL as status may repeat it: scheme, host, port and path, no credentials or query."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    except ValueError:
+        return "the Prometheus URL"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def failure(exc: BaseException) -> str:
+    """A short category of why a request got no answer: aiohttp's own message carries the addresses
+    it tried, the socket's error text and TLS internals, none of which belong in status."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "name not resolved"
+    if isinstance(exc, aiohttp.ClientSSLError | aiohttp.ServerFingerprintMismatch):
+        return "TLS failed"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        code = exc.os_error.errno
+        if code == errno.ECONNREFUSED:
+            return "connection refused"
+        if code in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return "address unreachable"
+        return "connection failed"
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
+        return "connection closed"
+    if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
+        return "invalid URL"
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
+        return "invalid HTTP response"
+    return "request failed"
 
 
 def query_text(function: str, metric: str, namespace: str, pod: str, window_seconds: float) -> str:
@@ -51,36 +102,42 @@ class GpuMetrics:
 
     def __init__(self, url: str, timeout_seconds: float = 10.0) -> None:
         self.url = url.rstrip("/")
+        self.shown = shown(self.url)
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
 
     async def _instant(self, session: aiohttp.ClientSession, query: str, at: float) -> float | None:
         params = {"query": query, "time": f"{at:.3f}"}
+        where = self.shown
         try:
-            async with session.get(f"{self.url}/api/v1/query", params=params) as response:
-                raw = await response.read()
+            async with session.get(f"{self.url}/api/v1/query", params=params, allow_redirects=False) as response:
                 status, content_type = response.status, response.content_type
+                if 300 <= status < 400:
+                    raise PrometheusError(f"{where}: HTTP {status}, a redirect (not followed)", "PrometheusRedirected")
+                raw = await _bounded_body(response, where)
         except TimeoutError:
-            raise PrometheusError(f"{self.url}: no answer within {self.timeout.total:g} s") from None
+            raise PrometheusError(f"{where}: no answer within {self.timeout.total:g} s (timed out)") from None
         except aiohttp.ClientError as exc:
-            raise PrometheusError(f"{self.url}: {type(exc).__name__}: {exc}") from None
+            raise PrometheusError(f"{where}: {failure(exc)}") from None
         # Never echo the body: the URL is the user's, and what answers there is not ours to publish in status.
         try:
             body: Any = json.loads(raw)
             result = body["data"]["result"] if body.get("status") == "success" else None
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             body, result = None, None
         if not isinstance(result, list):
             kind = body.get("errorType") if isinstance(body, dict) and body.get("status") == "error" else None
             what = (
                 f"Prometheus refused the query ({kind})"
-                if isinstance(kind, str) and kind.isidentifier()
-                else (f"not a Prometheus query API response ({content_type}, {len(raw)} bytes)")
+                if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 40
+                else (f"not a Prometheus query API response ({content_type[:60]}, {len(raw)} bytes)")
             )
-            raise PrometheusError(f"{self.url}: HTTP {status}, {what}")
-        series = result
-        if not series:
+            raise PrometheusError(f"{where}: HTTP {status}, {what}", "PrometheusQueryFailed")
+        if not result:
             return None
-        value = float(series[0]["value"][1])
+        try:
+            value = float(result[0]["value"][1])
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError):
+            raise PrometheusError(f"{where}: HTTP {status}, not a Prometheus sample", "PrometheusQueryFailed") from None
         return None if math.isnan(value) else value
 
     async def window(
@@ -96,3 +153,20 @@ class GpuMetrics:
             round(energy / successful_requests, 6) if energy is not None and successful_requests > 0 else None
         )
         return figures
+
+
+async def _bounded_body(response: aiohttp.ClientResponse, where: str) -> bytes:
+    """The answer's body, refused past MAX_RESPONSE_BYTES (whatever its Content-Length claims)."""
+    too_large = PrometheusError(
+        f"{where}: HTTP {response.status}, an answer larger than {MAX_RESPONSE_BYTES >> 10} KiB "
+        "(not a Prometheus query API response)",
+        "PrometheusQueryFailed",
+    )
+    if (response.content_length or 0) > MAX_RESPONSE_BYTES:
+        raise too_large
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > MAX_RESPONSE_BYTES:
+            raise too_large
+    return bytes(body)

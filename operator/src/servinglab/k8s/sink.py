@@ -12,6 +12,12 @@ the rest in `<results>-part-<i>` ConfigMaps owned by the experiment. :func:`enco
 :func:`decode_results` are the pure halves; :func:`write_results` retries refused or failed writes
 with backoff until its deadline, so an API server that is restarting or refusing for a while loses
 nothing.
+
+The operator reads these ConfigMaps (:class:`Reader`), and anything with the load Job's credentials
+can write them: reading is bounded whatever they hold — at most MAX_PARTS parts, each no larger than
+a written one, inflated through a cap, parsed only below a count of JSON values, and checked for the
+shape the operator copies into status (:func:`check_document`). The writer refuses a document the
+reader would (MAX_DOCUMENT_BYTES); the spec keeps every legal one far below it.
 """
 
 from __future__ import annotations
@@ -20,15 +26,17 @@ import base64
 import gzip
 import hashlib
 import json
+import math
 import os
 import ssl
 import sys
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RESULTS_KEY = "results.json"
@@ -39,6 +47,17 @@ INLINE_LIMIT = 900 * 1024
 PART_BYTES = INLINE_LIMIT * 3 // 4
 #: At most this many ConfigMaps per document (the load Job's Role names the parts it may patch).
 MAX_PARTS = 32
+#: Most bytes of JSON a document may be (written) and inflate to (read). The largest a legal spec makes
+#: is about 3.5 MB (servinglab.api.load.MAX_WINDOWS; tests/unit/test_results_sink.py builds it).
+MAX_DOCUMENT_BYTES = 8 << 20
+#: Most values a document may hold, counted as its objects, arrays and commas: parsed, a value costs
+#: 30-200 bytes, far more than its text (`{},` is 3 bytes), so this, not the byte cap, bounds what a
+#: hostile document costs to parse (under 100 MiB, measured). The largest legal one holds about 270,000.
+MAX_VALUES = 600_000
+#: Most levels one document may hold (64 concurrency levels; 64 rates and 32 peak-search probes).
+MAX_LEVELS = 128
+#: The ceiling figures are copied into the experiment's status: a few hundred bytes, never more than this.
+MAX_CEILING_BYTES = 16 * 1024
 #: The JSON ownerReference of the experiment (the operator sets it in the Job's env): parts are owned by it.
 OWNER_ENV = "SERVINGLAB_RESULTS_OWNER"
 
@@ -48,7 +67,11 @@ class SinkError(RuntimeError):
 
 
 class ResultsUnreadable(ValueError):
-    """The stored results are missing, incomplete or corrupt."""
+    """The stored results are corrupt, malformed or too large to read; the message names what."""
+
+
+class ResultsMissing(ResultsUnreadable):
+    """The stored results are not there (yet), or a part of them is missing."""
 
 
 def part_name(configmap: str, index: int) -> str:
@@ -60,6 +83,11 @@ def encode_results(configmap: str, document: dict[str, Any]) -> list[tuple[str, 
 
     The results ConfigMap comes last, so that it names its parts only once they are all written."""
     text = json.dumps(document, separators=(",", ":"))
+    if len(text.encode()) > MAX_DOCUMENT_BYTES:
+        raise SinkError(
+            f"the results are {len(text.encode()) / 2**20:.1f} MiB of JSON; the operator reads at most "
+            f"{MAX_DOCUMENT_BYTES >> 20} MiB (fewer or longer stability windows make them smaller)"
+        )
     if len(text.encode()) <= INLINE_LIMIT:
         return [(configmap, {"data": {RESULTS_KEY: text}})]
     packed = gzip.compress(text.encode(), compresslevel=6, mtime=0)
@@ -80,36 +108,138 @@ def encode_results(configmap: str, document: dict[str, Any]) -> list[tuple[str, 
     return [*writes, (configmap, head)]
 
 
+class Reader:
+    """Reads one stored document within bounds, part by part (the operator awaits each part between
+    calls): at most MAX_PARTS parts, each no larger than a written one, inflated through a cap of
+    MAX_DOCUMENT_BYTES, parsed only if it holds at most MAX_VALUES values, and checked
+    as a results document. Whatever a writer put there, reading it costs the reader a bounded amount
+    of memory; anything beyond raises ResultsUnreadable naming what was too large."""
+
+    def __init__(self, head: dict[str, Any] | None) -> None:
+        if head is None:
+            raise ResultsMissing("the results ConfigMap does not exist")
+        self.name = str(head["metadata"]["name"])
+        data, binary = head.get("data") or {}, head.get("binaryData") or {}
+        self._plain: str | None = data.get(RESULTS_KEY) or None
+        self._digest = hashlib.sha256()
+        self._expected_digest = data.get("sha256")
+        self._inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip only
+        self._inflated = bytearray()
+        self.part_names: list[str] = []
+        if self._plain is not None:
+            if len(self._plain) > INLINE_LIMIT:
+                size = len(self._plain)
+                raise ResultsUnreadable(f"{self.name}: {RESULTS_KEY} is {size} bytes; at most {INLINE_LIMIT}")
+            return
+        if GZIP_KEY not in binary:
+            raise ResultsMissing(f"{self.name} holds no results yet")
+        claimed = str(data.get("parts", "1"))
+        if not claimed.isdigit() or not 1 <= int(claimed) <= MAX_PARTS:
+            raise ResultsUnreadable(f"{self.name} claims {claimed[:20]!r} parts; a document has 1 to {MAX_PARTS}")
+        self.part_names = [part_name(self.name, index) for index in range(1, int(claimed))]
+        self._feed(binary[GZIP_KEY], self.name)
+
+    def add_part(self, index: int, part: dict[str, Any] | None) -> None:
+        """Part `index` (1-based, in order) as read, None if it does not exist."""
+        name = part_name(self.name, index)
+        if part is None or GZIP_KEY not in (part.get("binaryData") or {}):
+            raise ResultsMissing(f"part {index} ({name}) is missing")
+        self._feed(part["binaryData"][GZIP_KEY], name)
+
+    def _feed(self, encoded: Any, where: str) -> None:
+        if not isinstance(encoded, str) or len(encoded) > INLINE_LIMIT:
+            size = len(encoded) if isinstance(encoded, str) else type(encoded).__name__
+            raise ResultsUnreadable(f"{where}: {GZIP_KEY} is {size} bytes; a part holds at most {INLINE_LIMIT}")
+        try:
+            packed = base64.b64decode(encoded, validate=True)
+        except ValueError:
+            raise ResultsUnreadable(f"{where}: {GZIP_KEY} is not base64") from None
+        self._digest.update(packed)
+        try:
+            while packed:
+                # max_length caps what one call may inflate; 0 would mean no cap, and it is never 0 here
+                room = MAX_DOCUMENT_BYTES + 1 - len(self._inflated)
+                self._inflated += self._inflater.decompress(packed, room)
+                if len(self._inflated) > MAX_DOCUMENT_BYTES:
+                    raise ResultsUnreadable(
+                        f"{self.name}: the results inflate to more than {MAX_DOCUMENT_BYTES >> 20} MiB of JSON "
+                        f"(read up to {where}); the operator reads at most that"
+                    )
+                packed = self._inflater.unconsumed_tail
+        except zlib.error as exc:
+            raise ResultsUnreadable(f"{where}: not gzip data ({exc})") from None
+
+    def document(self) -> dict[str, Any]:
+        """The whole document, once every part in `part_names` has been added."""
+        if self._plain is not None:
+            text = self._plain.encode()
+        else:
+            if self._expected_digest and self._digest.hexdigest() != self._expected_digest:
+                raise ResultsUnreadable(f"the parts of {self.name} do not match its sha256")
+            if not self._inflater.eof or self._inflater.unused_data:
+                raise ResultsUnreadable(f"{self.name}: the gzip stream is truncated or followed by other bytes")
+            text = bytes(self._inflated)
+        values = text.count(b"{") + text.count(b"[") + text.count(b",")  # commas in strings count too: a bound
+        if values > MAX_VALUES:
+            raise ResultsUnreadable(f"{self.name}: the results hold up to {values} JSON values; at most {MAX_VALUES}")
+        try:
+            document = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ResultsUnreadable(f"{self.name}: not JSON ({str(exc)[:200]})") from None
+        check_document(self.name, document)
+        return cast(dict[str, Any], document)
+
+
 def decode_results(head: dict[str, Any] | None, read_part: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
     """The document stored by :func:`encode_results`; `head` is the results ConfigMap, `read_part`
-    fetches a part ConfigMap by name. Raises ResultsUnreadable naming what is missing or corrupt."""
-    if head is None:
-        raise ResultsUnreadable("the results ConfigMap does not exist")
-    name = head["metadata"]["name"]
-    data, binary = head.get("data") or {}, head.get("binaryData") or {}
-    try:
-        if data.get(RESULTS_KEY):
-            document = json.loads(data[RESULTS_KEY])
-        elif GZIP_KEY in binary:
-            chunks = [base64.b64decode(binary[GZIP_KEY])]
-            for index in range(1, int(data.get("parts", "1"))):
-                part = read_part(part_name(name, index))
-                if part is None or GZIP_KEY not in (part.get("binaryData") or {}):
-                    raise ResultsUnreadable(f"part {index} ({part_name(name, index)}) is missing")
-                chunks.append(base64.b64decode(part["binaryData"][GZIP_KEY]))
-            packed = b"".join(chunks)
-            if data.get("sha256") and hashlib.sha256(packed).hexdigest() != data["sha256"]:
-                raise ResultsUnreadable(f"the parts of {name} do not match its sha256")
-            document = json.loads(gzip.decompress(packed))
-        else:
-            raise ResultsUnreadable(f"{name} holds no results yet")
-    except (ValueError, OSError, EOFError) as exc:
-        if isinstance(exc, ResultsUnreadable):
-            raise
-        raise ResultsUnreadable(f"{name}: {exc}") from None
+    fetches a part ConfigMap by name. Raises ResultsUnreadable naming what is missing, corrupt or
+    too large (see :class:`Reader`)."""
+    reader = Reader(head)
+    for index, name in enumerate(reader.part_names, start=1):
+        reader.add_part(index, read_part(name))
+    return reader.document()
+
+
+def _numbers(value: Any, where: str, required: tuple[str, ...] = (), optional: tuple[str, ...] | None = None) -> None:
+    """`value` is an object whose `required` keys are numbers and whose `optional` ones (None: all
+    others) are numbers or null."""
+    if not isinstance(value, dict):
+        raise ResultsUnreadable(f"{where} is not an object")
+    for key in (*required, *(value if optional is None else optional)):
+        item = value.get(key)
+        if item is None and key not in required:
+            continue
+        if not isinstance(item, int | float) or isinstance(item, bool) or not math.isfinite(item):
+            raise ResultsUnreadable(f"{where}.{str(key)[:40]} is not a number")
+
+
+def check_document(name: str, document: Any) -> None:
+    """What the operator copies from the document into the experiment's status has the shape and size
+    it expects: numbers where it reads numbers, at most MAX_LEVELS levels, a small ceiling."""
     if not isinstance(document, dict) or not isinstance(document.get("results"), list):
         raise ResultsUnreadable(f"{name}: not a results document")
-    return document
+    levels = document["results"]
+    if len(levels) > MAX_LEVELS:
+        raise ResultsUnreadable(f"{name}: {len(levels)} levels; a load runs at most {MAX_LEVELS}")
+    _numbers(document, name, optional=("serverAnsweredAt",))
+    if document.get("peakRate") is not None:
+        _numbers(document["peakRate"], f"{name}: peakRate", optional=("rateRps",))
+    ceiling = document.get("ceiling")
+    if ceiling is not None and (not isinstance(ceiling, dict) or len(json.dumps(ceiling)) > MAX_CEILING_BYTES):
+        raise ResultsUnreadable(f"{name}: ceiling is not an object of at most {MAX_CEILING_BYTES} bytes")
+    for index, level in enumerate(levels):
+        where = f"{name}: results[{index}]"
+        required = ("throughputRps", "requests", "errors", "windowStart", "windowEnd")
+        _numbers(level, where, required, optional=("concurrency", "rateRps"))
+        _numbers(level.get("latencyMs") or {}, f"{where}.latencyMs")
+        _numbers(level.get("server") or {}, f"{where}.server")
+        if "openLoop" in level:
+            _numbers(level["openLoop"], f"{where}.openLoop", ("sentRps", "lateSends", "droppedSends"), optional=())
+        if "stability" in level and not isinstance(level["stability"], dict):
+            raise ResultsUnreadable(f"{where}.stability is not an object")
+        generator = level.get("generator")
+        if generator is not None and not (isinstance(generator, dict) and isinstance(generator.get("saturated"), bool)):
+            raise ResultsUnreadable(f"{where}.generator.saturated is not true or false")
 
 
 def _credentials_dir() -> Path:

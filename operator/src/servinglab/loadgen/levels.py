@@ -99,8 +99,9 @@ def _run_shape(
     the whole schedule, never extended (its load varies by design), with each phase's figures."""
     assert load.shape is not None
     schedule = shapes.build(
-        load.shape, load.warmup_seconds, load.arrival, load.payload.seed, target.files_dir, len(target.payloads)
-    )
+        load.shape, load.warmup_seconds, load.arrival, load.payload.seed, target.files_dir, len(target.payloads),
+        load.stability.window_seconds,
+    )  # fmt: skip
     plan = dataclasses.replace(plan, stability=plan.stability.model_copy(update={"max_duration_seconds": None}))
     if local == 1 and not remote and isinstance(plan, closed_loop.LoadPlan):
         (stats,) = closed_loop.run_schedule(plan, schedule, hooks)

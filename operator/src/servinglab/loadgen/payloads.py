@@ -1,5 +1,7 @@
 """Request bodies: generated (seeded images encoded as JPEG/PNG, or raw uint8 tensors in .npy format)
-or the user's own (files, or a JSON-lines file of records), each with its content type.
+or the user's own (files, or a JSON-lines file of records), each with its content type. The user's
+files are read only from the payload folder (:mod:`servinglab.loadgen.folder`), and only so many and
+so large: a spec cannot make the load read a file elsewhere or hold unbounded bodies.
 
 Used by the load generator (local and in the Kubernetes Job) and by tests; no torch needed.
 """
@@ -17,6 +19,7 @@ import numpy.typing as npt
 from PIL import Image
 
 from servinglab.api import PayloadFormat, PayloadSpec
+from servinglab.loadgen import folder
 
 CONTENT_TYPES = {
     PayloadFormat.JPEG: "image/jpeg",
@@ -59,6 +62,9 @@ FILE_CONTENT_TYPES = {
 }  # fmt: skip
 #: Largest single body read into memory (a request, not a dataset).
 MAX_BODY_BYTES = 64 << 20
+#: Most bodies, and most bytes of them in all (records file included): every generator holds them all.
+MAX_BODIES = 100_000
+MAX_TOTAL_BYTES = 256 << 20
 
 
 class PayloadError(ValueError):
@@ -73,29 +79,26 @@ class Payload:
     content_type: str
 
 
-def _read(path: Path, what: str) -> bytes:
+def _read(root: Path, name: str, what: str, limit: int = MAX_BODY_BYTES, start: Path | None = None) -> bytes:
+    """The file `name` of the payload folder `root` (see :mod:`servinglab.loadgen.folder`)."""
     try:
-        size = path.stat().st_size
-        if size > MAX_BODY_BYTES:
-            raise PayloadError(f"{what}: {path} is {size} bytes; one body may be at most {MAX_BODY_BYTES}")
-        return path.read_bytes()
-    except OSError as exc:
-        raise PayloadError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+        return folder.read_bounded(folder.confined(root, name, what, start), limit, what, repr(name))
+    except folder.FolderError as exc:
+        raise PayloadError(str(exc)) from None
 
 
-def _record(line: str, number: int, source: Path, root: Path) -> Payload:
-    where = f"load.payload.records: {source}, line {number}"
+def _record(line: str, where: str, root: Path, records_dir: Path) -> Payload:
     try:
         record = json.loads(line)
-    except ValueError as exc:
-        raise PayloadError(f"{where}: not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise PayloadError(f"{where}: not JSON ({str(exc)[:100]})") from None
     if not isinstance(record, dict) or ("body" in record) == ("bodyFile" in record):
         raise PayloadError(f'{where}: a record is {{"body": ..., "contentType": ...}} or {{"bodyFile": ...}}')
     content_type = record.get("contentType")
     if "bodyFile" in record:
-        path = root / str(record["bodyFile"])
-        body = _read(path, where)
-        content_type = content_type or FILE_CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")
+        name = str(record["bodyFile"])
+        body = _read(root, name, f"{where}: bodyFile", start=records_dir)  # relative to the records file
+        content_type = content_type or FILE_CONTENT_TYPES.get(Path(name).suffix.lower(), "application/octet-stream")
     elif isinstance(record["body"], str):
         body, content_type = record["body"].encode(), content_type or "text/plain"
     else:  # any other JSON value is sent as JSON
@@ -104,22 +107,46 @@ def _record(line: str, number: int, source: Path, root: Path) -> Payload:
 
 
 def own_payloads(spec: PayloadSpec, root: Path) -> list[Payload]:
-    """The user's bodies (`files` or `records`, paths relative to `root`), in an order shuffled by `seed`."""
+    """The user's bodies (`files` or `records`, paths relative to the payload folder `root` and confined
+    to it), in an order shuffled by `seed`; at most MAX_BODIES of them, MAX_TOTAL_BYTES in all."""
+    bodies: list[Payload] = []
+    total = 0
+
+    def add(payload: Payload, where: str) -> None:
+        nonlocal total
+        total += len(payload.body)
+        if total > MAX_TOTAL_BYTES:
+            raise PayloadError(f"{where}: the bodies so far are over {MAX_TOTAL_BYTES >> 20} MiB; at most that in all")
+        bodies.append(payload)
+
     if spec.records is not None:
-        source = root / spec.records
-        text = _read(source, "load.payload.records").decode("utf-8", errors="replace")
-        bodies = [_record(line, n, source, source.parent)
-                  for n, line in enumerate(text.splitlines(), start=1) if line.strip()]  # fmt: skip
+        what = f"load.payload.records: {spec.records}"
+        source = _confined(root, spec.records, "load.payload.records")
+        text = _read(root, spec.records, "load.payload.records", MAX_TOTAL_BYTES).decode("utf-8", errors="replace")
+        total = len(text)
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            if len(bodies) == MAX_BODIES:
+                raise PayloadError(f"{what}, line {number}: more than {MAX_BODIES} records; at most that many")
+            where = f"{what}, line {number}"
+            add(_record(line, where, root, source.parent), where)
         if not bodies:
-            raise PayloadError(f"load.payload.records: {source} holds no records")
+            raise PayloadError(f"{what} holds no records")
     else:
-        bodies = [
-            Payload(_read(root / name, "load.payload.files"),
-                    FILE_CONTENT_TYPES.get(Path(name).suffix.lower(), "application/octet-stream"))
-            for name in spec.files
-        ]  # fmt: skip
+        for name in spec.files:  # at most 10,000 (the spec)
+            body = _read(root, name, "load.payload.files")
+            add(Payload(body, FILE_CONTENT_TYPES.get(Path(name).suffix.lower(), "application/octet-stream")),
+                f"load.payload.files: {name!r}")  # fmt: skip
     random.Random(spec.seed).shuffle(bodies)
     return bodies
+
+
+def _confined(root: Path, name: str, what: str) -> Path:
+    try:
+        return folder.confined(root, name, what)
+    except folder.FolderError as exc:
+        raise PayloadError(str(exc)) from None
 
 
 def request_payloads(spec: PayloadSpec, image_size: int, root: Path) -> list[Payload]:

@@ -8,7 +8,10 @@ levels are schedules too (one phase). Several generators split a schedule by tak
 
 Trace files are text, one request per line: `<seconds>[,<payload index>]` (comma or whitespace);
 blank lines and `#` comments are skipped; times must not go backwards; the first time is the start.
-A bad line is refused with its line number.
+A bad line is refused with its line number. A trace is read from the payload folder only
+(:mod:`servinglab.loadgen.folder`) and is bounded: at most MAX_TRACE_BYTES, MAX_TRACE_LINES lines,
+MAX_TRACE_SENDS sends and MAX_TRACE_SECONDS long as replayed, and no more stability windows than a
+level may have (servinglab.api.load.MAX_WINDOWS_PER_LEVEL).
 """
 
 from __future__ import annotations
@@ -20,9 +23,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servinglab.api import ShapeSpec
+from servinglab.api import ShapeSpec, TraceShape
+from servinglab.api.load import MAX_WINDOWS_PER_LEVEL
+from servinglab.loadgen import folder
 from servinglab.loadgen.arrivals import arrival_offsets
 from servinglab.loadgen.stats import Sample, summarise
+
+#: The most a trace may be: bytes of text, lines (comments included), sends, and seconds as replayed
+#: (as long as a burst run may be).
+MAX_TRACE_BYTES = 64 << 20
+MAX_TRACE_LINES = 2_000_000
+MAX_TRACE_SENDS = 1_000_000
+MAX_TRACE_SECONDS = 7200.0
 
 
 class TraceError(ValueError):
@@ -84,8 +96,9 @@ def steady(rate_rps: float, warmup_seconds: float, measured_seconds: float, arri
 
 
 def build(shape: ShapeSpec, warmup_seconds: float, arrival: str, seed: int, trace_dir: Path | None = None,
-          payload_count: int | None = None) -> Schedule:  # fmt: skip
-    """The schedule of a shaped run (a trace is read from `trace_dir`)."""
+          payload_count: int | None = None, window_seconds: float | None = None) -> Schedule:  # fmt: skip
+    """The schedule of a shaped run (a trace is read from the payload folder `trace_dir`, default the
+    working directory; see :func:`load_trace`)."""
     if shape.step is not None and shape.step.users is not None:  # closed loop: no send times, users per step
         step, users_per_step = shape.step, shape.step.users
         phases = [
@@ -112,8 +125,7 @@ def build(shape: ShapeSpec, warmup_seconds: float, arrival: str, seed: int, trac
             start, number = start + burst.period_seconds, number + 1
         return _from_phases(phases, warmup_seconds, arrival, seed, "burst")
     assert shape.trace is not None
-    path = Path(shape.trace.file) if trace_dir is None else trace_dir / shape.trace.file
-    times, indices = read_trace(path, payload_count)
+    times, indices = load_trace(shape.trace, trace_dir or Path.cwd(), payload_count, window_seconds)
     offsets = [time / shape.trace.speed for time in times]
     measured = (offsets[-1] if offsets else 0.0) + 1e-6  # the last send is inside the measured period
     rate = len(offsets) / measured if measured > 0 else 0.0
@@ -137,45 +149,88 @@ def _from_phases(phases: list[Phase], warmup_seconds: float, arrival: str, seed:
 _SPLIT = re.compile(r"[,\s]+")
 
 
-def read_trace(path: Path, payload_count: int | None = None) -> tuple[list[float], list[int] | None]:
-    """Send times from the trace's first (seconds) and the payload index of each, if the trace gives
-    them (all lines or none)."""
+def load_trace(
+    trace: TraceShape, payload_dir: Path, payload_count: int | None = None, window_seconds: float | None = None
+) -> tuple[list[float], list[int] | None]:
+    """The spec's trace, read from the payload folder: send times from its first (not yet sped up) and
+    its payload indices. TraceError if it is outside the folder, too long as replayed at its speed, or
+    would cut its level into more than MAX_WINDOWS_PER_LEVEL windows of `window_seconds`."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise TraceError(f"trace {path}: {exc.strerror or exc}") from None
+        path = folder.confined(payload_dir, trace.file, "load.shape.trace.file")
+    except folder.FolderError as exc:
+        raise TraceError(str(exc)) from None
+    times, indices = read_trace(path, payload_count, shown=trace.file)
+    seconds = times[-1] / trace.speed
+    if seconds > MAX_TRACE_SECONDS:
+        raise TraceError(
+            f"trace {trace.file}: lasts {seconds:g} s replayed at speed {trace.speed:g}; "
+            f"at most {MAX_TRACE_SECONDS:g} s"
+        )
+    if window_seconds is not None and seconds / window_seconds > MAX_WINDOWS_PER_LEVEL:
+        raise TraceError(
+            f"trace {trace.file}: {seconds:g} s replayed are {seconds / window_seconds:.0f} stability windows of "
+            f"{window_seconds:g} s; at most {MAX_WINDOWS_PER_LEVEL} (load.stability.windowSeconds >= "
+            f"{seconds / MAX_WINDOWS_PER_LEVEL:.3g})"
+        )
+    return times, indices
+
+
+def read_trace(
+    path: Path, payload_count: int | None = None, shown: str | None = None
+) -> tuple[list[float], list[int] | None]:
+    """Send times from the trace's first (seconds) and the payload index of each, if the trace gives
+    them (all lines or none). `path` is read as it is: :func:`load_trace` confines it first."""
+    name = shown or path.name
+    try:
+        text = folder.read_bounded(path, MAX_TRACE_BYTES, "load.shape.trace.file", f"trace {name}")
+    except folder.FolderError as exc:
+        raise TraceError(str(exc)) from None
     times: list[float] = []
     indices: list[int] = []
     for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
+        where = f"trace {name} line {number}"
+        if number > MAX_TRACE_LINES:
+            raise TraceError(f"{where}: more than {MAX_TRACE_LINES} lines; at most that many")
+        line = raw.decode("utf-8", errors="replace").split("#", 1)[0].strip()
         if not line:
             continue
-        fields = _SPLIT.split(line)
-        where = f"trace {path.name} line {number}"
-        if len(fields) > 2:
-            raise TraceError(f"{where}: {raw.strip()!r} has {len(fields)} fields; expected <seconds>[,<payload index>]")
-        try:
-            moment = float(fields[0])
-        except ValueError:
-            raise TraceError(f"{where}: {fields[0]!r} is not a time in seconds") from None
-        if not math.isfinite(moment):
-            raise TraceError(f"{where}: {fields[0]!r} is not a finite time")
+        if len(times) == MAX_TRACE_SENDS:
+            raise TraceError(f"{where}: more than {MAX_TRACE_SENDS} sends; at most that many")
+        moment, index = _trace_line(line, where, payload_count)
         if times and moment < times[-1]:
             raise TraceError(f"{where}: {moment:g} s is before the previous line's {times[-1]:g} s")
         times.append(moment)
-        if (len(fields) == 2) != bool(indices) and len(times) > 1:
+        if (index is not None) != bool(indices) and len(times) > 1:
             raise TraceError(f"{where}: payload indices must be given on every line or on none")
-        if len(fields) == 2:
-            if not fields[1].isdigit():
-                raise TraceError(f"{where}: payload index {fields[1]!r} is not a whole number >= 0")
-            index = int(fields[1])
-            if payload_count is not None and index >= payload_count:
-                raise TraceError(f"{where}: payload index {index} is past the {payload_count} payloads")
+        if index is not None:
             indices.append(index)
     if not times:
-        raise TraceError(f"trace {path.name}: no requests in it")
+        raise TraceError(f"trace {name}: no requests in it")
     start = times[0]
     return [moment - start for moment in times], (indices or None)
+
+
+def _trace_line(line: str, where: str, payload_count: int | None) -> tuple[float, int | None]:
+    """One line's send time and payload index (None: not given)."""
+    fields = _SPLIT.split(line)
+    if len(fields) > 2:
+        raise TraceError(f"{where}: {line[:80]!r} has {len(fields)} fields; expected <seconds>[,<payload index>]")
+    try:
+        moment = float(fields[0])
+    except ValueError:
+        raise TraceError(f"{where}: {fields[0][:40]!r} is not a time in seconds") from None
+    if not math.isfinite(moment):
+        raise TraceError(f"{where}: {fields[0][:40]!r} is not a finite time")
+    if len(fields) == 1:
+        return moment, None
+    if not (fields[1].isascii() and fields[1].isdigit()):
+        raise TraceError(f"{where}: payload index {fields[1][:40]!r} is not a whole number >= 0")
+    if len(fields[1]) > 12:
+        raise TraceError(f"{where}: payload index {fields[1][:40]}... is past every payload")
+    index = int(fields[1])
+    if payload_count is not None and index >= payload_count:
+        raise TraceError(f"{where}: payload index {index} is past the {payload_count} payloads")
+    return moment, index
 
 
 def phase_figures(samples: Sequence[Sample], measured_start: float, schedule: Schedule) -> list[dict[str, object]]:

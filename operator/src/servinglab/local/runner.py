@@ -154,7 +154,7 @@ def run_in(slot: ServerSlot, experiment: ServingExperiment, raw_cache: RawCache 
     started_at = now()
     if spec.load.shape is not None and spec.load.shape.trace is not None:
         try:  # a bad trace is refused before any server starts
-            shapes.read_trace(Path.cwd() / spec.load.shape.trace.file)
+            shapes.load_trace(spec.load.shape.trace, Path.cwd(), window_seconds=spec.load.stability.window_seconds)
         except shapes.TraceError as exc:
             raise RunError(str(exc)) from None
     try:

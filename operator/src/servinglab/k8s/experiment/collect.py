@@ -5,6 +5,8 @@ so a finished result lands whole or not at all. Used by the experiment reconcile
 
 from __future__ import annotations
 
+import asyncio
+
 from servinglab.api import ExperimentSpec
 from servinglab.api import conditions as cond
 from servinglab.api.results import GpuFigures, LevelResult, LoadJobResults
@@ -12,7 +14,7 @@ from servinglab.k8s import builders
 from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.experiment.status import Experiment, summary_of
 from servinglab.k8s.promql import GpuMetrics, PrometheusError
-from servinglab.k8s.sink import ResultsUnreadable, decode_results, part_name
+from servinglab.k8s.sink import Reader, ResultsMissing, ResultsUnreadable
 
 
 async def job_message(experiment: Experiment) -> str | None:
@@ -30,40 +32,50 @@ async def job_message(experiment: Experiment) -> str | None:
     return None
 
 
+# One results document is read at a time: each is bounded (see sink.Reader), and so is their sum.
+_RESULTS_READ = asyncio.Lock()
+
+
 async def read_results(experiment: Experiment) -> LoadJobResults:
-    """The load Job's results document, whole and this experiment's own; ResultsUnreadable if not."""
+    """The load Job's results document, whole and this experiment's own, without what the status never
+    shows (windows, latency CDF, phases: those stay in the ConfigMap); ResultsMissing if it is not there,
+    ResultsUnreadable if it is malformed or larger than the operator reads."""
     results_ref = experiment.child("v1", "ConfigMap", experiment.names.results)
-    head = await experiment.owned(results_ref)
-    parts = {}
-    if head is not None:
-        for index in range(1, int((head.get("data") or {}).get("parts", "1"))):
-            name = part_name(experiment.names.results, index)
-            parts[name] = await experiment.owned(experiment.child("v1", "ConfigMap", name))
-    document = decode_results(head, parts.get)
+    async with _RESULTS_READ:
+        reader = Reader(await experiment.owned(results_ref))
+        for index, name in enumerate(reader.part_names, start=1):  # never more than MAX_PARTS
+            reader.add_part(index, await experiment.owned(experiment.child("v1", "ConfigMap", name)))
+        document = reader.document()
+    if document.get("experimentUid", experiment.uid) != experiment.uid:
+        raise ResultsMissing(f"{results_ref} holds the results of another experiment of this name")
     try:
         results = LoadJobResults.model_validate(document)
     except ValueError as exc:
         raise ResultsUnreadable(f"{results_ref} is not a results document: {str(exc).splitlines()[0]}") from None
-    if (results.experiment_uid or experiment.uid) != experiment.uid:
-        raise ResultsUnreadable(f"{results_ref} holds the results of another experiment of this name")
-    return results
+    return results.model_copy(update={"results": [level.compact() for level in results.results]})
 
 
 async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
+    """Results to status, once. Unreadable results end the experiment as Failed, so that no later pass
+    and no restarted operator reads them again."""
     try:
         document = await read_results(experiment)
-    except ResultsUnreadable as exc:
+    except ResultsMissing as exc:
         await experiment.fail(
             "ResultsMissing",
             f"the load Job finished without readable results ({exc}); Job {experiment.names.load} and its log "
             "are kept",
         )
         return
+    except ResultsUnreadable as exc:
+        await experiment.fail(
+            "ResultsUnreadable",
+            f"the load Job's results were not read: {exc}; Job {experiment.names.load} and its log are kept",
+        )
+        return
     gpu, gpu_condition = await gpu_figures(experiment, spec, document.results)
     slo = spec.slo.p99_latency_ms
-    levels = [
-        level.compact().model_copy(update={"gpu": gpu.get(index)}) for index, level in enumerate(document.results)
-    ]
+    levels = [level.model_copy(update={"gpu": gpu.get(index)}) for index, level in enumerate(document.results)]
     generation = experiment.generation
     conditions = cond.set_condition(experiment.conditions, cond.GPU_METRICS, *gpu_condition, generation)
     conditions = cond.set_condition(conditions, cond.LOAD_TEST_COMPLETE, True, "Complete",
@@ -110,7 +122,7 @@ async def gpu_figures(
                 )  # fmt: skip
             )
     except PrometheusError as exc:
-        return {}, (False, "PrometheusUnreachable", str(exc))
+        return {}, (False, exc.reason, str(exc))
     if not any(value is not None for level in figures.values() for value in dict(level).values()):
-        return figures, (False, "NoData", f"Prometheus at {url} has no DCGM metrics for pod {pod}")
-    return figures, (True, "Measured", f"DCGM metrics of pod {pod} from {url}")
+        return figures, (False, "NoData", f"Prometheus at {reader.shown} has no DCGM metrics for pod {pod}")
+    return figures, (True, "Measured", f"DCGM metrics of pod {pod} from {reader.shown}")
