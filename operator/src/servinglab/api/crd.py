@@ -59,6 +59,8 @@ def _structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str
             result[key] = _structural(value, definitions)
         elif key == "default" and value is None:
             continue
+        elif key == "const":  # a one-member Literal; the API server's schemas know enum, not const
+            result["enum"] = [value]
         else:
             result[key] = value
     return result
