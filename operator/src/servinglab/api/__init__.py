@@ -10,13 +10,8 @@ from servinglab.api.experiment import (
     CleanupSpec,
     ExperimentSpec,
     MetricsSpec,
-    Precision,
-    Resources,
-    ServerKind,
-    ServerSpec,
     ServingExperiment,
     SloSpec,
-    Toleration,
     load_experiment,
     parse_experiment,
 )
@@ -51,6 +46,7 @@ from servinglab.api.meta import (
     read_document,
 )
 from servinglab.api.modelref import BUILTIN_MODELS, ModelFormat, ModelInput, ModelRef, ModelSource, SecretKeyRef
+from servinglab.api.servers import Precision, Resources, ServerKind, ServerSpec, Toleration
 from servinglab.api.sweep import (
     MAX_SPACE,
     ServingSweep,

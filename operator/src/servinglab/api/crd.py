@@ -24,10 +24,27 @@ from servinglab.api.sweep import SweepSpec
 SHORT_NAMES = ["sx"]
 SWEEP_SHORT_NAMES = ["ssw"]
 
+#: An OpenAPI schema, or a manifest built from them: JSON for the API server.
+Schema = dict[str, Any]
+
 _DROPPED_KEYS = {"title", "$defs"}
 
 
-def _structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+def _kept_keywords(schema: Schema) -> list[tuple[str, Any]]:
+    """The keywords a structural schema keeps, a one-member Literal's `const` as a one-value `enum`
+    (the API server's schemas have no const); titles, definitions, `additionalProperties: false` and
+    null defaults go."""
+    kept = []
+    for key, value in schema.items():
+        if key in _DROPPED_KEYS or (key == "additionalProperties" and value is False):
+            continue
+        if key == "default" and value is None:
+            continue
+        kept.append(("enum", [value]) if key == "const" else (key, value))
+    return kept
+
+
+def _structural(schema: Schema, definitions: Schema) -> Schema:
     if "$ref" in schema:
         target = definitions[schema["$ref"].rsplit("/", 1)[-1]]
         merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
@@ -44,12 +61,8 @@ def _structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str
         rest = {k: v for k, v in schema.items() if k != "anyOf"}
         merged = {**_structural(non_null[0], definitions), **rest, "nullable": True}
         return _structural(merged, definitions)
-    result: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _DROPPED_KEYS:
-            continue
-        if key == "additionalProperties" and value is False:
-            continue
+    result: Schema = {}
+    for key, value in _kept_keywords(schema):
         if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
             result["minimum" if key == "exclusiveMinimum" else "maximum"] = value
             result[key] = True
@@ -57,10 +70,6 @@ def _structural(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str
             result[key] = {name: _structural(sub, definitions) for name, sub in value.items()}
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             result[key] = _structural(value, definitions)
-        elif key == "default" and value is None:
-            continue
-        elif key == "const":  # a one-member Literal; the API server's schemas know enum, not const
-            result["enum"] = [value]
         else:
             result[key] = value
     return result
@@ -79,14 +88,14 @@ def _without_defaults(schema: Any) -> Any:
     return schema
 
 
-def status_schema(model: type[BaseModel]) -> dict[str, Any]:
+def status_schema(model: type[BaseModel]) -> Schema:
     """The structural OpenAPI schema of `status`, generated from the typed status model: the API server
     stores exactly the fields servinglab writes (an unknown one would be pruned, a wrong type refused)."""
     raw = model.model_json_schema(by_alias=True, mode="serialization")
     return dict(_without_defaults(_structural(raw, raw.get("$defs", {}))))
 
 
-def spec_schema(model: type[BaseModel] = ExperimentSpec) -> dict[str, Any]:
+def spec_schema(model: type[BaseModel] = ExperimentSpec) -> Schema:
     """The structural OpenAPI schema of `spec`; the API server refuses edits of an applied spec,
     so results always describe the spec that is stored with them."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
@@ -95,8 +104,8 @@ def spec_schema(model: type[BaseModel] = ExperimentSpec) -> dict[str, Any]:
     return schema
 
 
-def _column(name: str, json_path: str, kind: str = "string", priority: int = 0) -> dict[str, Any]:
-    column: dict[str, Any] = {"name": name, "type": kind, "jsonPath": json_path}
+def _column(name: str, json_path: str, kind: str = "string", priority: int = 0) -> Schema:
+    column: Schema = {"name": name, "type": kind, "jsonPath": json_path}
     if priority:
         column["priority"] = priority
     return column
@@ -106,11 +115,11 @@ def _manifest(
     kind: str,
     plural: str,
     short_names: list[str],
-    spec: dict[str, Any],
-    status: dict[str, Any],
-    columns: list[dict[str, Any]],
+    spec: Schema,
+    status: Schema,
+    columns: list[Schema],
     about: str,
-) -> dict[str, Any]:
+) -> Schema:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -152,7 +161,7 @@ def _manifest(
     }
 
 
-def crd_manifest() -> dict[str, Any]:
+def crd_manifest() -> Schema:
     """The ServingExperiment CustomResourceDefinition."""
     columns = [
         _column("Model", ".spec.model.name"),
@@ -171,7 +180,7 @@ def crd_manifest() -> dict[str, Any]:
     )  # fmt: skip
 
 
-def sweep_crd_manifest() -> dict[str, Any]:
+def sweep_crd_manifest() -> Schema:
     """The ServingSweep CustomResourceDefinition."""
     columns = [
         _column("Model", ".spec.template.model.name"),

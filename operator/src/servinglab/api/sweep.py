@@ -20,8 +20,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from servinglab.api.experiment import ExperimentSpec, Precision, ServerSpec
+from servinglab.api.experiment import ExperimentSpec
 from servinglab.api.meta import ObjectMeta, SpecModel, describe_error, parse_document, read_document
+from servinglab.api.servers import Precision, ServerSpec
 
 #: A space larger than this is refused: at a minute or more per trial it would run for days.
 MAX_SPACE = 512

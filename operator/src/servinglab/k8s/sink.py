@@ -38,6 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from servinglab.api.results import JsonObject
+
 SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RESULTS_KEY = "results.json"
 GZIP_KEY = "results.json.gz"
@@ -78,7 +80,7 @@ def part_name(configmap: str, index: int) -> str:
     return f"{configmap}-part-{index}"
 
 
-def encode_results(configmap: str, document: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def encode_results(configmap: str, document: JsonObject) -> list[tuple[str, JsonObject]]:
     """(ConfigMap name, its data/binaryData) for each ConfigMap the document needs (pure).
 
     The results ConfigMap comes last, so that it names its parts only once they are all written."""
@@ -115,7 +117,7 @@ class Reader:
     as a results document. Whatever a writer put there, reading it costs the reader a bounded amount
     of memory; anything beyond raises ResultsUnreadable naming what was too large."""
 
-    def __init__(self, head: dict[str, Any] | None) -> None:
+    def __init__(self, head: JsonObject | None) -> None:
         if head is None:
             raise ResultsMissing("the results ConfigMap does not exist")
         self.name = str(head["metadata"]["name"])
@@ -139,7 +141,7 @@ class Reader:
         self.part_names = [part_name(self.name, index) for index in range(1, int(claimed))]
         self._feed(binary[GZIP_KEY], self.name)
 
-    def add_part(self, index: int, part: dict[str, Any] | None) -> None:
+    def add_part(self, index: int, part: JsonObject | None) -> None:
         """Part `index` (1-based, in order) as read, None if it does not exist."""
         name = part_name(self.name, index)
         if part is None or GZIP_KEY not in (part.get("binaryData") or {}):
@@ -169,7 +171,7 @@ class Reader:
         except zlib.error as exc:
             raise ResultsUnreadable(f"{where}: not gzip data ({exc})") from None
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> JsonObject:
         """The whole document, once every part in `part_names` has been added."""
         if self._plain is not None:
             text = self._plain.encode()
@@ -187,10 +189,10 @@ class Reader:
         except (ValueError, RecursionError) as exc:
             raise ResultsUnreadable(f"{self.name}: not JSON ({str(exc)[:200]})") from None
         check_document(self.name, document)
-        return cast(dict[str, Any], document)
+        return cast(JsonObject, document)
 
 
-def decode_results(head: dict[str, Any] | None, read_part: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
+def decode_results(head: JsonObject | None, read_part: Callable[[str], JsonObject | None]) -> JsonObject:
     """The document stored by :func:`encode_results`; `head` is the results ConfigMap, `read_part`
     fetches a part ConfigMap by name. Raises ResultsUnreadable naming what is missing, corrupt or
     too large (see :class:`Reader`)."""
@@ -265,7 +267,7 @@ class _Api:
         self.base = f"https://{host}:{port}/api/v1/namespaces/{self.namespace}/configmaps"
         self.context = ssl.create_default_context(cafile=str(credentials / "ca.crt"))
 
-    def call(self, method: str, url: str, body: dict[str, Any], content_type: str) -> tuple[int, str]:
+    def call(self, method: str, url: str, body: JsonObject, content_type: str) -> tuple[int, str]:
         """The HTTP status (2xx on success) and, on an error, the start of the API's answer; raises
         OSError when the server was not reached."""
         request = urllib.request.Request(
@@ -284,12 +286,12 @@ class _Api:
         except urllib.error.HTTPError as exc:
             return int(exc.code), exc.read().decode(errors="replace")[:300]
 
-    def put_configmap(self, name: str, content: dict[str, Any], create_missing: bool) -> tuple[int, str]:
+    def put_configmap(self, name: str, content: JsonObject, create_missing: bool) -> tuple[int, str]:
         """Merge `content` into ConfigMap `name`; with `create_missing`, create it (owned by the
         experiment) when it does not exist yet."""
         status, detail = self.call("PATCH", f"{self.base}/{name}", content, "application/merge-patch+json")
         if status == 404 and create_missing:
-            metadata: dict[str, Any] = {"name": name}
+            metadata: JsonObject = {"name": name}
             if owner := os.environ.get(OWNER_ENV):
                 metadata["ownerReferences"] = [json.loads(owner)]
             status, detail = self.call("POST", self.base, {"metadata": metadata, **content}, "application/json")
@@ -298,7 +300,7 @@ class _Api:
 
 def write_results(
     configmap: str,
-    document: dict[str, Any],
+    document: JsonObject,
     namespace: str | None = None,
     deadline_seconds: float | None = None,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),

@@ -49,6 +49,9 @@ _MAX_ERROR_KIND = 200
 _LITTLE = sys.byteorder == "little"
 _Model = TypeVar("_Model", bound=pydantic.BaseModel)
 
+#: One decoded JSON frame: an object with a `kind`, read field by field through _Fields.
+Message = dict[str, Any]
+
 
 class MessageError(WireError):
     """A message that is not what the protocol says at this point; names what is wrong."""
@@ -57,7 +60,7 @@ class MessageError(WireError):
 # -- checked fields -----------------------------------------------------------------------------
 
 
-def expect(message: dict[str, Any], kind: str) -> dict[str, Any]:
+def expect(message: Message, kind: str) -> Message:
     if message.get("kind") != kind:
         raise MessageError(f"expected a {kind!r} message, got {str(message.get('kind'))[:40]!r}")
     return message
@@ -69,7 +72,7 @@ class _Fields:
     def __init__(self, value: Any, where: str) -> None:
         if not isinstance(value, dict):
             raise MessageError(f"{where} is not an object")
-        self.value: dict[str, Any] = value
+        self.value: Message = value
         self.where = where
 
     def get(self, name: str, types: type | tuple[type, ...], optional: bool = False) -> Any:
@@ -152,9 +155,9 @@ def _floats(values: Sequence[float], code: str = "d") -> str:
 # -- plans ---------------------------------------------------------------------------------------
 
 
-def plan_messages(loop: str, plan: LoadPlan | OpenLoopPlan) -> list[dict[str, Any]]:
+def plan_messages(loop: str, plan: LoadPlan | OpenLoopPlan) -> list[Message]:
     """A generator's plan: its settings, then its request bodies in batches."""
-    header: dict[str, Any] = {
+    header: Message = {
         "kind": "plan", "loop": loop, "target": plan.target, "path": plan.path,
         "requestTimeoutSeconds": plan.request_timeout_seconds,
         "check": plan.check.model_dump(by_alias=True, mode="json") if plan.check is not None else None,
@@ -167,7 +170,7 @@ def plan_messages(loop: str, plan: LoadPlan | OpenLoopPlan) -> list[dict[str, An
     else:
         header.update(arrival=getattr(plan, "arrival", "poisson"), maxInFlight=getattr(plan, "max_in_flight", 1),
                       seed=getattr(plan, "seed", 0))  # fmt: skip
-    messages: list[dict[str, Any]] = [header]
+    messages: list[Message] = [header]
     batch: list[dict[str, str]] = []
     size = 0
     for payload in plan.payloads:
@@ -182,7 +185,7 @@ def plan_messages(loop: str, plan: LoadPlan | OpenLoopPlan) -> list[dict[str, An
     return messages
 
 
-def read_plan(header: dict[str, Any], channel: Channel) -> tuple[str, LoadPlan | OpenLoopPlan]:
+def read_plan(header: Message, channel: Channel) -> tuple[str, LoadPlan | OpenLoopPlan]:
     """The plan whose `plan` message is `header`, with its bodies read from `channel`."""
     # imported here: they import Locust, which patches the process with gevent (only where plans run)
     from servinglab.loadgen.closed_loop import LoadPlan
@@ -199,7 +202,7 @@ def read_plan(header: dict[str, Any], channel: Channel) -> tuple[str, LoadPlan |
         payloads += [Payload(item.binary("body"), item.get("contentType", str)) for item in batch.objects("items")]
         if len(payloads) > count:
             raise MessageError(f"'payloads' messages: more bodies than the {count} the plan announced")
-    common: dict[str, Any] = {
+    common: Message = {
         "target": fields.get("target", str), "path": fields.get("path", str), "payloads": payloads,
         "request_timeout_seconds": fields.real("requestTimeoutSeconds"),
         "check": fields.model("check", ResponseCheck, optional=True),
@@ -223,12 +226,10 @@ def read_plan(header: dict[str, Any], channel: Channel) -> tuple[str, LoadPlan |
 Share = int | float | shapes.Schedule
 
 
-def level(
-    share: Share, index: int, measure_from: float, warmup_seconds: float, duration_seconds: float
-) -> dict[str, Any]:
+def level(share: Share, index: int, measure_from: float, warmup_seconds: float, duration_seconds: float) -> Message:
     """A generator's order for one level: its share (users, a rate or a schedule), the level's index
     in the run and the common time its measured period starts (on the generator's clock)."""
-    encoded: dict[str, Any]
+    encoded: Message
     if isinstance(share, shapes.Schedule):
         encoded = {"schedule": _schedule(share)}
     elif isinstance(share, int):
@@ -239,7 +240,7 @@ def level(
             "warmupSeconds": warmup_seconds, "durationSeconds": duration_seconds}  # fmt: skip
 
 
-def read_level(message: dict[str, Any]) -> tuple[Share, int, float, float, float]:
+def read_level(message: Message) -> tuple[Share, int, float, float, float]:
     """(share, index, measure_from, warmup_seconds, duration_seconds) of a `level` message."""
     fields = _Fields(expect(message, "level"), "'level' message")
     encoded = _Fields(fields.get("share", dict), "'level' message: share")
@@ -254,7 +255,7 @@ def read_level(message: dict[str, Any]) -> tuple[Share, int, float, float, float
     return share, fields.get("index", int), measure_from, warmup, duration
 
 
-def _schedule(schedule: shapes.Schedule) -> dict[str, Any]:
+def _schedule(schedule: shapes.Schedule) -> Message:
     return {
         "offsets": _floats(schedule.offsets), "warmupSeconds": schedule.warmup_seconds,
         "measuredSeconds": schedule.measured_seconds, "shape": schedule.kind, "senders": schedule.senders,
@@ -279,25 +280,25 @@ def _read_schedule(fields: _Fields) -> shapes.Schedule:
     )  # fmt: skip
 
 
-def extend(seconds: float) -> dict[str, Any]:
+def extend(seconds: float) -> Message:
     """The coordinator's decision at the end of a measured period: measure `seconds` more (0: stop)."""
     return {"kind": "extend", "seconds": seconds}
 
 
-def read_extend(message: dict[str, Any]) -> float:
+def read_extend(message: Message) -> float:
     return _Fields(expect(message, "extend"), "'extend' message").real("seconds")
 
 
-def clock(now: float | None = None) -> dict[str, Any]:
+def clock(now: float | None = None) -> Message:
     """The coordinator's question (no time) and the generator's answer (its clock)."""
     return {"kind": "clock"} if now is None else {"kind": "clock", "time": now}
 
 
-def read_clock(message: dict[str, Any]) -> float:
+def read_clock(message: Message) -> float:
     return _Fields(expect(message, "clock"), "'clock' message").real("time")
 
 
-STOP: dict[str, Any] = {"kind": "stop"}
+STOP: Message = {"kind": "stop"}
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -368,9 +369,9 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-def _verdict(fields: _Fields) -> dict[str, Any] | None:
+def _verdict(fields: _Fields) -> Message | None:
     """A generator's own saturation verdict: the figures the coordinator judges again must be numbers."""
-    verdict: dict[str, Any] | None = fields.get("generator", dict, optional=True)
+    verdict: Message | None = fields.get("generator", dict, optional=True)
     if verdict is not None:
         judged = _Fields(verdict, "'done' message: generator")
         judged.real("cpuPercent")
@@ -378,8 +379,8 @@ def _verdict(fields: _Fields) -> dict[str, Any] | None:
     return verdict
 
 
-def _open_loop(fields: _Fields) -> dict[str, Any] | None:
-    figures: dict[str, Any] | None = fields.get("openLoop", dict, optional=True)
+def _open_loop(fields: _Fields) -> Message | None:
+    figures: Message | None = fields.get("openLoop", dict, optional=True)
     if figures is not None and not all(type(figures.get(k, 0)) is int for k in ("lateSends", "droppedSends")):
         raise MessageError("'done' message: 'openLoop' late and dropped sends are not counts")
     return figures
