@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -19,12 +22,24 @@ pytestmark = pytest.mark.torchserve
 SMOKE = Path(__file__).resolve().parents[2] / "examples" / "experiment-smoke.yaml"
 
 
-def probes_alive() -> list[psutil.Process]:
-    return [
-        proc
-        for proc in psutil.process_iter(["cmdline"])
-        if "servinglab.rawmeasure" in " ".join(proc.info["cmdline"] or [])
-    ]
+def probes_alive(mark: str | None = None) -> list[psutil.Process]:
+    """Running raw-throughput probes (and their watchdogs); with `mark`, only those whose environment
+    carries it as PROBE_MARK (other tests may run probes on this machine at the same time)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if "servinglab.rawmeasure" not in " ".join(proc.info["cmdline"] or []):
+            continue
+        if mark is not None:
+            try:
+                if proc.environ().get(PROBE_MARK) != mark:
+                    continue
+            except psutil.Error:  # gone, or a zombie
+                continue
+        found.append(proc)
+    return found
+
+
+PROBE_MARK = "SERVINGLAB_PROBE_MARK"
 
 
 def test_probe_at_batch_1024_keeps_to_its_budget_and_reuses_what_it_measured() -> None:
@@ -122,3 +137,32 @@ def test_interrupting_the_ceiling_stops_its_probe_at_once(
     assert process.returncode == 128 + signal.SIGTERM, seen + rest
     assert stopped_in < 10 and "interrupted by SIGTERM" in rest
     assert not probes_alive()
+
+
+def test_a_parent_killed_with_sigkill_takes_its_probe_with_it(tmp_path: Path) -> None:
+    """No `finally` runs in a SIGKILLed parent: the probe's watchdog ends it when the parent's end of
+    their pipe closes, so the model alone does not go on holding the CPU or GPU."""
+    mark = uuid.uuid4().hex
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "from servinglab import rawprobe; rawprobe.measure('tiny', 'fp32', 'cpu', [8], 300)"],
+        env={**os.environ, PROBE_MARK: mark},
+    )
+    try:
+
+        def measuring() -> bool:  # the probe itself, not only its watchdog, is running
+            return any("servinglab.lifeline" not in " ".join(proc.info["cmdline"]) for proc in probes_alive(mark))
+
+        deadline = time.monotonic() + 120
+        while not measuring() and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.2)
+        assert measuring(), "the probe did not start"
+        time.sleep(2)  # torch imported, the model built: the probe is at work
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 5  # the probe's grace period is zero: SIGKILL follows SIGTERM at once
+        while (left := probes_alive(mark)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert not left, [proc.cmdline() for proc in left]
