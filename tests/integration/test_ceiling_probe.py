@@ -116,9 +116,11 @@ def test_interrupting_the_ceiling_stops_its_probe_at_once(
     document["spec"]["ceiling"] = {"rawSeconds": 300}
     experiment = tmp_path / "long-ceiling.yaml"
     experiment.write_text(yaml.safe_dump(document))
+    mark = uuid.uuid4().hex  # other tests may run probes on this machine at the same time
     process = subprocess.Popen(
-        [*servinglab_cmd, "run", str(experiment)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        [*servinglab_cmd, "run", str(experiment)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, PROBE_MARK: mark},
+    )  # fmt: skip
     assert process.stdout is not None
     try:
         seen = ""
@@ -126,7 +128,7 @@ def test_interrupting_the_ceiling_stops_its_probe_at_once(
             line = process.stdout.readline()
             assert line, seen
             seen += line
-        assert probes_alive()
+        assert probes_alive(mark)
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         rest, _ = process.communicate(timeout=30)
@@ -136,7 +138,7 @@ def test_interrupting_the_ceiling_stops_its_probe_at_once(
             process.kill()
     assert process.returncode == 128 + signal.SIGTERM, seen + rest
     assert stopped_in < 10 and "interrupted by SIGTERM" in rest
-    assert not probes_alive()
+    assert not probes_alive(mark)
 
 
 def test_a_parent_killed_with_sigkill_takes_its_probe_with_it(tmp_path: Path) -> None:

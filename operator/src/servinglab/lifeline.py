@@ -13,12 +13,14 @@ order). It starts the command in a new session and waits. When the pipe closes â
 closed it, or this process ended in any way and the kernel closed its descriptors â€” it sends SIGTERM
 to the server's whole process group, SIGKILL after the grace period, and exits. When the server ends
 first, the watchdog ends whatever is left of its group and exits with the server's own status, so
-:attr:`Guarded.process` reads like the server. Being the server's parent, it also keeps the group's id
-from being reused while it signals the group.
+:attr:`Guarded.process` reads like the server. Being the server's parent, it keeps the group's id from
+being reused while it signals the group; being a child subreaper, it inherits (reaps, and ends) the
+server's orphaned descendants, even one that left the group.
 
-Both ends of the pipe are close-on-exec, so no other child of this process (workers, probes, generator
-processes started with `spawn`) holds the write end open. Only the standard library: the watchdog
-starts in milliseconds. Used by :mod:`servinglab.local_server` and :mod:`servinglab.rawprobe`.
+Both ends of the pipe are close-on-exec, so no other child of this process holds the write end open
+(multiprocessing's generator processes are started by exec too). What this cannot cover: SIGKILL to the
+watchdog itself. Only the standard library, so the watchdog starts in milliseconds. Used by
+:mod:`servinglab.local_server` and :mod:`servinglab.rawprobe`.
 """
 
 from __future__ import annotations
