@@ -2,46 +2,56 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import psutil
 import pytest
 
 TORCHSERVE_MARKERS = ("org.pytorch.serve.ModelServer", "model_service_worker.py")
-#: Every process this test session starts inherits this mark, so the leftover check and its clean-up see
-#: this session's servers only (another session on the same machine may be serving meanwhile).
-SESSION_MARK = "SERVINGLAB_TEST_SESSION"
-os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+#: Set by `no_leftover_servers` for the test's duration; every process the test starts inherits it (the
+#: launcher, the JVM and its workers too). Other tests, other sessions, may run TorchServe on the same
+#: machine at the same time: only processes carrying this test's mark are its own.
+TEST_MARK = "SERVINGLAB_TEST_MARK"
 
 
-def _ours(proc: psutil.Process) -> bool:
-    with contextlib.suppress(psutil.Error):
-        return proc.environ().get(SESSION_MARK) == os.environ[SESSION_MARK]
-    return False
-
-
-def torchserve_processes(since: float) -> list[psutil.Process]:
-    """This session's TorchServe frontends and workers created after `since` (tests run one server at a time)."""
+def torchserve_processes(since: float, mark: str | None = None) -> list[psutil.Process]:
+    """Running TorchServe frontends and workers created after `since`; with `mark`, only those whose
+    environment carries that TEST_MARK."""
     found = []
     for proc in psutil.process_iter(["cmdline", "create_time"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if proc.info["create_time"] >= since - 1 and any(m in cmdline for m in TORCHSERVE_MARKERS) and _ours(proc):
-            found.append(proc)
+        if proc.info["create_time"] < since - 1 or not any(m in cmdline for m in TORCHSERVE_MARKERS):
+            continue
+        if mark is not None:
+            try:
+                if proc.environ().get(TEST_MARK) != mark:
+                    continue
+            except psutil.Error:  # gone, or a zombie: nothing left to run
+                continue
+        found.append(proc)
     return found
 
 
 @pytest.fixture()
-def no_leftover_servers() -> Iterator[float]:
+def no_leftover_servers(monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
     """Fails the test if any TorchServe process it started is still alive afterwards."""
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(TEST_MARK, mark)
     started = time.time()
     yield started
     deadline = time.monotonic() + 10
-    while (left := torchserve_processes(started)) and time.monotonic() < deadline:
+    while (left := torchserve_processes(started, mark)) and time.monotonic() < deadline:
         time.sleep(0.2)
     for proc in left:  # do not let one failure poison the following tests
         proc.kill()
     assert not left, f"TorchServe processes left behind: {[p.pid for p in left]}"
+
+
+@pytest.fixture()
+def torchserve_of_this_test(no_leftover_servers: float) -> Callable[[], list[psutil.Process]]:
+    """Lists the TorchServe processes this test started that are still running."""
+    return partial(torchserve_processes, no_leftover_servers, os.environ[TEST_MARK])

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -21,12 +24,24 @@ pytestmark = pytest.mark.torchserve
 SMOKE = Path(__file__).resolve().parents[2] / "examples" / "experiment-smoke.yaml"
 
 
-def probes_alive() -> list[psutil.Process]:
-    return [
-        proc
-        for proc in psutil.process_iter(["cmdline"])
-        if "servinglab.measure.raw.child" in " ".join(proc.info["cmdline"] or [])
-    ]
+def probes_alive(mark: str | None = None) -> list[psutil.Process]:
+    """Running raw-throughput probes (and their watchdogs); with `mark`, only those whose environment
+    carries it as PROBE_MARK (other tests may run probes on this machine at the same time)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if "servinglab.measure.raw.child" not in " ".join(proc.info["cmdline"] or []):
+            continue
+        if mark is not None:
+            try:
+                if proc.environ().get(PROBE_MARK) != mark:
+                    continue
+            except psutil.Error:  # gone, or a zombie
+                continue
+        found.append(proc)
+    return found
+
+
+PROBE_MARK = "SERVINGLAB_PROBE_MARK"
 
 
 def test_probe_at_batch_1024_keeps_to_its_budget_and_reuses_what_it_measured() -> None:
@@ -103,9 +118,11 @@ def test_interrupting_the_ceiling_stops_its_probe_at_once(
     document["spec"]["ceiling"] = {"rawSeconds": 300}
     experiment = tmp_path / "long-ceiling.yaml"
     experiment.write_text(yaml.safe_dump(document))
+    mark = uuid.uuid4().hex  # other tests may run probes on this machine at the same time
     process = subprocess.Popen(
-        [*servinglab_cmd, "run", str(experiment)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        [*servinglab_cmd, "run", str(experiment)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, PROBE_MARK: mark},
+    )  # fmt: skip
     assert process.stdout is not None
     try:
         seen = ""
@@ -113,7 +130,7 @@ def test_interrupting_the_ceiling_stops_its_probe_at_once(
             line = process.stdout.readline()
             assert line, seen
             seen += line
-        assert probes_alive()
+        assert probes_alive(mark)
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         rest, _ = process.communicate(timeout=30)
@@ -123,4 +140,37 @@ def test_interrupting_the_ceiling_stops_its_probe_at_once(
             process.kill()
     assert process.returncode == 128 + signal.SIGTERM, seen + rest
     assert stopped_in < 10 and "interrupted by SIGTERM" in rest
-    assert not probes_alive()
+    assert not probes_alive(mark)
+
+
+def test_a_parent_killed_with_sigkill_takes_its_probe_with_it(tmp_path: Path) -> None:
+    """No `finally` runs in a SIGKILLed parent: the probe's watchdog ends it when the parent's end of
+    their pipe closes, so the model alone does not go on holding the CPU or GPU."""
+    mark = uuid.uuid4().hex
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from servinglab.measure.raw import probe; probe.measure('tiny', 'fp32', 'cpu', [8], 300)",
+        ],
+        env={**os.environ, PROBE_MARK: mark},
+    )
+    try:
+
+        def measuring() -> bool:  # the probe itself, not only its watchdog, is running
+            return any("servinglab.lifeline" not in " ".join(proc.info["cmdline"]) for proc in probes_alive(mark))
+
+        deadline = time.monotonic() + 120
+        while not measuring() and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.2)
+        assert measuring(), "the probe did not start"
+        time.sleep(2)  # torch imported, the model built: the probe is at work
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 5  # the probe's grace period is zero: SIGKILL follows SIGTERM at once
+        while (left := probes_alive(mark)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert not left, [proc.cmdline() for proc in left]

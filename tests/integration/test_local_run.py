@@ -6,9 +6,11 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -82,6 +84,40 @@ def test_interrupted_run_stops_torchserve(
     assert process.returncode == 128 + sig
     assert f"interrupted by {sig.name}; TorchServe stopped" in rest
     assert "Traceback" not in seen + rest
+
+
+def test_a_runner_killed_with_sigkill_leaves_no_torchserve_behind(
+    servinglab_cmd: list[str], tmp_path: Path, torchserve_of_this_test: Callable[[], list[psutil.Process]]
+) -> None:
+    """SIGKILL leaves the runner no chance to stop its server (no `finally` runs): the watchdog started
+    with TorchServe ends its launcher, JVM and workers when the runner's end of their pipe closes."""
+    long_run = yaml.safe_load(SMOKE.read_text())
+    long_run["spec"]["load"]["durationSeconds"] = 120
+    experiment = tmp_path / "long.yaml"
+    experiment.write_text(yaml.safe_dump(long_run))
+    process = subprocess.Popen(
+        [*servinglab_cmd, "run", str(experiment)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    try:
+        seen = ""
+        while "measuring" not in seen:  # every worker is up and serving
+            line = process.stdout.readline()
+            assert line, seen
+            seen += line
+        serving = torchserve_of_this_test()
+        commands = " ".join(" ".join(proc.cmdline()) for proc in serving)
+        assert "org.pytorch.serve.ModelServer" in commands and "model_service_worker.py" in commands, commands
+        process.kill()
+        process.wait(timeout=10)
+        # TorchServe ends on SIGTERM within seconds, well inside the 15 s grace before the watchdog's SIGKILL
+        deadline = time.monotonic() + 10
+        while (left := torchserve_of_this_test()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert not left, [proc.cmdline() for proc in left]
 
 
 def test_invalid_experiment_is_refused_before_anything_starts(

@@ -3,7 +3,16 @@ batches really form under concurrent load, and the handler answers through the s
 
 from __future__ import annotations
 
+import json
+import shutil
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -71,3 +80,100 @@ def test_precision_reaches_the_worker_and_keeps_predictions(
         log = (workdir / "logs" / "model_log.log").read_text()
         assert f"servinglab precision: {precision}" in log
     assert answers[Precision.FP32]["predictions"][0]["class"] == answers[Precision.BF16]["predictions"][0]["class"]
+
+
+def plant(archive: Path, into: Path, marker: Path) -> Path:
+    """A copy of the tiny model whose handler, once a worker imports it, writes `marker`: code anyone
+    who can register a model would get run as the user who runs the server."""
+    shutil.copytree(archive, into)
+    handler = into / "servinglab_image_handler.py"
+    handler.write_text(handler.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
+    return into
+
+
+def zipped(folder: Path, archive: Path) -> Path:
+    with zipfile.ZipFile(archive, "w") as packed:
+        for path in folder.rglob("*"):
+            packed.write(path, path.relative_to(folder))
+    return archive
+
+
+def workflow_archive(path: Path, marker: Path) -> Path:
+    """A workflow archive whose one function node's handler writes `marker` when a worker imports it."""
+    workflow = {"workflowName": "flow", "specFile": "spec.yaml", "handler": "flow_handler.py"}
+    manifest = {"createdOn": "01/01/2026 00:00:00", "archiverVersion": "0.2.15", "workflow": workflow}
+    with zipfile.ZipFile(path, "w") as packed:
+        packed.writestr("WAR-INF/MANIFEST.json", json.dumps(manifest))
+        packed.writestr("spec.yaml", "models:\n  min-workers: 1\n  max-workers: 1\ndag:\n  pre: []\n")
+        handler = f"open({str(marker)!r}, 'w').close()\n\ndef pre(data, context):\n    return data\n"
+        packed.writestr("flow_handler.py", handler)
+    return path
+
+
+def register(server: LocalTorchServe, kind: str, url: str, name: str) -> tuple[int, str]:
+    """Register a model or workflow under `name` (a name of its own: a refusal is never a name clash)."""
+    named = {"models": "model_name", "workflows": "workflow_name"}[kind]
+    query = urllib.parse.urlencode({"url": url, named: name, "initial_workers": 1, "synchronous": "true"})
+    request = urllib.request.Request(f"{server.addresses.management}/{kind}?{query}", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def listed(server: LocalTorchServe, kind: str) -> list[str]:
+    """The registered models or workflows, by name."""
+    with urllib.request.urlopen(f"{server.addresses.management}/{kind}", timeout=10) as response:
+        entries = json.loads(response.read())[kind]
+    return sorted(entry["modelName" if kind == "models" else "workflowName"] for entry in entries)
+
+
+def test_nothing_from_outside_the_model_store_can_be_registered_while_the_store_still_can(
+    tiny_archive: Path, tmp_path: Path, no_leftover_servers: float
+) -> None:
+    """Every local user reaches the management port on loopback, and a local sweep's server has the model
+    API on (it re-registers its model to reconfigure it). A model or workflow from any URL or path outside
+    the model store is refused, so no one runs code in the server that way; by name from the store (what
+    the sweep's reconfigure does) still registers."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ran = {kind: outside / f"{kind}-handler-ran" for kind in ("model", "workflow")}
+    folder = plant(tiny_archive, outside / "planted", ran["model"])
+    mar = zipped(folder, outside / "planted.mar")
+    war = workflow_archive(outside / "flow.war", ran["workflow"])
+    files = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(outside)))
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    web = f"http://127.0.0.1:{files.server_address[1]}"
+    # TorchServe's default allowed_urls fetch every file:// and http(s):// URL, and any absolute path
+    # to a directory is loaded without consulting them
+    foreign = [
+        ("models", f"file://{mar}"), ("models", f"{web}/planted.mar"), ("models", str(folder)),
+        ("models", str(mar)), ("models", f"FILE://{mar}"), ("models", "planted/../planted"),
+        ("workflows", f"file://{war}"), ("workflows", f"{web}/flow.war"), ("workflows", str(war)),
+    ]  # fmt: skip
+    server = LocalTorchServe("tiny", tiny_archive, ServerSpec(), tmp_path / "ts", model_api=True)
+    try:
+        with server:
+            server.wait_ready(120)
+            answers = {url: register(server, kind, url, f"foreign{n}") for n, (kind, url) in enumerate(foreign)}
+            refused = {url: status for url, (status, _) in answers.items() if 400 <= status < 500}
+            assert refused.keys() == {url for _, url in foreign}, answers
+            assert listed(server, "models") == ["tiny"] and listed(server, "workflows") == []
+            assert not any(marker.exists() for marker in ran.values())
+
+            # The same model and workflow, put into the model store, register by name and run their
+            # handlers: what was refused above would have run.
+            store = tmp_path / "ts" / "model-store"
+            shutil.copytree(folder, store / "planted")
+            shutil.copy(war, store / "flow.war")
+            assert register(server, "models", "planted", "planted")[0] == 200
+            assert register(server, "workflows", "flow.war", "flow")[0] == 200
+            assert listed(server, "models") == ["planted", "tiny"]
+            assert listed(server, "workflows") == ["flow"]
+            assert all(marker.exists() for marker in ran.values())
+            # the local sweep's reconfigure: unregister the served model, register it again by name
+            assert server.reconfigure(ServerSpec(batch_size=2, max_batch_delay_ms=7), None) > 0
+            assert (server.status().batch_size, server.status().max_batch_delay_ms) == (2, 7)
+    finally:
+        files.shutdown()

@@ -32,8 +32,11 @@ from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus
+from servinglab import servers
+from servinglab.api import parse_experiment
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest
-from servinglab.k8s import credentials
+from servinglab.k8s import builders, credentials
+from servinglab.servers.base import PodInputs
 
 pytestmark = [pytest.mark.k8s]
 
@@ -103,24 +106,28 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
 
     kinds = sorted(document["kind"] for document in documents)
     rbac = {document["kind"]: document for document in documents if "Role" in document["kind"]}
+    roles = {(d["metadata"]["name"], d["metadata"]["namespace"]): d for d in documents if d["kind"] == "Role"}
+    # the leader-election Lease: named, in the one namespace the operator keeps it in (servinglab.cli)
+    lease_namespace = namespace if variant != "two namespaces" else min(namespace, "default")
+    assert roles[(f"{OPERATOR}-leader-election", lease_namespace)]["rules"] == LEASE_RULES
     if variant == "default":
         assert kinds == sorted(
             ["CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding",
-             "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap", "ConfigMap", "ConfigMap", "Pod",
-             "NetworkPolicy"]
+             "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap",
+             "ConfigMap", "ConfigMap", "Pod", "NetworkPolicy", "ValidatingAdmissionPolicy",
+             "ValidatingAdmissionPolicyBinding"]
         )  # fmt: skip
-        assert rbac["Role"]["metadata"]["namespace"] == namespace
+        assert roles[(OPERATOR, namespace)]["metadata"]["namespace"] == namespace
         # the one cluster-scoped grant of a namespaced install: listing nodes (the GPU queue)
         assert rbac["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     elif variant.startswith("all"):
         assert {"ClusterRole", "ClusterRoleBinding", "ServiceMonitor", "PodMonitor"} <= set(kinds)
-        assert "Role" not in kinds and kinds.count("ClusterRole") == 2
+        assert list(roles) == [(f"{OPERATOR}-leader-election", namespace)] and kinds.count("ClusterRole") == 2
         assert "NetworkPolicy" not in kinds  # the namespaces are not known: the README says what to apply
         podmonitor = next(d for d in documents if d["kind"] == "PodMonitor")
         assert podmonitor["spec"]["namespaceSelector"] == {"any": True}
     else:
-        roles = [d["metadata"]["namespace"] for d in documents if d["kind"] == "Role"]
-        assert roles == [namespace, "default"]
+        assert [ns for name, ns in roles if name == OPERATOR] == [namespace, "default"]
         policies = [d for d in documents if d["kind"] == "NetworkPolicy"]
         assert [policy["metadata"]["namespace"] for policy in policies] == [namespace, "default"]
         policy = policies[0]["spec"]
@@ -161,6 +168,20 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
         assert json.loads(text)["uid"] == key.removesuffix(".json")
 
 
+def test_pod_policy_is_bound_to_the_operators_service_account_and_needs_kubernetes_1_30(cluster: Cluster) -> None:
+    documents = render(cluster, "ops", "--set", "serviceAccount.name=runner")
+    policy = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicy")
+    (matched,) = policy["spec"]["matchConditions"]
+    assert matched["expression"] == 'request.userInfo.username == "system:serviceaccount:ops:runner"'
+    binding = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    # ValidatingAdmissionPolicy is GA from 1.30: an older cluster gets a reason, not a half-installed chart
+    old = helm(cluster, "template", RELEASE, str(CHART), "--kube-version", "1.29.4", check=False)
+    assert old.returncode != 0 and "podPolicy.enabled needs ValidatingAdmissionPolicy" in old.stderr, old.stderr
+    kinds = {d["kind"] for d in render(cluster, "ops", "--kube-version", "1.29.4", "--set", "podPolicy.enabled=false")}
+    assert "ValidatingAdmissionPolicy" not in kinds and "Deployment" in kinds
+
+
 @pytest.mark.parametrize(
     ("values", "named"),
     [
@@ -174,6 +195,8 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
             {"modelCredentials": [{"secret": "registry", "key": "token", "hosts": ["https://h/"]}]},
             "/modelCredentials/0/hosts/0",
         ),
+        ({"podPolicy": {"allowedImages": ["registry.example.com/a b"]}}, "/podPolicy/allowedImages/0"),
+        ({"podPolicy": {"allowedNodeSelectors": {"pool": "bench"}}}, "/podPolicy/allowedNodeSelectors/pool"),
     ],
 )
 def test_values_violating_the_schema_are_refused_naming_the_key(
@@ -275,6 +298,7 @@ def test_install_creates_the_operator_and_serves_the_crd(cluster: Cluster, insta
     }
     assert created == {
         ("Deployment", OPERATOR), ("ServiceAccount", OPERATOR), ("Role", OPERATOR), ("RoleBinding", OPERATOR),
+        ("Role", f"{OPERATOR}-leader-election"), ("RoleBinding", f"{OPERATOR}-leader-election"),
         ("Service", OPERATOR), ("ConfigMap", f"{RELEASE}-dashboard-torchserve"),
         ("ConfigMap", f"{RELEASE}-dashboard-gpu"), ("ConfigMap", f"{RELEASE}-dashboard-experiments"),
     }  # fmt: skip
@@ -294,7 +318,9 @@ OPERATOR_NEEDS = {
     "servingsweeps.servinglab.dev/status": {"patch"},
     "servingexperiments.servinglab.dev/finalizers": {"update"},  # OwnerReferencesPermissionEnforcement
     "servingsweeps.servinglab.dev/finalizers": {"update"},
-    "leases.coordination.k8s.io": {"get", "create", "update"},  # leader election
+    # leader election: its own Lease by name; a create cannot be limited by name
+    "leases.coordination.k8s.io[servinglab-operator]": {"get", "update"},
+    "leases.coordination.k8s.io": {"create"},
     "nodes": {"list"},  # cluster-scoped: the GPU queue's capacity
     "configmaps": {"get", "create", "patch"},
     "serviceaccounts": {"get", "create", "patch"},
@@ -308,6 +334,13 @@ OPERATOR_NEEDS = {
     "secrets": {"create"},  # the load pods' generator key; never read back
     "networkpolicies.networking.k8s.io": {"get", "create", "patch"},
 }
+LEASE_RULES = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["servinglab-operator"],
+     "verbs": ["get", "update"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+]  # fmt: skip
+LEASE_RESOURCES = {"leases.coordination.k8s.io", "leases.coordination.k8s.io[servinglab-operator]"}
+LEASE_NEEDS = {resource: verbs for resource, verbs in OPERATOR_NEEDS.items() if resource in LEASE_RESOURCES}
 # Granted to every authenticated identity by Kubernetes itself (system:basic-user and friends).
 EVERYONE_MAY = {
     "selfsubjectreviews.authentication.k8s.io",
@@ -317,15 +350,27 @@ EVERYONE_MAY = {
 
 
 def can_i_list(cluster: Cluster, namespace: str, identity: str) -> dict[str, set[str]]:
+    """{resource: verbs} the identity may use in the namespace; a grant limited to named objects is keyed
+    `resource[name,...]`."""
     listing = cluster.kubectl.run("auth", "can-i", "--list", "-n", namespace, "--as", identity).stdout
     rules: dict[str, set[str]] = {}
     for line in listing.splitlines()[1:]:
         if not line.strip() or line.startswith(" "):  # non-resource URLs
             continue
         resource = line.split()[0]
-        verbs = re.findall(r"\[([^\]]*)\]\s*$", line)[0].split()
-        rules.setdefault(resource, set()).update(verbs)
+        *_, names, verbs = re.findall(r"\[([^\]]*)\]", line)  # [non-resource URLs] [resource names] [verbs]
+        key = f"{resource}[{','.join(names.split())}]" if names.strip() else resource
+        rules.setdefault(key, set()).update(verbs.split())
     return {resource: verbs for resource, verbs in rules.items() if resource not in EVERYONE_MAY}
+
+
+def can_i_request(resource: str) -> list[str]:
+    """`kubectl auth can-i` arguments for an OPERATOR_NEEDS key: `type[name]` becomes `type/name`,
+    `type/subresource` the --subresource flag."""
+    name, _, subresource = resource.partition("/")
+    if name.endswith("]"):
+        name = name[:-1].replace("[", "/")
+    return [name, f"--subresource={subresource}"] if subresource else [name]
 
 
 def can_i(cluster: Cluster, identity: str, *request: str) -> bool:
@@ -338,10 +383,8 @@ def test_operator_service_account_can_do_exactly_what_it_needs(cluster: Cluster,
     identity = f"system:serviceaccount:{ns}:{OPERATOR}"
     assert can_i_list(cluster, ns, identity) == OPERATOR_NEEDS
     for resource, verbs in OPERATOR_NEEDS.items():
-        name, _, subresource = resource.partition("/")
-        extra = [f"--subresource={subresource}"] if subresource else []
         for verb in verbs:
-            assert can_i(cluster, identity, verb, name, "-n", ns, *extra), (verb, resource)
+            assert can_i(cluster, identity, verb, *can_i_request(resource), "-n", ns), (verb, resource)
     for request in (
         ["get", "secrets", "-n", ns],
         ["list", "secrets", "-n", ns],
@@ -367,6 +410,14 @@ def test_operator_service_account_can_do_exactly_what_it_needs(cluster: Cluster,
         ["create", "namespaces"],
         ["delete", "customresourcedefinitions.apiextensions.k8s.io"],
         ["create", "clusterroles.rbac.authorization.k8s.io"],
+        # leader election: no other Lease, and none elsewhere (kube-system's leaders)
+        ["get", "leases.coordination.k8s.io/another-lease", "-n", ns],
+        ["update", "leases.coordination.k8s.io/another-lease", "-n", ns],
+        ["list", "leases.coordination.k8s.io", "-n", ns],
+        ["delete", "leases.coordination.k8s.io/servinglab-operator", "-n", ns],
+        ["get", "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system"],
+        ["update", "leases.coordination.k8s.io/kube-controller-manager", "-n", "kube-system"],
+        ["create", "leases.coordination.k8s.io", "-n", "kube-system"],
     ):
         assert not can_i(cluster, identity, *request), request
 
@@ -380,12 +431,18 @@ def test_all_namespaces_option_grants_the_same_rules_cluster_wide(cluster: Clust
     try:
         identity = f"system:serviceaccount:{namespace}:{release}-operator"
         elsewhere = f"other-{uuid.uuid4().hex[:6]}"
-        assert can_i_list(cluster, elsewhere, identity) == {
-            **OPERATOR_NEEDS,
+        cluster_wide = {
+            **{resource: verbs for resource, verbs in OPERATOR_NEEDS.items() if resource not in LEASE_RESOURCES},
             "customresourcedefinitions.apiextensions.k8s.io": {"list", "watch"},
         }
+        assert can_i_list(cluster, elsewhere, identity) == cluster_wide
+        # the Lease only in the operator's own namespace, where it keeps it
+        assert can_i_list(cluster, namespace, identity) == {**cluster_wide, **LEASE_NEEDS}
         assert can_i(cluster, identity, "list", "servingexperiments.servinglab.dev", "--all-namespaces")
         assert not can_i(cluster, identity, "get", "secrets", "-n", elsewhere)
+        for verb in ("get", "update", "create"):
+            assert not can_i(cluster, identity, verb, "leases.coordination.k8s.io/servinglab-operator", "-n", elsewhere)
+            assert not can_i(cluster, identity, verb, "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system")
         deployment = cluster.kubectl.get("deployment", f"{release}-operator", "-n", namespace)
         assert "--all-namespaces" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     finally:
@@ -427,13 +484,146 @@ def finished(cluster: Cluster, installed: Installed) -> dict[str, Any]:
     return body
 
 
-def test_experiment_succeeds_as_the_charts_service_account(finished: dict[str, Any]) -> None:
+def test_experiment_succeeds_as_the_charts_service_account(
+    cluster: Cluster, installed: Installed, finished: dict[str, Any]
+) -> None:
+    """The chart's RBAC is enough, and the operator's server Deployment and load Job (and the sweep's)
+    pass the chart's pod policy, which was in force all along."""
+    policy = f"{OPERATOR}-{installed.namespace}-pods"
+    assert cluster.kubectl.get("validatingadmissionpolicybinding", policy)["spec"]["policyName"] == policy
     status = finished["status"]
     assert [level["concurrency"] for level in status["results"]] == [1, 4]
     assert all(level["throughputRps"] > 0 and level["errors"] == 0 for level in status["results"])
     # the chart's prometheusUrl reached the operator: GPU figures without one in the experiment
     assert condition(finished, "GPUMetricsAvailable")["status"] == "True"
     assert all("gpu" in level for level in status["results"])
+
+
+# -- the pod policy: what the operator's ServiceAccount may create ------------------------------------
+
+POLICY_DENIAL = "servinglab operator pods:"
+
+
+def operator_pods(namespace: str, **server: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The server Deployment and the load Job the operator builds (the server's pod plan through
+    servinglab.k8s.builders) for the chart test's experiment; `server` overrides spec.server fields."""
+    spec = parse_experiment(experiment("policy-probe", **server)).spec
+    owner = builders.Owner("policy-probe", namespace, str(uuid.uuid4()))
+    image = "servinglab/servinglab:0.1.0"
+    inputs = PodInputs(
+        config_map="policy-probe-config", servinglab_image=image, experiment_file=builders.EXPERIMENT_FILE
+    )
+    plan = servers.get(spec.server.kind).pod(spec, inputs)
+    return builders.deployment(owner, spec, plan), builders.load_job(owner, spec, plan, image)
+
+
+def create_as(cluster: Cluster, identity: str | None, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """Create `manifest` as `identity` (None: the cluster admin) in a server-side dry run: admitted or
+    refused by every admission step, never stored."""
+    who = ["--as", identity] if identity else []
+    return cluster.kubectl.run("create", "--dry-run=server", *who, "-f", "-", stdin=json.dumps(manifest), check=False)
+
+
+def altered(manifest: dict[str, Any], change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """A copy of the manifest with `change` applied to its pod spec."""
+    copy = json.loads(json.dumps(manifest))
+    change(copy["spec"]["template"]["spec"])
+    return copy
+
+
+def policy_in_force(cluster: Cluster, identity: str, refused: dict[str, Any]) -> None:
+    """Wait until the API server refuses `refused` from `identity`: it loads a new policy and binding
+    asynchronously, within a second or so of their creation."""
+    deadline = time.monotonic() + 30
+    while create_as(cluster, identity, refused).returncode == 0:
+        assert time.monotonic() < deadline, "the pod policy was not in force 30 s after it was installed"
+        time.sleep(0.5)
+
+
+def refusal(cluster: Cluster, identity: str, manifest: dict[str, Any]) -> str:
+    result = create_as(cluster, identity, manifest)
+    assert result.returncode != 0, f"admitted: {json.dumps(manifest['spec']['template']['spec'])[:2000]}"
+    assert "ValidatingAdmissionPolicy" in result.stderr and POLICY_DENIAL in result.stderr, result.stderr
+    return " ".join(result.stderr.split())
+
+
+def test_pod_policy_admits_the_operators_own_pods_and_refuses_any_other(cluster: Cluster, installed: Installed) -> None:
+    ns = installed.namespace
+    operator = f"system:serviceaccount:{ns}:{OPERATOR}"
+    server, load = operator_pods(ns)
+    torchserve, model = "torchserve", "model"  # the server pod's container and init container
+
+    def privileged(pod: dict[str, Any]) -> None:  # (privileged implies privilege escalation: the API insists)
+        pod["containers"][0]["securityContext"] |= {"privileged": True, "allowPrivilegeEscalation": True}
+
+    policy_in_force(cluster, operator, altered(server, privileged))
+    for manifest in (server, load):  # exactly what the operator creates (the experiment above ran them)
+        admitted = create_as(cluster, operator, manifest)
+        assert admitted.returncode == 0, admitted.stderr
+    assert f"no container may be privileged: {torchserve}" in refusal(cluster, operator, altered(server, privileged))
+
+    def foreign_account(pod: dict[str, Any]) -> None:
+        pod["serviceAccountName"] = "ci-admin"
+        pod["automountServiceAccountToken"] = True
+
+    refused = refusal(cluster, operator, altered(server, foreign_account))
+    assert "names ServiceAccount ci-admin with automountServiceAccountToken true" in refused
+    refused = refusal(cluster, operator, altered(load, lambda pod: pod.update(serviceAccountName="ci-admin")))
+    assert "Job policy-probe-load names ServiceAccount ci-admin" in refused
+    renamed = altered(load, lambda pod: pod.update(serviceAccountName="ci-admin"))
+    renamed["metadata"]["name"] = "ci-admin"  # a Job named after the ServiceAccount it wants to borrow
+    assert "Job ci-admin names ServiceAccount ci-admin" in refusal(cluster, operator, renamed)
+
+    def root(pod: dict[str, Any]) -> None:
+        pod["initContainers"][0]["securityContext"] |= {"runAsNonRoot": False, "runAsUser": 0}
+
+    assert f"runs as non-root (runAsNonRoot true, runAsUser not 0): not {model}" in refusal(
+        cluster, operator, altered(server, root)
+    )
+    changes: list[tuple[Callable[[dict[str, Any]], None], str]] = [
+        (lambda pod: pod["containers"][0]["securityContext"].update(allowPrivilegeEscalation=True),
+         f"sets allowPrivilegeEscalation false: not {torchserve}"),
+        (lambda pod: pod["containers"][0]["securityContext"].update(capabilities={"add": ["NET_ADMIN"]}),
+         f"drops all capabilities and adds none: not {torchserve}"),
+        (lambda pod: pod["containers"][0]["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+         f"RuntimeDefault seccomp profile: not {torchserve}"),
+        (lambda pod: pod.update(hostNetwork=True), "no host namespace (hostNetwork, hostPID, hostIPC)"),
+        (lambda pod: pod.update(hostPID=True), "no host namespace (hostNetwork, hostPID, hostIPC)"),
+        (lambda pod: pod["containers"][0]["ports"].append({"containerPort": 22, "hostPort": 22}), "and no hostPort"),
+        (lambda pod: pod["volumes"].append({"name": "node-root", "hostPath": {"path": "/"}}),
+         "no hostPath volume: node-root"),
+    ]  # fmt: skip
+    for change, message in changes:
+        assert message in refusal(cluster, operator, altered(server, change))
+    # Anyone else's Deployments are not this policy's to judge (RBAC and Pod Security Admission are)
+    assert create_as(cluster, None, altered(server, privileged)).returncode == 0
+
+
+def test_pod_policy_allow_lists_limit_images_and_node_selectors(cluster: Cluster, namespace: str) -> None:
+    release = "serving-lists"
+    helm(
+        cluster, "install", release, str(CHART), "-n", namespace, "--set", "crds.install=false",
+        "--set", "dashboards.enabled=false",
+        "--set-json", 'podPolicy.allowedImages=["servinglab/", "pytorch/torchserve:"]',
+        "--set-json", 'podPolicy.allowedNodeSelectors={"nvidia.com/gpu.product": ["Tesla-T4", "NVIDIA-A10G"]}',
+    )  # fmt: skip
+    try:
+        operator = f"system:serviceaccount:{namespace}:{release}-operator"
+        server, load = operator_pods(namespace)
+        elsewhere, _ = operator_pods(namespace, image="registry.example.com/torchserve:0.12.0")
+        policy_in_force(cluster, operator, elsewhere)
+        for manifest in (server, load):  # T4 selected; the load Job selects no node at all
+            admitted = create_as(cluster, operator, manifest)
+            assert admitted.returncode == 0, admitted.stderr
+        refused = refusal(cluster, operator, elsewhere)
+        assert "images come from podPolicy.allowedImages (servinglab/, pytorch/torchserve:)" in refused
+        assert "not torchserve (registry.example.com/torchserve:0.12.0)" in refused
+        v100, _ = operator_pods(namespace, nodeSelector={"nvidia.com/gpu.product": "Tesla-V100"})
+        assert "this one selects nvidia.com/gpu.product=Tesla-V100" in refusal(cluster, operator, v100)
+        pinned = altered(server, lambda pod: pod.update(nodeName="control-plane"))
+        assert "nodeName control-plane" in refusal(cluster, operator, pinned)
+    finally:
+        helm(cluster, "uninstall", release, "-n", namespace, "--wait")
 
 
 # -- dashboards --------------------------------------------------------------------------------------

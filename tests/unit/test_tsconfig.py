@@ -36,6 +36,8 @@ def test_auth_metrics_and_model_api_are_explicit() -> None:
     assert props["metrics_mode"] == "prometheus"
     assert props["disable_token_authorization"] == "true"
     assert props["enable_model_api"] == "false"
+    # registrations by name from the model store only (tests/integration/test_torchserve_server.py)
+    assert props["allowed_urls"] == "/.*"
     assert props["load_models"] == "resnet50"
     assert props["default_workers_per_model"] == "3"
 

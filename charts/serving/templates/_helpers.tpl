@@ -100,10 +100,8 @@ Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl 
 - apiGroups: ["servinglab.dev"]
   resources: ["servingexperiments/finalizers", "servingsweeps/finalizers"]
   verbs: ["update"]
-# Leader election: one Lease, so that exactly one operator replica acts.
-- apiGroups: ["coordination.k8s.io"]
-  resources: ["leases"]
-  verbs: ["get", "create", "update"]
+# Leader election is not here: its one Lease lives in one namespace, granted by the leader-election Role
+# there (role-leader-election.yaml), never in every namespace (cluster-wide: kube-system's Leases too).
 # Server config, results ConfigMap, the load Job's ServiceAccount: server-side applied (create+patch),
 # results read back (get). Never deleted by the operator: garbage collection follows the owner.
 - apiGroups: [""]
@@ -143,4 +141,23 @@ Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl 
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
+{{- end }}
+
+{{/*
+serving.leaseNamespace is where the operator keeps its leader-election Lease, as servinglab.cli chooses
+it: the first watched namespace in sort order, or with watchAllNamespaces the operator's own.
+*/}}
+{{- define "serving.leaseNamespace" -}}
+{{- if .Values.watchAllNamespaces }}
+{{- .Release.Namespace }}
+{{- else }}
+{{- include "serving.watchNamespaces" . | fromJsonArray | sortAlpha | first }}
+{{- end }}
+{{- end }}
+
+{{/*
+serving.operatorUsername is the user the API server sees for requests with the operator's token.
+*/}}
+{{- define "serving.operatorUsername" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "serving.serviceAccountName" .) }}
 {{- end }}

@@ -5,7 +5,8 @@ Called by the local runner after the server has stopped and by benchmarks. The
 parent never imports torch. While the child runs, the parent reads its lines with a one-second
 select (cooperative under gevent, so the runner's SIGINT/SIGTERM handler still runs), reports which
 batch size is being measured and for how long, and on any exception — an interrupt included — kills
-the child's whole process group before re-raising.
+the child's whole process group before re-raising. The child runs under a watchdog
+(:mod:`servinglab.lifeline`), so it goes too when the parent dies without a chance to kill it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from servinglab import lifeline
 from servinglab.api.results import RawRow
 from servinglab.measure.raw.figures import RawCache, RawFigures
 
@@ -70,13 +71,13 @@ def measure(
 
 def _child_events(request: dict[str, Any], progress: Callable[[str], None]) -> Any:
     errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed in finally) a file, not a pipe: never blocks the child
-    child = subprocess.Popen(
+    guard = lifeline.spawn(  # its own group, ended at once (no grace) when we stop it or die
         [sys.executable, "-m", "servinglab.measure.raw.child", json.dumps(request)],
+        grace_seconds=0,
         stdout=subprocess.PIPE,
         stderr=errors,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,  # its own group: an interrupt here ends every thread torch started
     )
+    child = guard.process  # the watchdog: the child's output passes through, its exit status is the child's
     assert child.stdout is not None
     try:
         buffer, current, since, last_note = b"", None, time.monotonic(), time.monotonic()
@@ -98,13 +99,11 @@ def _child_events(request: dict[str, Any], progress: Callable[[str], None]) -> A
             elif current is not None and time.monotonic() - last_note >= HEARTBEAT_SECONDS:
                 progress(f"Ceiling: still at batch {current}, {time.monotonic() - since:.0f} s so far")
                 last_note = time.monotonic()
-        if child.wait() != 0:
+        if (status := guard.wait()) != 0:
             errors.seek(0)
             tail = errors.read().decode(errors="replace").strip().splitlines()[-8:]
-            raise RawProbeError(f"the raw-throughput probe exited with {child.returncode}: " + "\n".join(tail))
+            raise RawProbeError(f"the raw-throughput probe exited with {status}: " + "\n".join(tail))
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+        guard.stop()
         child.stdout.close()
         errors.close()

@@ -31,6 +31,19 @@ from servinglab.api import LoadSpec, ServerSpec
 
 ARCHIVE_VERSION = "1.0"
 
+#: TorchServe's `allowed_urls` (comma-separated regexes, each matched against a whole registration URL).
+#: How TorchServe 0.12 treats the `url` of a model or workflow registration (ModelArchive.downloadModel):
+#: one that matches a pattern is fetched with java.net.URL into the store; one that matches none is
+#: refused if it is a file:// or http(s):// URL, and otherwise read as a path: a name in the store, or
+#: a directory anywhere on disk, unchecked. So a list of "our" URLs alone would still load any absolute
+#: directory path, and the default list fetches any file:// or http(s):// URL — with a workflow archive
+#: even while `enable_model_api` is false. The one pattern here sends every absolute path to the fetch,
+#: which cannot fetch a path (no scheme) and refuses it; every URL with a scheme matches nothing and is
+#: refused. What is left is a bare name in the model store, which sits in a directory only this user can
+#: write (the local runner's private work directory; a pod's emptyDir): `load_models=<name>` at start-up
+#: and the local sweep's re-registration (`url=<name>`) load that, and nothing else can be registered.
+ALLOWED_URLS = "/.*"
+
 
 @dataclass(frozen=True)
 class Addresses:
@@ -114,10 +127,12 @@ def config_properties(
         "number_of_gpu": str(number_of_gpu),
         "default_response_timeout": str(server.response_timeout_seconds),
         "default_startup_timeout": str(server.startup_timeout_seconds),
-        # Benchmarks outlive the 60-minute token lifetime; the server is never exposed beyond the
-        # experiment (loopback locally, a ClusterIP Service with management bound to localhost).
+        # Token auth stays off: in 0.12 it guards inference too (every load request would carry a key that
+        # expires after 60 minutes). What keeps a local user who can reach the management port (every user
+        # of the machine, on loopback) from running code through it is `allowed_urls` (see ALLOWED_URLS).
         "disable_token_authorization": "true",
         "enable_model_api": "true" if model_api else "false",
+        "allowed_urls": ALLOWED_URLS,
         "install_py_dep_per_model": "false",
         "metrics_mode": "prometheus",
         "metrics_config": metrics_config,

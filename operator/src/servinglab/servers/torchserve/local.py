@@ -2,8 +2,14 @@
 
 The local runner and the TorchServe tests use this. Each server gets its own work directory (config,
 model store, logs, temp — TorchServe keeps its pid file in the temp dir, so two servers never clash)
-and free loopback ports. TorchServe runs in its own process group; stopping terminates the whole
-group (Java frontend and Python workers) and then kills whatever is left, so nothing outlives it.
+and free loopback ports. TorchServe runs in its own process group under a watchdog
+(:mod:`servinglab.lifeline`): stopping ends the whole group (Java frontend and Python workers) and then
+kills whatever is left, and the watchdog does the same when this process dies without stopping it
+(SIGKILL included), so nothing outlives it.
+
+Every local user can reach the loopback ports. What they cannot do is run code in the server: the
+config's `allowed_urls` refuses a model or workflow from any URL or path but a name in the model store,
+and the model store lies in the work directory, which must not be writable by other users.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import contextlib
 import json
 import os
 import shutil
-import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -27,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from servinglab import lifeline
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
@@ -42,6 +49,8 @@ from servinglab.servers.torchserve.java import find_java_home
 from servinglab.servers.torchserve.launcher import LOAD_ATTEMPTS, LOAD_FAILED
 
 _LINK_ABOVE_BYTES = 1 << 20
+#: How long TorchServe may take to stop on SIGTERM before what is left of it is killed.
+STOP_GRACE_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,8 @@ class LocalTorchServe:
             grpc_inference_port=ports[3],
             grpc_management_port=ports[4],
         )
-        self.process: subprocess.Popen[bytes] | None = None
+        self.guard: lifeline.Guarded | None = None
+        self.process: subprocess.Popen[bytes] | None = None  # the watchdog; its exit status is TorchServe's
         self.started_at: float | None = None
         self.gpus = visible_gpus()
         self.tmpdir: Path | None = None
@@ -101,6 +111,14 @@ class LocalTorchServe:
     def prepare(self) -> Path:
         """Write config.properties, metrics.yaml and a model store holding this experiment's copy
         of the model directory with its rendered model-config.yaml; return the config path."""
+        self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.workdir.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            # TorchServe loads what its model store holds, and resolves a relative registration path
+            # against this directory (its working directory): others must not be able to put a model here
+            raise ServerError(
+                f"the work directory {self.workdir} is writable by other users "
+                f"(mode {stat.S_IMODE(self.workdir.stat().st_mode):o}); use a private one (e.g. mode 700)"
+            )
         store = self.workdir / "model-store"
         model_dir = store / self.model_name
         if model_dir.exists():
@@ -160,15 +178,17 @@ class LocalTorchServe:
         ]  # fmt: skip
         self.started_at = time.monotonic()
         with open(self.workdir / "logs" / "launcher.log", "ab") as log:
-            self.process = subprocess.Popen(
+            # its own process group under a watchdog: stop() ends every descendant, and so does the
+            # watchdog when this process dies without stopping it
+            self.guard = lifeline.spawn(
                 command,
+                grace_seconds=STOP_GRACE_SECONDS,
                 cwd=self.workdir,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # own process group: stop() can reach every descendant
             )
+        self.process = self.guard.process
 
     def wait_ready(self, timeout_seconds: float) -> float:
         """Block until all requested workers are READY; return seconds since start (cold start)."""
@@ -253,30 +273,20 @@ class LocalTorchServe:
             return ""
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
-    def stop(self, grace_seconds: float = 15.0) -> None:
-        """Terminate the process group, then kill any survivor; idempotent."""
-        if self.process is None:
+    def stop(self) -> None:
+        """End TorchServe's process group (SIGTERM, SIGKILL after STOP_GRACE_SECONDS), then kill any
+        descendant that left the group; idempotent."""
+        if self.guard is None:
             return
         descendants: list[psutil.Process] = []
         with contextlib.suppress(psutil.Error):
-            descendants = psutil.Process(self.process.pid).children(recursive=True)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(timeout=grace_seconds)
-            except subprocess.TimeoutExpired:
-                continue
-            if sig is signal.SIGTERM:
-                _, alive = psutil.wait_procs(descendants, timeout=grace_seconds)
-                if not alive:
-                    break
+            descendants = psutil.Process(self.guard.process.pid).children(recursive=True)
+        self.guard.stop()
         for proc in descendants:  # anything that left the group (setsid) still goes
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         psutil.wait_procs(descendants, timeout=5)
+        self.guard = None
         self.process = None
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
