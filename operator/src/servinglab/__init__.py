@@ -1,9 +1,10 @@
-"""servinglab: find the TorchServe configuration that gets the most out of a model on a GPU.
+"""servinglab: which server configuration serves a model best on this hardware, within its SLO, and why.
 
-Public entry points are the `servinglab` command (:mod:`servinglab.cli`) and the experiment spec
-(:mod:`servinglab.spec`). The local runner (:mod:`servinglab.runner`) starts a real TorchServe
-(:mod:`servinglab.local_server`) configured by :mod:`servinglab.tsconfig` and drives it with the
-Locust-based load generator (:mod:`servinglab.loadgen`).
+The `servinglab` command (:mod:`servinglab.cli`) runs an experiment or a sweep on one machine
+(:mod:`servinglab.local`) or follows it on a cluster, where the operator (:mod:`servinglab.k8s`) runs
+it. What users write and read is :mod:`servinglab.api`; the model servers sit behind one seam
+(:mod:`servinglab.servers`); :mod:`servinglab.measure` turns the load generator's
+(:mod:`servinglab.loadgen`) exact samples into the typed results. The layers are in `.importlinter`.
 """
 
 __version__ = "0.1.0"
