@@ -1,18 +1,25 @@
-"""The generated ServingExperiment CRD on the real API server: served, examples accepted, bad
-values rejected by the server with the field named."""
+"""The generated CRDs on the real API server: served, examples accepted, bad values rejected by the
+server with the field named, and finished statuses (typed, generated schema) stored and read back
+unchanged."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from clusterenv.controlplane import Cluster
+from servinglab.api import conditions as cond
 from servinglab.api import grid, parse_experiment, parse_sweep
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest
+from servinglab.api.results import ExperimentResults, ModelDescription, to_json
+from servinglab.api.status import ExperimentStatus, ResultsRef, SweepStatus
+from servinglab.k8s.experiment.status import summary_of
 
 pytestmark = pytest.mark.k8s
 
@@ -117,3 +124,77 @@ def test_validate_and_the_api_server_refuse_the_same_bad_types(
         check=False,
     )  # fmt: skip
     assert server.returncode != 0 and f"spec.{path}" in server.stderr, server.stderr
+
+
+# -- the typed status, stored and read back ----------------------------------------------------------
+
+OLD = Path(__file__).resolve().parents[1] / "fixtures" / "v0.1.0"
+
+
+def status_of_this_version() -> ExperimentStatus:
+    """A finished experiment's status as this operator writes it, from a local run's document that has
+    every kind of figure (open loop, repeats, stability, generator verdicts, peak rate, ceiling, model)."""
+    local = ExperimentResults.model_validate_json((OLD / "results-open.json").read_text())
+    levels = [level.compact() for level in local.results]
+    model = local.model_info or ModelDescription(
+        name="tiny", source="built-in:tiny", format="builtin", parameters=2_906, flops_per_inference=3_244_672
+    )
+    conditions = cond.set_condition([], cond.SUCCEEDED, True, "Measured", "results are in status.results", 1)
+    conditions = cond.set_condition(conditions, cond.GPU_METRICS, False, "NotConfigured", "no Prometheus URL", 1)
+    return ExperimentStatus(
+        conditions=conditions, observed_generation=1, started_at="2026-11-23T10:00:00Z", server_pod="open-server-0",
+        cold_start_seconds=3.25, model=model, results=levels,
+        summary=summary_of(levels, 2000.0, "Succeeded", local.peak_rate),
+        results_ref=ResultsRef(name="open-results", key="results.json"),
+        peak_rate=local.peak_rate, ceiling=local.ceiling, generator_key_secret="open-load-key-x7k2p",
+        finished_at="2026-11-23T10:01:00Z", cleaned_up_at="2026-11-23T10:01:02Z",
+    )  # fmt: skip
+
+
+def stored_status(cluster: Cluster, namespace: str, kind: str, document: dict[str, Any], status: BaseModel) -> Any:
+    """Apply `document`, write `status` through the status subresource, read the object back."""
+    cluster.kubectl.apply(document, namespace=namespace)
+    name = document["metadata"]["name"]
+    patch = json.dumps({"status": to_json(status)})
+    cluster.kubectl.run("patch", kind, name, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch)
+    return cluster.kubectl.get(kind, name, "-n", namespace)["status"]
+
+
+@pytest.mark.parametrize("written", ["this version", "status-smoke", "status-open"])
+def test_a_finished_experiments_status_is_stored_and_read_back_unchanged(
+    cluster: Cluster, namespace: str, crd_installed: None, written: str
+) -> None:
+    status = (
+        status_of_this_version()
+        if written == "this version"
+        else ExperimentStatus.model_validate_json((OLD / f"{written}.json").read_text())
+    )
+    document = yaml.safe_load((EXAMPLES / "experiment-smoke.yaml").read_text())
+    stored = stored_status(cluster, namespace, "sx", document, status)
+    # nothing pruned by the generated schema, nothing changed: the same typed status, field for field
+    assert ExperimentStatus.model_validate(stored) == status
+    assert to_json(ExperimentStatus.model_validate(stored)) == to_json(status)
+
+
+def test_a_finished_sweeps_status_is_stored_and_read_back_unchanged(
+    cluster: Cluster, namespace: str, crd_installed: None
+) -> None:
+    status = SweepStatus.model_validate_json((OLD / "status-sweep.json").read_text())
+    assert status.trials and status.best is not None and status.front  # a finished sweep, every part present
+    document = yaml.safe_load((EXAMPLES / "sweep-smoke.yaml").read_text())
+    stored = stored_status(cluster, namespace, "servingsweep", document, status)
+    assert SweepStatus.model_validate(stored) == status
+    assert to_json(SweepStatus.model_validate(stored)) == to_json(status)
+
+
+def test_a_status_the_schema_does_not_describe_is_refused(
+    cluster: Cluster, namespace: str, crd_installed: None
+) -> None:
+    document = yaml.safe_load((EXAMPLES / "experiment-smoke.yaml").read_text())
+    cluster.kubectl.apply(document, namespace=namespace)
+    patch = json.dumps({"status": {"results": [{"concurrency": "four", "throughputRps": 1.0}]}})
+    refused = cluster.kubectl.run(
+        "patch", "sx", document["metadata"]["name"], "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", patch, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "status.results[0].concurrency" in refused.stderr, refused.stderr
