@@ -18,6 +18,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '[images %s] %s\n' "$(date +%T)" "$*" >&2; }
+# One build at a time per machine: `make test` starts one in the background while the tests that need
+# the images may ask for them too; the second waits, then finds them up to date.
+lock_dir=${XDG_CACHE_HOME:-$HOME/.cache}/servinglab
+mkdir -p "$lock_dir"
+exec 9>"$lock_dir/images.lock"
+flock 9
 
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -1)
 engine=${IMAGE_ENGINE:-}

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from servinglab.loadgen import wire
-from servinglab.local_server import free_ports
+from servinglab.servers.process import free_ports
 
 TOOLS = Path(__file__).parent / "tools"
 
