@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -34,6 +35,7 @@ from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest
 from servinglab.k8s import credentials
+from servinglab.k8s.leader import LEASE_NAME
 
 pytestmark = [pytest.mark.k8s]
 
@@ -41,6 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "serving"
 RELEASE = "serving"
 OPERATOR = f"{RELEASE}-operator"  # the chart's name for the operator's Deployment, SA, Role, Service
+OPERATOR_PODS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
 
 
 def helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -103,24 +106,33 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
 
     kinds = sorted(document["kind"] for document in documents)
     rbac = {document["kind"]: document for document in documents if "Role" in document["kind"]}
+    # The Lease, and only it, in the operator's own namespace, whatever it watches.
+    roles = [d for d in documents if d["kind"] == "Role"]
+    (election,) = [role for role in roles if role["metadata"]["name"] == f"{OPERATOR}-leader-election"]
+    assert election["metadata"]["namespace"] == namespace
+    assert election["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
+         "verbs": ["get", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    ]  # fmt: skip
+    watched = [role["metadata"]["namespace"] for role in roles if role is not election]
     if variant == "default":
         assert kinds == sorted(
             ["CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding",
-             "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap", "ConfigMap", "ConfigMap", "Pod",
-             "NetworkPolicy"]
+             "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap",
+             "ConfigMap", "ConfigMap", "Pod", "NetworkPolicy"]
         )  # fmt: skip
-        assert rbac["Role"]["metadata"]["namespace"] == namespace
+        assert watched == [namespace]
         # the one cluster-scoped grant of a namespaced install: listing nodes (the GPU queue)
         assert rbac["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     elif variant.startswith("all"):
         assert {"ClusterRole", "ClusterRoleBinding", "ServiceMonitor", "PodMonitor"} <= set(kinds)
-        assert "Role" not in kinds and kinds.count("ClusterRole") == 2
+        assert watched == [] and kinds.count("ClusterRole") == 2
         assert "NetworkPolicy" not in kinds  # the namespaces are not known: the README says what to apply
         podmonitor = next(d for d in documents if d["kind"] == "PodMonitor")
         assert podmonitor["spec"]["namespaceSelector"] == {"any": True}
     else:
-        roles = [d["metadata"]["namespace"] for d in documents if d["kind"] == "Role"]
-        assert roles == [namespace, "default"]
+        assert watched == [namespace, "default"]
         policies = [d for d in documents if d["kind"] == "NetworkPolicy"]
         assert [policy["metadata"]["namespace"] for policy in policies] == [namespace, "default"]
         policy = policies[0]["spec"]
@@ -275,6 +287,7 @@ def test_install_creates_the_operator_and_serves_the_crd(cluster: Cluster, insta
     }
     assert created == {
         ("Deployment", OPERATOR), ("ServiceAccount", OPERATOR), ("Role", OPERATOR), ("RoleBinding", OPERATOR),
+        ("Role", f"{OPERATOR}-leader-election"), ("RoleBinding", f"{OPERATOR}-leader-election"),
         ("Service", OPERATOR), ("ConfigMap", f"{RELEASE}-dashboard-torchserve"),
         ("ConfigMap", f"{RELEASE}-dashboard-gpu"), ("ConfigMap", f"{RELEASE}-dashboard-experiments"),
     }  # fmt: skip
@@ -286,7 +299,8 @@ def test_install_creates_the_operator_and_serves_the_crd(cluster: Cluster, insta
     assert cluster.kubectl.run("get", "servingexperiments", "-n", ns).returncode == 0
 
 
-# What the operator does, written out independently of the chart: the RBAC must be exactly this.
+# What the operator does in each namespace it watches, written out independently of the chart: the RBAC
+# must be exactly this.
 OPERATOR_NEEDS = {
     "servingexperiments.servinglab.dev": {"get", "list", "watch", "create", "patch"},
     "servingexperiments.servinglab.dev/status": {"patch"},
@@ -294,7 +308,6 @@ OPERATOR_NEEDS = {
     "servingsweeps.servinglab.dev/status": {"patch"},
     "servingexperiments.servinglab.dev/finalizers": {"update"},  # OwnerReferencesPermissionEnforcement
     "servingsweeps.servinglab.dev/finalizers": {"update"},
-    "leases.coordination.k8s.io": {"get", "create", "update"},  # leader election
     "nodes": {"list"},  # cluster-scoped: the GPU queue's capacity
     "configmaps": {"get", "create", "patch"},
     "serviceaccounts": {"get", "create", "patch"},
@@ -308,6 +321,8 @@ OPERATOR_NEEDS = {
     "secrets": {"create"},  # the load pods' generator key; never read back
     "networkpolicies.networking.k8s.io": {"get", "create", "patch"},
 }
+# ...and in its own namespace only: leader election, reading and renewing its one Lease.
+LEADER_ELECTION = {"leases.coordination.k8s.io": {"get", "create", "update"}}
 # Granted to every authenticated identity by Kubernetes itself (system:basic-user and friends).
 EVERYONE_MAY = {
     "selfsubjectreviews.authentication.k8s.io",
@@ -336,12 +351,16 @@ def can_i(cluster: Cluster, identity: str, *request: str) -> bool:
 def test_operator_service_account_can_do_exactly_what_it_needs(cluster: Cluster, installed: Installed) -> None:
     ns = installed.namespace
     identity = f"system:serviceaccount:{ns}:{OPERATOR}"
-    assert can_i_list(cluster, ns, identity) == OPERATOR_NEEDS
+    assert can_i_list(cluster, ns, identity) == OPERATOR_NEEDS | LEADER_ELECTION
     for resource, verbs in OPERATOR_NEEDS.items():
         name, _, subresource = resource.partition("/")
         extra = [f"--subresource={subresource}"] if subresource else []
         for verb in verbs:
             assert can_i(cluster, identity, verb, name, "-n", ns, *extra), (verb, resource)
+    for verb in ("get", "update"):  # its own Lease, no other
+        assert can_i(cluster, identity, verb, f"leases.coordination.k8s.io/{LEASE_NAME}", "-n", ns), verb
+        assert not can_i(cluster, identity, verb, "leases.coordination.k8s.io/kube-scheduler", "-n", ns), verb
+    assert can_i(cluster, identity, "create", "leases.coordination.k8s.io", "-n", ns)
     for request in (
         ["get", "secrets", "-n", ns],
         ["list", "secrets", "-n", ns],
@@ -385,6 +404,9 @@ def test_all_namespaces_option_grants_the_same_rules_cluster_wide(cluster: Clust
             "customresourcedefinitions.apiextensions.k8s.io": {"list", "watch"},
         }
         assert can_i(cluster, identity, "list", "servingexperiments.servinglab.dev", "--all-namespaces")
+        assert can_i_list(cluster, namespace, identity) == {
+            **OPERATOR_NEEDS, **LEADER_ELECTION, "customresourcedefinitions.apiextensions.k8s.io": {"list", "watch"},
+        }  # fmt: skip
         assert not can_i(cluster, identity, "get", "secrets", "-n", elsewhere)
         deployment = cluster.kubectl.get("deployment", f"{release}-operator", "-n", namespace)
         assert "--all-namespaces" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]

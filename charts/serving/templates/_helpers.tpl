@@ -100,10 +100,6 @@ Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl 
 - apiGroups: ["servinglab.dev"]
   resources: ["servingexperiments/finalizers", "servingsweeps/finalizers"]
   verbs: ["update"]
-# Leader election: one Lease, so that exactly one operator replica acts.
-- apiGroups: ["coordination.k8s.io"]
-  resources: ["leases"]
-  verbs: ["get", "create", "update"]
 # Server config, results ConfigMap, the load Job's ServiceAccount: server-side applied (create+patch),
 # results read back (get). Never deleted by the operator: garbage collection follows the owner.
 - apiGroups: [""]
