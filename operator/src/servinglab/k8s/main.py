@@ -24,6 +24,7 @@ from servinglab.api import conditions as cond
 from servinglab.k8s import leader
 from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.client import Kube, KubeError, Ref
+from servinglab.k8s.experiment import snapshot
 from servinglab.k8s.experiment.reconcile import reconcile
 from servinglab.k8s.settings import Settings
 from servinglab.k8s.sweep.reconcile import reconcile_sweep
@@ -143,11 +144,11 @@ async def drive(
 ) -> None:
     """One per experiment, restarted with the operator: reconcile until finished."""
     ref = Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace or "", name)
-    deployed = False
+    deployed, pinned = False, snapshot.Pinned()
 
     async def step(body: dict[str, Any]) -> bool:
         nonlocal deployed
-        outcome = await reconcile(memo.kube, body, memo.settings, deploy=not deployed)
+        outcome = await reconcile(memo.kube, body, memo.settings, deploy=not deployed, pinned=pinned)
         deployed = deployed or outcome is not None  # once per daemon run, by the first pass past the queue
         return outcome is True
 
