@@ -33,6 +33,8 @@ class Operator:
             "SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS": "3",
             # a killed leader's Lease runs out in 4 s (renewed every 1.3 s), so a standby or restart takes over soon
             "SERVINGLAB_LEASE_SECONDS": "4",
+            # as if installed in the namespace it watches (the chart's default): its Lease lives there
+            "POD_NAMESPACE": self.namespace,
             **self.extra_env,
         }
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -144,15 +144,12 @@ Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl 
 {{- end }}
 
 {{/*
-serving.leaseNamespace is where the operator keeps its leader-election Lease, as servinglab.cli chooses
-it: the first watched namespace in sort order, or with watchAllNamespaces the operator's own.
+serving.leaseNamespace is where the operator keeps its leader-election Lease: its own namespace (the
+release's), whatever namespaces it watches, so every replica of this install contends for the same one
+(servinglab.k8s.settings.own_namespace reads it from the pod's namespace).
 */}}
 {{- define "serving.leaseNamespace" -}}
-{{- if .Values.watchAllNamespaces }}
 {{- .Release.Namespace }}
-{{- else }}
-{{- include "serving.watchNamespaces" . | fromJsonArray | sortAlpha | first }}
-{{- end }}
 {{- end }}
 
 {{/*

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,10 @@ class Conflict(KubeError):
     """409: the object changed since it was read (optimistic concurrency), or already exists."""
 
 
+class Fenced(KubeError):
+    """A write not sent: this process no longer holds the leader-election Lease (:attr:`Kube.fence`)."""
+
+
 def _map(exc: ApiException, what: str) -> KubeError:
     try:
         message = json.loads(exc.body or "{}").get("message") or exc.reason
@@ -119,6 +124,9 @@ class Kube:
         self.timeout_seconds = timeout_seconds or float(
             os.environ.get("SERVINGLAB_API_TIMEOUT_SECONDS", API_TIMEOUT_SECONDS)
         )
+        #: Writes go out only while this says True (the operator's: its leadership is still valid, a local
+        #: clock check); None: always. Reads are never fenced.
+        self.fence: Callable[[], bool] | None = None
 
     @classmethod
     async def connect(cls) -> Kube:
@@ -141,6 +149,8 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        if method != "GET" and self.fence is not None and not self.fence():
+            raise Fenced(f"{what}: not sent, this operator no longer leads (its Lease was not renewed in time)")
         try:
             # the client's own timeout covers the socket; wait_for also covers a stuck connection pool
             result = await asyncio.wait_for(

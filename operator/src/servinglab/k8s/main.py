@@ -24,6 +24,7 @@ from servinglab.api import conditions as cond
 from servinglab.k8s import leader
 from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.client import Kube, KubeError, Ref
+from servinglab.k8s.experiment import snapshot
 from servinglab.k8s.experiment.reconcile import reconcile
 from servinglab.k8s.settings import Settings
 from servinglab.k8s.sweep.reconcile import reconcile_sweep
@@ -41,12 +42,6 @@ def run_operator(namespaces: list[str], all_namespaces: bool, liveness: str) -> 
     # Watching named namespaces needs no cluster-wide list of namespaces or CRDs, so a namespaced
     # Role suffices (the Helm chart's default); cluster-wide, kopf keeps noticing CRD changes.
     settings.scanning.disabled = not all_namespaces
-    # The leader-election Lease: in the first watched namespace, so any two operators watching the same
-    # namespaces (a rollout surge, a second install) contend for the same Lease; cluster-wide, in
-    # the operator's own namespace.
-    if not os.environ.get("SERVINGLAB_LEASE_NAMESPACE"):
-        first = min(namespaces) if namespaces else os.environ.get("POD_NAMESPACE", "default")
-        os.environ["SERVINGLAB_LEASE_NAMESPACE"] = first
     os.environ["SERVINGLAB_LIVENESS_URL"] = liveness  # a standby answers it too (servinglab.k8s.leader)
     kopf.run(
         settings=settings,
@@ -76,12 +71,25 @@ async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
     memo.kube = await Kube.connect()
     memo.settings = Settings.from_env()
     opmetrics.start_server()
-    # Exactly one operator acts: wait here, before any handler runs, until this process leads.
+    # Exactly one operator acts: wait here, before any handler runs, until this process leads. The Lease
+    # has a client of its own, its calls bounded well under the lease; the reconcilers' client sends no
+    # write once leadership may have lapsed (the fence: a local clock check, no API call).
     identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    memo.election = leader.Election(memo.kube, memo.settings.lease_namespace, identity, memo.settings.lease_seconds)
+    lease_seconds = memo.settings.lease_seconds
+    lease_kube = await Kube.connect()
+    lease_kube.timeout_seconds = max(lease_seconds / 3, 1.0)
+    memo.election = leader.Election(lease_kube, memo.settings.lease_namespace, identity, lease_seconds)
     async with leader.standby_health(os.environ.get("SERVINGLAB_LIVENESS_URL")):
         await memo.election.acquire()
+    memo.kube.fence = memo.election.leading
     memo.renewal = asyncio.create_task(memo.election.keep(_lost_leadership))
+    memo.renewal.add_done_callback(_renewal_ended)
+
+
+def _renewal_ended(task: asyncio.Task[None]) -> None:
+    """The renewal task never ends while this process leads: if it does (but by a clean stop), step down."""
+    if not task.cancelled():
+        _lost_leadership(f"the lease renewal ended: {task.exception()!r}")
 
 
 def _lost_leadership(why: str) -> None:
@@ -96,6 +104,7 @@ async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
     memo.renewal.cancel()
     await memo.election.release()
     await memo.kube.close()
+    await memo.election.kube.close()
 
 
 def _running(status: kopf.Status, **_: Any) -> bool:
@@ -135,11 +144,11 @@ async def drive(
 ) -> None:
     """One per experiment, restarted with the operator: reconcile until finished."""
     ref = Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace or "", name)
-    deployed = False
+    deployed, pinned = False, snapshot.Pinned()
 
     async def step(body: dict[str, Any]) -> bool:
         nonlocal deployed
-        outcome = await reconcile(memo.kube, body, memo.settings, deploy=not deployed)
+        outcome = await reconcile(memo.kube, body, memo.settings, deploy=not deployed, pinned=pinned)
         deployed = deployed or outcome is not None  # once per daemon run, by the first pass past the queue
         return outcome is True
 

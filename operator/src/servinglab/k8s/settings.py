@@ -6,7 +6,9 @@ Read once at start-up by :mod:`servinglab.k8s.main` and handed to every reconcil
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from servinglab.k8s import credentials
 
@@ -25,7 +27,8 @@ class Settings:
     """How long the server pod may stay unschedulable before the experiment fails
     (SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS)."""
     lease_namespace: str = "default"
-    """Where the leader-election Lease lives (SERVINGLAB_LEASE_NAMESPACE; the CLI sets it)."""
+    """Where the leader-election Lease lives: the operator's own namespace, whatever it watches, so that
+    every replica of one install contends for the same Lease (:func:`own_namespace`)."""
     lease_seconds: float = 15.0
     """How long a silent leader keeps the Lease before a standby takes over (SERVINGLAB_LEASE_SECONDS)."""
     model_credentials: tuple[credentials.AllowedCredential, ...] = ()
@@ -45,8 +48,23 @@ class Settings:
             unschedulable_grace_seconds=float(
                 env.get("SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS", cls.unschedulable_grace_seconds)
             ),
-            lease_namespace=env.get("SERVINGLAB_LEASE_NAMESPACE") or cls.lease_namespace,
+            lease_namespace=own_namespace(env),
             lease_seconds=float(env.get("SERVINGLAB_LEASE_SECONDS", cls.lease_seconds)),
             model_cache_claim=env.get("SERVINGLAB_MODEL_CACHE_CLAIM") or None,
             model_credentials=credentials.parse(env.get(credentials.ENV, "")),
         )
+
+
+#: Where Kubernetes tells a pod its namespace, beside its service account's token.
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def own_namespace(env: Mapping[str, str]) -> str:
+    """The operator's namespace: SERVINGLAB_LEASE_NAMESPACE if set, else POD_NAMESPACE (the chart sets it
+    from the pod), else the pod's service-account namespace, else `default` (a run outside a cluster)."""
+    if named := env.get("SERVINGLAB_LEASE_NAMESPACE") or env.get("POD_NAMESPACE"):
+        return named
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or Settings.lease_namespace
+    except OSError:
+        return Settings.lease_namespace

@@ -15,6 +15,9 @@ the same children, at most one Job, nothing lost. Children are recognised by the
 name alone, so a deleted and re-applied experiment never reads its predecessor's pods, Job or results.
 
 The server's kind (:func:`servinglab.servers.get`) gives the pod; nothing here knows a server.
+
+Upgrades mid-run: a started experiment runs on the spec it was validated with (:mod:`.snapshot`), and its
+server is never re-applied once ready, so a new CRD or a new operator changes nothing under it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from servinglab.api import conditions as cond
 from servinglab.api.status import ExperimentSummary, ResultsRef
 from servinglab.k8s import builders, credentials
 from servinglab.k8s.client import Forbidden, Kube, Ref
-from servinglab.k8s.experiment import diagnose, gpuqueue
+from servinglab.k8s.experiment import diagnose, gpuqueue, snapshot
 from servinglab.k8s.experiment.admission import admitted
 from servinglab.k8s.experiment.collect import collect, job_message
 from servinglab.k8s.experiment.status import Experiment
@@ -38,16 +41,19 @@ from servinglab.loadgen import wire
 from servinglab.servers.base import Manifest, PodInputs, PodPlan
 
 
-async def reconcile(kube: Kube, body: Manifest, settings: Settings, deploy: bool = True) -> bool | None:
+async def reconcile(
+    kube: Kube, body: Manifest, settings: Settings, deploy: bool = True, pinned: snapshot.Pinned | None = None
+) -> bool | None:
     """Move the experiment one step; True once it has finished (Succeeded or Failed), None while it
     waits in the GPU queue (nothing deployed yet), else False.
 
-    `deploy` applies the children (idempotent); the daemon asks for it on its first pass only — at
-    creation, and again after an operator restart — not on every poll of a running experiment.
+    `deploy` applies the children (idempotent) until the server is ready; the daemon asks for it on its
+    first pass only — at creation, and again after an operator restart — not on every poll of a running
+    experiment. `pinned` keeps a started experiment's snapshot between the passes of one daemon run.
     """
     experiment = Experiment(kube, body, settings)
     if not cond.finished(experiment.conditions):
-        outcome = await _advance(experiment, body, deploy)
+        outcome = await _advance(experiment, body, deploy, pinned or snapshot.Pinned())
         if outcome is not True:
             return outcome
     await _clean_up(experiment)
@@ -64,7 +70,18 @@ def _plan(experiment: Experiment, spec: ExperimentSpec) -> PodPlan:
     return servers.get(spec.server.kind).pod(spec, inputs)
 
 
-async def _advance(experiment: Experiment, body: Manifest, deploy: bool) -> bool | None:
+async def _spec(experiment: Experiment, body: Manifest, pinned: snapshot.Pinned) -> ExperimentSpec | None:
+    """The spec this pass runs on; None once the experiment has failed for it. A started experiment runs on
+    its snapshot (:mod:`.snapshot`), never re-validated from the live spec, so that an upgrade mid-run
+    cannot fail it; before the start, the live spec is validated and checked against what Kubernetes and
+    the operator's settings allow."""
+    if experiment.status.started_at is not None:
+        try:
+            if (started := await snapshot.read(experiment, pinned)) is not None:
+                return started
+        except SpecError as exc:
+            await experiment.fail("InvalidSpec", "the spec it started with: " + "; ".join(exc.problems))
+            return None
     try:
         document = {
             "apiVersion": body.get("apiVersion"),
@@ -75,14 +92,19 @@ async def _advance(experiment: Experiment, body: Manifest, deploy: bool) -> bool
         spec = parse_experiment(document).spec
     except SpecError as exc:
         await experiment.fail("InvalidSpec", "; ".join(exc.problems))
-        return True
+        return None
     if problems := diagnose.cluster_problems(spec):
         await experiment.fail("InvalidSpec", "; ".join(problems))
-        return True
+        return None
     if problems := credentials.problems(spec, experiment.namespace, experiment.settings.model_credentials):
         await experiment.fail("CredentialsNotAllowed", "; ".join(problems))
-        return True
+        return None
+    return spec
 
+
+async def _advance(experiment: Experiment, body: Manifest, deploy: bool, pinned: snapshot.Pinned) -> bool | None:
+    if (spec := await _spec(experiment, body, pinned)) is None:
+        return True
     status = experiment.status
     if status.started_at is None and spec.server.gpus > 0 and not await admitted(experiment, spec):
         return True if cond.finished(experiment.conditions) else None
@@ -97,7 +119,9 @@ async def _advance(experiment: Experiment, body: Manifest, deploy: bool) -> bool
         )
 
     plan = _plan(experiment, spec)
-    if deploy and not cond.is_true(experiment.conditions, cond.LOAD_TEST_COMPLETE):
+    # Never once the server is ready: an operator upgraded mid-run (another servinglab image, another
+    # cache claim) would change the pod template and so replace the server under test.
+    if deploy and not cond.is_true(experiment.conditions, cond.SERVER_READY):
         deployed = await _deploy(experiment, spec, plan)
         if deployed is not True:
             return deployed
@@ -131,14 +155,8 @@ async def _predecessor(experiment: Experiment, ref: Ref) -> Obstacle | None:
 async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -> bool | None:
     """Apply the children; None (nothing applied) while a predecessor's children are still there."""
     owner = experiment.owner
-    document = {
-        "apiVersion": experiment.ref.api_version,
-        "kind": KIND,
-        "metadata": {"name": experiment.name},
-        "spec": spec.model_dump(by_alias=True, mode="json"),
-    }
     manifests = (
-        builders.config_map(owner, plan, document),
+        builders.config_map(owner, plan, snapshot.document(experiment.name, spec)),
         builders.results_config_map(owner),
         builders.load_service_account(owner),
         builders.load_role(owner),
