@@ -28,8 +28,8 @@ from servinglab.api import conditions as cond
 from servinglab.api.status import ExperimentSummary, ResultsRef
 from servinglab.k8s import builders, credentials
 from servinglab.k8s.client import Forbidden, Kube, Ref
-from servinglab.k8s.experiment import diagnose, gpuqueue
-from servinglab.k8s.experiment.admission import admitted
+from servinglab.k8s.experiment import diagnose
+from servinglab.k8s.experiment.admission import GpuQueue, admitted
 from servinglab.k8s.experiment.collect import collect, job_message
 from servinglab.k8s.experiment.status import Experiment
 from servinglab.k8s.settings import Settings
@@ -38,7 +38,9 @@ from servinglab.loadgen import wire
 from servinglab.servers.base import Manifest, PodInputs, PodPlan
 
 
-async def reconcile(kube: Kube, body: Manifest, settings: Settings, deploy: bool = True) -> bool | None:
+async def reconcile(
+    kube: Kube, body: Manifest, settings: Settings, queue: GpuQueue, deploy: bool = True
+) -> bool | None:
     """Move the experiment one step; True once it has finished (Succeeded or Failed), None while it
     waits in the GPU queue (nothing deployed yet), else False.
 
@@ -47,7 +49,7 @@ async def reconcile(kube: Kube, body: Manifest, settings: Settings, deploy: bool
     """
     experiment = Experiment(kube, body, settings)
     if not cond.finished(experiment.conditions):
-        outcome = await _advance(experiment, body, deploy)
+        outcome = await _advance(experiment, body, queue, deploy)
         if outcome is not True:
             return outcome
     await _clean_up(experiment)
@@ -60,11 +62,12 @@ def _plan(experiment: Experiment, spec: ExperimentSpec) -> PodPlan:
         servinglab_image=experiment.settings.servinglab_image,
         model_cache_claim=experiment.settings.model_cache_claim,
         experiment_file=builders.EXPERIMENT_FILE,
+        gpu_resource=experiment.settings.gpu_resource,
     )
     return servers.get(spec.server.kind).pod(spec, inputs)
 
 
-async def _advance(experiment: Experiment, body: Manifest, deploy: bool) -> bool | None:
+async def _advance(experiment: Experiment, body: Manifest, queue: GpuQueue, deploy: bool) -> bool | None:
     try:
         document = {
             "apiVersion": body.get("apiVersion"),
@@ -84,7 +87,7 @@ async def _advance(experiment: Experiment, body: Manifest, deploy: bool) -> bool
         return True
 
     status = experiment.status
-    if status.started_at is None and spec.server.gpus > 0 and not await admitted(experiment, spec):
+    if status.started_at is None and spec.server.gpus > 0 and not await admitted(experiment, queue):
         return True if cond.finished(experiment.conditions) else None
     if experiment.status.started_at is None:
         await experiment.set(
@@ -213,7 +216,7 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
         return True
     unschedulable = diagnose.unschedulable_reason(pods)
     # Admitted means some node can hold it: a GPU still held by a finishing server is a wait, not a failure.
-    waiting_for_gpu = unschedulable is not None and f"Insufficient {gpuqueue.GPU}" in unschedulable
+    waiting_for_gpu = unschedulable is not None and f"Insufficient {experiment.settings.gpu_resource}" in unschedulable
     if unschedulable is not None and not waiting_for_gpu and elapsed > experiment.settings.unschedulable_grace_seconds:
         await experiment.fail("Unschedulable", f"the scheduler cannot place the server: {unschedulable}")
         return True
