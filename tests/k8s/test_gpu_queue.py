@@ -52,8 +52,7 @@ def second_namespace(cluster: Cluster) -> Iterator[str]:
 
 def holder(name: str, gpus: int, **server: Any) -> dict[str, Any]:
     """An experiment whose server keeps its GPUs: it never gets ready, and its startup timeout is long."""
-    body = experiment(name, gpus=gpus, startupTimeoutSeconds=900, **server)
-    return body
+    return experiment(name, gpus=gpus, startupTimeoutSeconds=900, **server)
 
 
 def foreign_gpu_pod(name: str, node: str) -> dict[str, Any]:
@@ -128,8 +127,10 @@ def test_two_pools_and_two_namespaces_share_one_queue_without_blocking_or_overco
             for p in cluster.kubectl.get("pods", "-n", ns, "-l", "app.kubernetes.io/component=server")["items"]
             if not p["metadata"].get("deletionTimestamp")
         }
-        assert nodes["a100-two"] == a100_node and nodes["t4-b"].startswith("gpu-t4-") and nodes["t4-c"].startswith(
-            "gpu-t4-"
+        assert (
+            nodes["a100-two"] == a100_node
+            and nodes["t4-b"].startswith("gpu-t4-")
+            and nodes["t4-c"].startswith("gpu-t4-")
         )
         # no pod was ever left Pending for want of a GPU (the scheduler would have said so)
         for ns in (ns1, ns2):

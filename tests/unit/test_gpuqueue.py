@@ -87,7 +87,7 @@ TABLE = {
             [pod("a100-0", 4, "held")],
             [exp("held", 4, A100, started=True), exp("t4-a", second=1), exp("t4-b", second=2)],
         ),
-        {"t4-a": "admit", "t4-b": "wait 1"},  # t4-b: behind t4-a, which is being placed on the same pool
+        {"t4-a": "admit", "t4-b": "admit"},
     ),
     "a queued A100 experiment at the head blocks no T4 experiment": (
         Cluster(
@@ -166,6 +166,14 @@ TABLE = {
         ),
         {"one": "wait 1"},  # the scheduler could put `one` on n1 and leave `two` Pending
     ),
+    "one-GPU servers on the same nodes are admitted together while GPUs remain for each": (
+        Cluster(
+            [node("n0", 1, {}), node("n1", 2, {})],
+            [pod("n1", 1)],
+            [exp("x", 1, {}, started=True), exp("c1", 1, {}, second=1), exp("c2", 1, {}, second=2)],
+        ),
+        {"c1": "admit", "c2": "wait 1"},  # 2 free: one for x (not yet placed), one for c1
+    ),
     "once it is bound, the rest is free": (
         Cluster(
             [node("n0", 1, {}), node("n1", 2, {})],
@@ -221,7 +229,7 @@ def test_messages_say_what_is_in_use_where_and_who_is_ahead() -> None:
         "no node matching the server's nodeSelector and tolerations offers 4 nvidia.com/gpu "
         "(the largest offers 1, 2 nodes match)"
     )
-    placing = Cluster([node("n0", 2, {})], experiments=[exp("x", 1, {}, started=True), exp("c", 1, {}, second=1)])
+    placing = Cluster([node("n0", 3, {})], experiments=[exp("x", 2, {}, started=True), exp("c", 1, {}, second=1)])
     assert "1 admitted server(s) still being placed on these nodes" in (placing.decide()["c"].waiting or "")
 
 

@@ -10,8 +10,9 @@ One :func:`plan` decides for every queued experiment of every watched namespace 
   defaults) that have at least its GPUs. It is behind only the earlier experiments whose nodes overlap
   its own, so a queued A100 experiment never holds up a T4 one.
 * An admitted experiment whose server is not yet bound to a node may land on any of its nodes: until
-  the scheduler has placed it, nothing else is admitted onto those nodes. So no admitted server is
-  ever left Pending for want of a GPU the queue promised it.
+  the scheduler has placed it, nothing else is admitted onto those nodes — except one-GPU servers with
+  exactly the same nodes while free GPUs remain for all of them, since any free GPU there suits each.
+  So no admitted server is ever left Pending for want of a GPU the queue promised it.
 * A request that none of the nodes could ever hold fails at once, naming the largest offer.
 
 The reconciler (:mod:`.admission`) keeps the digests current from watch-fed caches and asks for the
@@ -82,12 +83,12 @@ def plan(
             pools[key] = pool(claim, by_name.values(), namespace, resource)
         return pools[key]
 
-    # servers admitted but not yet bound to a node: their nodes take no one else until they are
-    placing: dict[frozenset[str], int] = {}
+    # servers admitted but not yet bound to a node, by their nodes and whether they want one GPU
+    placing: dict[tuple[frozenset[str], bool], int] = {}
     for claim in claims:
         if claim.admitted and claim.uid not in bound:
-            fits, _ = pool_of(claim)
-            placing[fits] = placing.get(fits, 0) + 1
+            key = (pool_of(claim)[0], claim.gpus == 1)
+            placing[key] = placing.get(key, 0) + 1
     waiting: dict[frozenset[str], int] = {}
     decisions: dict[str, Decision] = {}
     for claim in sorted((c for c in claims if not c.admitted), key=lambda c: c.order):
@@ -95,12 +96,17 @@ def plan(
         if never is not None:
             decisions[claim.uid] = Decision(False, never=never)
             continue
+        unit = claim.gpus == 1
         ahead = sum(count for other, count in waiting.items() if other & fits)
-        unplaced = sum(count for other, count in placing.items() if other & fits)
+        # Servers of one GPU on exactly these nodes take any free GPU here: while enough are free, this one
+        # may go beside them. Any other server not yet placed could take the node this one needs.
+        same = placing.get((fits, True), 0) if unit else 0
+        unplaced = sum(count for (other, _), count in placing.items() if other & fits) - same
         most = max(free[name] for name in fits)
-        if not ahead and not unplaced and most >= claim.gpus:
+        room = sum(max(free[name], 0) for name in fits) - same >= 1 if unit else most >= claim.gpus
+        if not ahead and not unplaced and room:
             decisions[claim.uid] = Decision(True, position=1)
-            placing[fits] = placing.get(fits, 0) + 1
+            placing[(fits, unit)] = placing.get((fits, unit), 0) + 1
             continue
         waiting[fits] = waiting.get(fits, 0) + 1
         in_use = sum(by_name[name].gpus - max(free[name], 0) for name in fits)
@@ -110,8 +116,8 @@ def plan(
             f"free on one: {max(most, 0)}): {in_use} of {total} in use; position {ahead + 1} in the queue "
             f"({ahead} ahead)"
         )
-        if unplaced:
-            message += f"; {unplaced} admitted server(s) still being placed on these nodes"
+        if unplaced or same:
+            message += f"; {unplaced + same} admitted server(s) still being placed on these nodes"
         decisions[claim.uid] = Decision(False, waiting=message, position=ahead + 1)
     return decisions
 
