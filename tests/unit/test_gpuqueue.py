@@ -194,9 +194,19 @@ TABLE = {
         ),
         {"one": "admit"},
     ),
-    "cordoned nodes and nodes without the resource hold nothing": (
-        Cluster([node("n0", 1, {}, unschedulable=True), node("cpu", 0, {})], experiments=[exp("one", 1, {})]),
+    "a node without the resource holds nothing": (
+        Cluster([node("cpu", 0, {})], experiments=[exp("one", 1, {})]),
         {"one": "never"},
+    ),
+    "a cordoned or not ready node is waited for, not given up on": (
+        Cluster(
+            [
+                node("n0", 1, {}, unschedulable=True),
+                node("n1", 1, {}, taints=[TAINT, {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]),
+            ],
+            experiments=[exp("one", 1, {})],
+        ),
+        {"one": "wait 1"},
     ),
     "a MIG profile is its own resource": (
         Cluster(
@@ -231,6 +241,8 @@ def test_messages_say_what_is_in_use_where_and_who_is_ahead() -> None:
     )
     placing = Cluster([node("n0", 3, {})], experiments=[exp("x", 2, {}, started=True), exp("c", 1, {}, second=1)])
     assert "1 admitted server(s) still being placed on these nodes" in (placing.decide()["c"].waiting or "")
+    cordoned = Cluster([node("n0", 1, {}, unschedulable=True)], experiments=[exp("c", 1, {})]).decide()["c"]
+    assert "1 of the nodes take no pods now (cordoned, not ready or tainted)" in (cordoned.waiting or "")
 
 
 def test_a_namespace_annotation_the_api_server_would_refuse_is_named() -> None:

@@ -13,7 +13,8 @@ One :func:`plan` decides for every queued experiment of every watched namespace 
   the scheduler has placed it, nothing else is admitted onto those nodes — except one-GPU servers with
   exactly the same nodes while free GPUs remain for all of them, since any free GPU there suits each.
   So no admitted server is ever left Pending for want of a GPU the queue promised it.
-* A request that none of the nodes could ever hold fails at once, naming the largest offer.
+* A request that none of the nodes could ever hold fails at once, naming the largest offer. A node that
+  takes no pods for the moment (cordoned, not ready: the taints Kubernetes itself sets) is waited for.
 
 The reconciler (:mod:`.admission`) keeps the digests current from watch-fed caches and asks for the
 decision about its experiment.
@@ -40,22 +41,31 @@ class Decision:
     position: int = 0
 
 
-def pool(
-    claim: Claim, nodes: Iterable[Node], rules: NamespaceRules, resource: str = GPU
-) -> tuple[frozenset[str], str | None]:
-    """The nodes that could ever hold the claim's server; or, if there are none, why not."""
+@dataclass(frozen=True)
+class Pool:
+    """The nodes that could hold a claim's server (each with enough GPUs), those of them that take pods
+    now (not cordoned, not ready, ...), and, if there are none at all, why it can never run."""
+
+    nodes: frozenset[str]
+    ready: frozenset[str]
+    never: str | None = None
+
+
+def pool(claim: Claim, nodes: Iterable[Node], rules: NamespaceRules, resource: str = GPU) -> Pool:
     placed = effective(claim, rules)
     if isinstance(placed, str):
-        return frozenset(), placed
+        return Pool(frozenset(), frozenset(), placed)
     selector, tolerations = placed
-    matching = [node for node in nodes if node.hosts(selector, tolerations)]
-    fits = frozenset(node.name for node in matching if node.gpus >= claim.gpus)
+    matching = [node for node in nodes if node.hosts(selector, tolerations, now=False)]
+    fits = [node for node in matching if node.gpus >= claim.gpus]
     if fits:
-        return fits, None
+        ready = frozenset(node.name for node in fits if node.hosts(selector, tolerations))
+        return Pool(frozenset(node.name for node in fits), ready)
     largest = max((node.gpus for node in matching), default=0)
     defaults = f", with namespace {claim.namespace}'s defaults" if rules.selector or rules.tolerations else ""
-    return fits, (f"no node matching the server's nodeSelector and tolerations{defaults} offers {claim.gpus} "
-                  f"{resource} (the largest offers {largest}, {len(matching)} nodes match)")  # fmt: skip
+    return Pool(frozenset(), frozenset(),
+                f"no node matching the server's nodeSelector and tolerations{defaults} offers {claim.gpus} "
+                f"{resource} (the largest offers {largest}, {len(matching)} nodes match)")  # fmt: skip
 
 
 def plan(
@@ -74,9 +84,9 @@ def plan(
         used[pod.node] = used.get(pod.node, 0) + pod.gpus
         bound.add(pod.experiment)
     free = {name: node.gpus - used.get(name, 0) for name, node in by_name.items()}
-    pools: dict[tuple[object, ...], tuple[frozenset[str], str | None]] = {}
+    pools: dict[tuple[object, ...], Pool] = {}
 
-    def pool_of(claim: Claim) -> tuple[frozenset[str], str | None]:
+    def pool_of(claim: Claim) -> Pool:
         namespace = rules.get(claim.namespace, NamespaceRules())
         key = (claim.gpus, claim.selector, claim.tolerations, namespace)
         if key not in pools:
@@ -87,23 +97,24 @@ def plan(
     placing: dict[tuple[frozenset[str], bool], int] = {}
     for claim in claims:
         if claim.admitted and claim.uid not in bound:
-            key = (pool_of(claim)[0], claim.gpus == 1)
+            key = (pool_of(claim).nodes, claim.gpus == 1)
             placing[key] = placing.get(key, 0) + 1
     waiting: dict[frozenset[str], int] = {}
     decisions: dict[str, Decision] = {}
     for claim in sorted((c for c in claims if not c.admitted), key=lambda c: c.order):
-        fits, never = pool_of(claim)
-        if never is not None:
-            decisions[claim.uid] = Decision(False, never=never)
+        found = pool_of(claim)
+        if found.never is not None:
+            decisions[claim.uid] = Decision(False, never=found.never)
             continue
+        fits, ready = found.nodes, found.ready
         unit = claim.gpus == 1
         ahead = sum(count for other, count in waiting.items() if other & fits)
         # Servers of one GPU on exactly these nodes take any free GPU here: while enough are free, this one
         # may go beside them. Any other server not yet placed could take the node this one needs.
         same = placing.get((fits, True), 0) if unit else 0
         unplaced = sum(count for (other, _), count in placing.items() if other & fits) - same
-        most = max(free[name] for name in fits)
-        room = sum(max(free[name], 0) for name in fits) - same >= 1 if unit else most >= claim.gpus
+        most = max((free[name] for name in ready), default=0)
+        room = sum(max(free[name], 0) for name in ready) - same >= 1 if unit else most >= claim.gpus
         if not ahead and not unplaced and room:
             decisions[claim.uid] = Decision(True, position=1)
             placing[(fits, unit)] = placing.get((fits, unit), 0) + 1
@@ -118,6 +129,8 @@ def plan(
         )
         if unplaced or same:
             message += f"; {unplaced + same} admitted server(s) still being placed on these nodes"
+        if len(ready) < len(fits):
+            message += f"; {len(fits) - len(ready)} of the nodes take no pods now (cordoned, not ready or tainted)"
         decisions[claim.uid] = Decision(False, waiting=message, position=ahead + 1)
     return decisions
 
@@ -125,5 +138,5 @@ def plan(
 def capacity(claim: Claim, nodes: Iterable[Node], rules: NamespaceRules) -> int:
     """How many servers like the claim's could hold GPUs at once on the nodes it may use (a sweep's bound)."""
     listed = list(nodes)
-    fits, _ = pool(claim, listed, rules)
+    fits = pool(claim, listed, rules).nodes
     return sum(node.gpus // claim.gpus for node in listed if node.name in fits)

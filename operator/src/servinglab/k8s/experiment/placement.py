@@ -71,6 +71,11 @@ class Toleration:
         return self.key == taint.key and self.value == taint.value
 
 
+#: Taints Kubernetes itself puts on a node for a condition that passes (not ready, unreachable, pressure,
+#: cordoned, not yet initialised): they keep pods away now, but say nothing of whether the node ever could.
+_PASSING = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
+
+
 def tolerated(taint: Taint, tolerations: tuple[Toleration, ...]) -> bool:
     """PreferNoSchedule never keeps a pod away; the other effects must be tolerated."""
     return taint.effect == "PreferNoSchedule" or any(t.tolerates(taint) for t in tolerations)
@@ -92,12 +97,14 @@ class Node:
     gpus: int
     cordoned: bool
 
-    def hosts(self, selector: Labels, tolerations: tuple[Toleration, ...]) -> bool:
+    def hosts(self, selector: Labels, tolerations: tuple[Toleration, ...], now: bool = True) -> bool:
+        """Whether the scheduler would put such a pod here; with `now` False, once its passing conditions
+        (not ready, cordoned, ...) are over."""
         labels = dict(self.labels)
         return (
-            not self.cordoned
+            (not self.cordoned or not now)
             and all(labels.get(key) == value for key, value in selector)
-            and all(tolerated(taint, tolerations) for taint in self.taints)
+            and all(tolerated(t, tolerations) or (not now and t.key.startswith(_PASSING)) for t in self.taints)
         )
 
 
