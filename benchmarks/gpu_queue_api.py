@@ -182,10 +182,8 @@ class Api:
 
     def queued(self) -> int:
         items = self.get(f"/apis/servinglab.dev/v1alpha1/namespaces/{NAMESPACE}/servingexperiments")["items"]
-        return sum(
-            1 for i in items
-            if any(c["type"] == "Queued" and c["status"] == "True" for c in (i.get("status") or {}).get("conditions", []))
-        )  # fmt: skip
+        conditions = [(i.get("status") or {}).get("conditions", []) for i in items]
+        return sum(1 for listed in conditions if any(c["type"] == "Queued" and c["status"] == "True" for c in listed))
 
     def server_pods(self, experiment: str) -> int:
         selector = f"servinglab.dev/experiment={experiment},app.kubernetes.io/component=server"
@@ -221,6 +219,46 @@ def source_of(commit: str, into: Path) -> Path:
     return into / "operator" / "src"
 
 
+def seed(kubectl: Kubectl) -> None:
+    """The 200 nodes (Ready, and without the node controller's not-ready taints), the CRDs, the namespace."""
+    nodes = [manifests.node(f"{product.lower()}-{i}", gpus=gpus, product=product)
+             for product, count, gpus in POOLS for i in range(count)]  # fmt: skip
+    register_nodes(kubectl, nodes, timeout=300)
+
+    def settled() -> bool:  # the node controller lifts its not-ready taints a while after Ready
+        taints = [t for n in kubectl.get("nodes")["items"] for t in n["spec"].get("taints", [])]
+        return not any(t["key"].startswith("node.kubernetes.io/") for t in taints)
+
+    wait(settled, 300, "the nodes' not-ready taints lifted")
+    for manifest in (crd_manifest(), sweep_crd_manifest()):
+        kubectl.apply(manifest)
+        kubectl.wait_established(manifest["metadata"]["name"])
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+
+
+def spec(name: str, gpus: int) -> dict[str, Any]:
+    return experiment(name, gpus=gpus, nodeSelector=A100, startupTimeoutSeconds=3600)
+
+
+def free_one(kubectl: Kubectl, api: Api, holder: str) -> tuple[float | None, float | None, float | None]:
+    """Delete a holder; seconds until its server pod is gone, the first queued one admitted, the 8th."""
+    before = {name for name, started in api.started().items() if started}
+    t0 = time.monotonic()
+    kubectl.run("delete", "sx", holder, "-n", NAMESPACE, "--wait=false")
+    gone = first = None
+    while time.monotonic() - t0 < 180:
+        admitted = {n for n, started in api.started().items() if started and n.startswith("q-")} - before
+        now = time.monotonic() - t0
+        if gone is None and api.server_pods(holder) == 0:
+            gone = now
+        if first is None and admitted:
+            first = now
+        if len(admitted) >= HOLDER_GPUS:
+            return gone, first, now
+        time.sleep(0.1)
+    return gone, first, None
+
+
 def run(source: Path, seconds: float, frees: int) -> dict[str, Any]:
     binaries = build_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="bench-queue-"))
@@ -233,32 +271,15 @@ def run(source: Path, seconds: float, frees: int) -> dict[str, Any]:
         kwok = Kwok(binaries, workdir, control_plane.kubeconfig)
         kwok.start()
         wait_default_service_account(kubectl)
-        nodes = [manifests.node(f"{product.lower()}-{i}", gpus=gpus, product=product)
-                 for product, count, gpus in POOLS for i in range(count)]  # fmt: skip
-        register_nodes(kubectl, nodes, timeout=300)
-
-        def settled() -> bool:  # the node controller lifts its not-ready taints a while after Ready
-            listed = kubectl.get("nodes")["items"]
-            return not any(
-                t["key"].startswith("node.kubernetes.io/") for n in listed for t in n["spec"].get("taints", [])
-            )
-
-        wait(settled, 300, "the nodes' not-ready taints lifted")
-        for manifest in (crd_manifest(), sweep_crd_manifest()):
-            kubectl.apply(manifest)
-            kubectl.wait_established(manifest["metadata"]["name"])
-        kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        seed(kubectl)
         cluster = Cluster(control_plane.kubeconfig, kubectl, binaries, control_plane)
         api = Api(control_plane.server, control_plane.admin_context)
         proxy = CountingProxy(control_plane.server, control_plane.admin_context).start()
         env = {"KUBECONFIG": str(proxy_kubeconfig(workdir / "proxy.kubeconfig", proxy.port)),
                "PYTHONPATH": str(source), "SERVINGLAB_POLL_SECONDS": "2"}  # fmt: skip
         operator = Operator(cluster, NAMESPACE, workdir / "operator", extra_env=env).start()
-        process = operator.process
-        assert process is not None
-
-        def spec(name: str, gpus: int) -> dict[str, Any]:
-            return experiment(name, gpus=gpus, nodeSelector=A100, startupTimeoutSeconds=3600)
+        assert operator.process is not None
+        pid = operator.process.pid
 
         start = time.monotonic()
         for i in range(HOLDERS):
@@ -270,30 +291,15 @@ def run(source: Path, seconds: float, frees: int) -> dict[str, Any]:
         wait(lambda: api.queued() == QUEUED, 600, f"{QUEUED} experiments queued")
         time.sleep(10)  # settle: every queued experiment has written its first Queued condition
         proxy.reset()
-        cpu = cpu_seconds(process.pid)
+        cpu = cpu_seconds(pid)
         time.sleep(seconds)
-        tally, cpu = proxy.reset(), cpu_seconds(process.pid) - cpu
+        tally, cpu = proxy.reset(), cpu_seconds(pid) - cpu
 
         latencies = []
         for i in range(frees):
-            before = {name for name, started in api.started().items() if started}
-            t0 = time.monotonic()
-            kubectl.run("delete", "sx", f"hold-{i:02d}", "-n", NAMESPACE, "--wait=false")
-            gone = first = None
-            while time.monotonic() - t0 < 180:
-                admitted = {n for n, started in api.started().items() if started and n.startswith("q-")} - before
-                now = time.monotonic() - t0
-                if gone is None and api.server_pods(f"hold-{i:02d}") == 0:
-                    gone = now
-                if first is None and admitted:
-                    first = now
-                if len(admitted) >= HOLDER_GPUS:
-                    latencies.append((gone, first, now))
-                    break
-                time.sleep(0.1)
-            else:
-                latencies.append((gone, first, None))
-            wait(lambda: api.bound_servers() >= HOLDERS - 1 - i + HOLDER_GPUS * (i + 1), 120, "the admitted placed")
+            latencies.append(free_one(kubectl, api, f"hold-{i:02d}"))
+            placed = HOLDERS - (i + 1) + HOLDER_GPUS * (i + 1)
+            wait(lambda placed=placed: api.bound_servers() >= placed, 120, "the admitted servers placed")
         return {"filled": filled, "seconds": seconds, "tally": tally, "cpu": cpu, "frees": latencies,
                 "log": operator.log()}  # fmt: skip
     finally:

@@ -77,6 +77,7 @@ class GpuQueue:
             for namespace in (namespaces or [""])
         }
         self._rules: dict[str, tuple[NamespaceRules, float]] = {}
+        self._refreshing = asyncio.Lock()
         self._pending: dict[str, tuple[Claim, float]] = {}
         self._reported: dict[str, tuple[int, float]] = {}
         self._generation = 0
@@ -131,7 +132,12 @@ class GpuQueue:
         return f"the GPU queue is still reading the cluster ({what})" + (f": {errors}" if errors else "")
 
     async def refresh(self, namespaces: set[str]) -> None:
-        """Read the pod defaults of these namespaces again if they are older than :data:`RULES_SECONDS`."""
+        """Read the pod defaults of these namespaces again if they are older than :data:`RULES_SECONDS` (one
+        pass reads; the queued passes a change has woken all at once wait for it rather than read too)."""
+        async with self._refreshing:
+            await self._refresh(namespaces)
+
+    async def _refresh(self, namespaces: set[str]) -> None:
         now = time.monotonic()
         for namespace in sorted(namespaces):
             known = self._rules.get(namespace)
