@@ -282,6 +282,9 @@ def test_claims_are_unfinished_experiments_that_want_gpus() -> None:
     finished = {**exp("f"), "status": {"conditions": [{"type": "Failed", "status": "True"}]}}
     assert claim_of(finished) is None
     assert claim_of(exp("cpu", gpus=0)) is None
+    deleting = exp("d", started=True)
+    deleting["metadata"]["deletionTimestamp"] = "2025-01-01T00:02:00Z"
+    assert claim_of(deleting) is None  # its pod, while there, holds the GPUs; the claim no longer does
     claim = claim_of(exp("e", second=5))
     assert isinstance(claim, Claim) and claim.order == ("2025-01-01T00:00:05Z", "a", "e") and not claim.admitted
 

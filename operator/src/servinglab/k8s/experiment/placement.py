@@ -173,10 +173,11 @@ class Claim:
 
 
 def claim_of(body: Mapping[str, Any]) -> Claim | None:
-    """The claim of an experiment; None when it asks for no GPU, has finished, or its spec is not one (its
-    own pass fails it as InvalidSpec)."""
+    """The claim of an experiment; None when it asks for no GPU, has finished, is being deleted (its server
+    goes with it; while its pod is there, the pod is counted), or its spec is not one (its own pass fails
+    it as InvalidSpec)."""
     meta, status = body["metadata"], body.get("status") or {}
-    if any(c.get("type") in (cond.SUCCEEDED, cond.FAILED) and c.get("status") == "True"
+    if meta.get("deletionTimestamp") or any(c.get("type") in (cond.SUCCEEDED, cond.FAILED) and c.get("status") == "True"
            for c in status.get("conditions") or []):  # fmt: skip
         return None
     try:
