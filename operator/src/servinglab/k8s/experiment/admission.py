@@ -39,7 +39,7 @@ LOG = logging.getLogger("servinglab.queue")
 #: A namespace's node selector and default tolerations are read again after this long.
 RULES_SECONDS = 30.0
 #: A queued experiment's message is rewritten at once when its place in line moves, else at most this often.
-REPORT_SECONDS = 30.0
+REPORT_SECONDS = 10.0
 #: An admission the cache has not shown as started after this long (its status write failed) is dropped.
 PENDING_SECONDS = 120.0
 #: Bound pods that have not finished: those hold their GPUs (the API server filters, so the rest never arrives).
