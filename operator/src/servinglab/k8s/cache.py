@@ -87,7 +87,8 @@ class Informer(Generic[T]):
             self._ahead[key] = version
         self._put(key, obj)
 
-    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED, BOOKMARK), in the watch's order."""
         key, version = _key(obj), _version(obj)
         if key in self._ahead and not newer(obj, self._ahead[key]):
             return  # the operator has written a later version of this object already
@@ -112,7 +113,7 @@ class Informer(Generic[T]):
         if self._items.pop(key, None) is not None:
             self.on_change()
 
-    def _replace(self, objects: list[dict[str, Any]], version: str) -> None:
+    def replace(self, objects: list[dict[str, Any]], version: str) -> None:
         """A fresh list: what it lacks is gone, unless the operator wrote it after the list was taken."""
         kept = {_key(obj): obj for obj in objects}
         for key in set(self._items) - set(kept) - set(self._ahead):
@@ -131,14 +132,14 @@ class Informer(Generic[T]):
             try:
                 if not version:
                     objects, version = await self.kube.list_all(self.ref, self.label_selector, self.field_selector)
-                    self._replace(objects, version)
+                    self.replace(objects, version)
                     self.synced.set()
                 async for kind, obj in self.kube.watch(
                     self.ref, version, self.label_selector, self.field_selector, WATCH_SECONDS
                 ):
                     self.events += 1
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                    self._event(kind, obj)
+                    self.event(kind, obj)
                 failures, self.error = 0, None
             except Gone:
                 version = ""  # too old: list again
