@@ -180,6 +180,8 @@ class GpuQueue:
             return gpuqueue.Decision(False, waiting=waiting)
         self._written(body)  # a new experiment's first pass may come before the watch brings it
         claim = claim_of(body)
+        if claim is not None and claim.uid in self._pending:
+            return gpuqueue.Decision(True, position=1)  # admitted, but its start was not written: again
         decision = self.plan().get(claim.uid) if claim is not None else None
         if decision is None:
             return gpuqueue.Decision(False, waiting="waiting for the GPU queue to see this experiment")
