@@ -151,7 +151,7 @@ class CountingProxy:
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.port = runner.addresses[0][1]
             self.ready.set()
             await asyncio.Event().wait()
 
