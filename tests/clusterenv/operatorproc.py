@@ -1,4 +1,4 @@
-"""`servinglab operator` as a child process of the cluster tests, watching one namespace."""
+"""`servinglab operator` as a child process of the cluster tests, watching one namespace (or several)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,16 @@ class Operator:
     """`servinglab operator` as a child process watching one namespace."""
 
     def __init__(
-        self, cluster: Cluster, namespace: str, workdir: Path, extra_env: dict[str, str] | None = None
+        self,
+        cluster: Cluster,
+        namespace: str,
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+        also_watch: tuple[str, ...] = (),
     ) -> None:
         self.cluster, self.namespace, self.workdir = cluster, namespace, workdir
         self.extra_env = extra_env or {}
+        self.also_watch = also_watch
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Operator:
@@ -41,6 +47,7 @@ class Operator:
         log = (self.workdir / "operator.log").open("ab")
         self.process = subprocess.Popen(
             [SERVINGLAB, "operator", "--namespace", self.namespace,
+             *(f"--namespace={other}" for other in self.also_watch),
              "--liveness", f"http://127.0.0.1:{liveness}/healthz"],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -120,8 +120,10 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
              "ValidatingAdmissionPolicyBinding"]
         )  # fmt: skip
         assert roles[(OPERATOR, namespace)]["metadata"]["namespace"] == namespace
-        # the one cluster-scoped grant of a namespaced install: listing nodes (the GPU queue)
-        assert rbac["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
+        # the one cluster-scoped grant of a namespaced install: the GPU queue's watches of nodes and GPU pods
+        assert rbac["ClusterRole"]["rules"] == [
+            {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]}
+        ]
     elif variant.startswith("all"):
         assert {"ClusterRole", "ClusterRoleBinding", "ServiceMonitor", "PodMonitor"} <= set(kinds)
         assert list(roles) == [(f"{OPERATOR}-leader-election", namespace)] and kinds.count("ClusterRole") == 2
@@ -191,6 +193,7 @@ def test_pod_policy_is_bound_to_the_operators_service_account_and_needs_kubernet
         ({"pollSeconds": "fast"}, "/pollSeconds"),
         ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
         ({"prometheusUrl": "prometheus:9090"}, "/prometheusUrl"),
+        ({"gpuResource": "gpu"}, "/gpuResource"),
         ({"replicaCount": 2}, "replicaCount"),
         ({"modelCredentials": [{"secret": "registry", "key": "token"}]}, "/modelCredentials/0"),
         (
@@ -324,13 +327,14 @@ OPERATOR_NEEDS = {
     # leader election: its own Lease by name; a create cannot be limited by name
     "leases.coordination.k8s.io[servinglab-operator]": {"get", "update"},
     "leases.coordination.k8s.io": {"create"},
-    "nodes": {"list"},  # cluster-scoped: the GPU queue's capacity
+    "nodes": {"list", "watch"},  # cluster-scoped: the GPU queue's nodes
+    "namespaces": {"get"},  # the namespace's own pod defaults (its own Namespace object only)
     "configmaps": {"get", "create", "patch"},
     "serviceaccounts": {"get", "create", "patch"},
     "services": {"get", "create", "patch", "delete"},
     "deployments.apps": {"get", "create", "patch", "delete"},
     "jobs.batch": {"get", "create", "patch", "delete"},
-    "pods": {"list"},
+    "pods": {"list", "watch"},  # cluster-wide: every pod holding GPUs counts against its node
     "roles.rbac.authorization.k8s.io": {"get", "create", "patch"},
     "rolebindings.rbac.authorization.k8s.io": {"get", "create", "patch"},
     "events": {"create"},
@@ -387,7 +391,13 @@ def test_operator_service_account_can_do_exactly_what_it_needs(cluster: Cluster,
     assert can_i_list(cluster, ns, identity) == OPERATOR_NEEDS
     for resource, verbs in OPERATOR_NEEDS.items():
         for verb in verbs:
+            if resource == "namespaces":  # `can-i` asks about a cluster-scoped kind without the namespace
+                continue
             assert can_i(cluster, identity, verb, *can_i_request(resource), "-n", ns), (verb, resource)
+    # a Role grants reading its own Namespace object, and no other
+    own = cluster.kubectl.run("get", "--raw", f"/api/v1/namespaces/{ns}", "--as", identity, check=False)
+    other = cluster.kubectl.run("get", "--raw", "/api/v1/namespaces/default", "--as", identity, check=False)
+    assert own.returncode == 0 and other.returncode != 0, (own.stderr, other.stdout)
     for request in (
         ["get", "secrets", "-n", ns],
         ["list", "secrets", "-n", ns],

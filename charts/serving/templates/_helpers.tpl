@@ -127,6 +127,12 @@ Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl 
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch"]
+# The namespace's own pod defaults (PodNodeSelector and PodTolerationRestriction annotations), which the
+# GPU queue adds to a server's node selector and tolerations. In a Role this grants reading only the
+# Namespace object of the Role's own namespace.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get"]
 # Events on each experiment's transitions.
 - apiGroups: [""]
   resources: ["events"]

@@ -3,15 +3,19 @@
 Objects are plain dicts. Children are written with server-side apply under one field manager, so a
 repeated reconcile is a no-op and a restarted operator converges on the same objects instead of
 creating duplicates. API failures become :class:`KubeError` subclasses the handlers can act on.
+Collections are also listed page by page and watched (:meth:`Kube.list_all`, :meth:`Kube.watch`) for the
+operator's watch-fed caches (:mod:`servinglab.k8s.cache`); what the operator writes is handed to the
+callbacks registered with :meth:`Kube.observe`, so that a cache reads its own writes at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +45,7 @@ _PATHS = {
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
     ),
     ("v1", "Node"): "/api/v1/nodes",
+    ("v1", "Namespace"): "/api/v1/namespaces",
     ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
     (f"{API_GROUP}/{API_VERSION}", "ServingSweep"): (
         f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{namespace}}/servingsweeps"
@@ -79,12 +84,16 @@ class Fenced(KubeError):
     """A write not sent: this process no longer holds the leader-election Lease (:attr:`Kube.fence`)."""
 
 
+class Gone(KubeError):
+    """410: a watch's resourceVersion is older than the API server keeps; list again."""
+
+
 def _map(exc: ApiException, what: str) -> KubeError:
     try:
         message = json.loads(exc.body or "{}").get("message") or exc.reason
     except (ValueError, AttributeError):
         message = exc.reason
-    kind = {404: NotFound, 403: Forbidden, 409: Conflict, 422: Invalid}.get(exc.status, KubeError)
+    kind = {404: NotFound, 403: Forbidden, 409: Conflict, 410: Gone, 422: Invalid}.get(exc.status, KubeError)
     return kind(f"{what}: {message}", exc.status)
 
 
@@ -103,13 +112,21 @@ class Ref:
         return cls(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta.get("name", ""))
 
     def path(self, subresource: str = "") -> str:
-        base = _PATHS[(self.api_version, self.kind)].format(namespace=self.namespace)
+        """The object's path; with no namespace and no name, a namespaced kind's collection in every namespace."""
+        template = _PATHS[(self.api_version, self.kind)]
+        if not self.namespace:
+            template = template.replace("/namespaces/{namespace}", "")
+        base = template.format(namespace=self.namespace)
         path = f"{base}/{self.name}" if self.name else base
         return f"{path}/{subresource}" if subresource else path
 
     def __str__(self) -> str:
         return f"{self.kind} {self.namespace}/{self.name}"
 
+
+#: One watch event (one object) larger than this is refused: the API server stores objects of about
+#: 1.5 MiB at most, so a longer line is not an object of ours, and must not grow the operator's memory.
+MAX_EVENT_BYTES = 8 * 1024 * 1024
 
 #: Every call returns within this many seconds (SERVINGLAB_API_TIMEOUT_SECONDS): a half-open
 #: connection or a stopped API server must never hang a daemon; the caller retries on its next pass.
@@ -121,6 +138,7 @@ class Kube:
 
     def __init__(self, api: client.ApiClient, timeout_seconds: float | None = None) -> None:
         self._api = api
+        self._observers: list[Callable[[dict[str, Any]], None]] = []
         self.timeout_seconds = timeout_seconds or float(
             os.environ.get("SERVINGLAB_API_TIMEOUT_SECONDS", API_TIMEOUT_SECONDS)
         )
@@ -139,6 +157,10 @@ class Kube:
 
     async def close(self) -> None:
         await self._api.close()
+
+    def observe(self, callback: Callable[[dict[str, Any]], None]) -> None:
+        """Hand every object a write returns (apply, create, replace, status patch) to `callback`."""
+        self._observers.append(callback)
 
     async def _call(
         self,
@@ -173,7 +195,11 @@ class Kube:
             raise KubeError(f"{what}: no answer within {self.timeout_seconds:g} s") from None
         except (OSError, aiohttp.ClientError) as exc:
             raise KubeError(f"{what}: {exc}") from None
-        return result if isinstance(result, dict) else {}
+        written = result if isinstance(result, dict) else {}
+        if method != "GET" and written.get("metadata"):
+            for callback in self._observers:
+                callback(written)
+        return written
 
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply: create or converge the object to `manifest` (idempotent)."""
@@ -199,6 +225,69 @@ class Kube:
         items: list[dict[str, Any]] = result.get("items", [])
         return items
 
+    async def list_all(
+        self, ref: Ref, label_selector: str = "", field_selector: str = "", page: int = 500
+    ) -> tuple[builtins.list[dict[str, Any]], str]:
+        """Every item of a collection, `page` at a time (a big cluster's pods never come in one answer), and
+        the resourceVersion to watch it from."""
+        items: builtins.list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector),
+                                         ("limit", str(page)), ("continue", token)) if v]  # fmt: skip
+            result = await self._call("GET", ref.path(), f"list {ref.kind} in {ref.namespace or 'all namespaces'}",
+                                      query=query)  # fmt: skip
+            items.extend(result.get("items") or [])
+            meta = result.get("metadata") or {}
+            token = meta.get("continue") or ""
+            if not token:
+                return items, str(meta.get("resourceVersion") or "")
+
+    async def watch(
+        self, ref: Ref, resource_version: str, label_selector: str = "", field_selector: str = "",
+        timeout_seconds: int = 240,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:  # fmt: skip
+        """The changes of a collection after `resource_version`, as (type, object) — ADDED, MODIFIED, DELETED,
+        BOOKMARK — until the API server ends the watch (after about `timeout_seconds`). Raises :class:`Gone`
+        when that version is too old, :class:`KubeError` on any other failure."""
+        what = f"watch {ref.kind} in {ref.namespace or 'all namespaces'}"
+        query = [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
+                 ("timeoutSeconds", str(timeout_seconds))]  # fmt: skip
+        query += [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v]
+        # the server ends the watch after timeout_seconds; a silent connection for longer is half-open
+        silence = aiohttp.ClientTimeout(total=None, connect=self.timeout_seconds, sock_read=timeout_seconds + 30)
+        try:
+            response = await asyncio.wait_for(
+                self._api.call_api(
+                    ref.path(), "GET", query_params=query, header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"], _preload_content=False, _request_timeout=silence,
+                ),
+                self.timeout_seconds + 5,
+            )  # fmt: skip
+        except ApiException as exc:
+            raise _map(exc, what) from None
+        except TimeoutError:
+            raise KubeError(f"{what}: no answer within {self.timeout_seconds:g} s") from None
+        except (OSError, aiohttp.ClientError) as exc:
+            raise KubeError(f"{what}: {exc}") from None
+        async with response:
+            if response.status != 200:
+                refused = ApiException(status=response.status, reason=response.reason)
+                refused.body = (await response.content.read(64 * 1024)).decode(errors="replace")
+                raise _map(refused, what)
+            try:
+                async for line in _lines(response.content, what):
+                    event = json.loads(line)
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":  # a Status object: 410 when the version is too old
+                        status = int(obj.get("code") or 0)
+                        raise (Gone if status == 410 else KubeError)(f"{what}: {obj.get('message')}", status)
+                    yield str(kind), obj
+            except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+                raise KubeError(f"{what}: {exc or type(exc).__name__}") from None
+            except ValueError as exc:
+                raise KubeError(f"{what}: not a watch event: {exc}") from None
+
     async def delete(self, ref: Ref) -> None:
         with contextlib.suppress(NotFound):
             await self._call("DELETE", ref.path(), f"delete {ref}", body={"propagationPolicy": "Background"})
@@ -222,3 +311,20 @@ class Kube:
         """PUT the whole object; with `metadata.resourceVersion` set, a concurrent change raises Conflict."""
         ref = Ref.of(manifest)
         return await self._call("PUT", ref.path(), f"replace {ref}", body=manifest)
+
+
+async def _lines(stream: aiohttp.StreamReader, what: str) -> AsyncIterator[bytes]:
+    """The newline-separated events of a watch, each at most :data:`MAX_EVENT_BYTES`."""
+    pending = bytearray()
+    async for chunk in stream.iter_any():
+        pending += chunk
+        if b"\n" in chunk:
+            *complete, rest = bytes(pending).split(b"\n")
+            pending = bytearray(rest)
+            for line in complete:
+                if line.strip():
+                    yield line
+        if len(pending) > MAX_EVENT_BYTES:
+            raise KubeError(f"{what}: an event of more than {MAX_EVENT_BYTES} bytes")
+    if pending.strip():
+        yield bytes(pending)

@@ -1,6 +1,8 @@
 """The operator's kopf wiring, and nothing else: start-up (settings, the API client, metrics, leader
-election), one daemon per ServingExperiment and one per ServingSweep, each driving its reconciler
-(:mod:`.experiment.reconcile`, :mod:`.sweep.reconcile`) every few seconds until it has finished.
+election, the GPU queue's watch-fed caches), one daemon per ServingExperiment and one per ServingSweep,
+each driving its reconciler (:mod:`.experiment.reconcile`, :mod:`.sweep.reconcile`) every few seconds
+until it has finished. A queued experiment reads its body from the GPU queue's cache and waits for a
+change there rather than polling the API; a deleted experiment's metric series are removed.
 
 Only a finished (and, for an experiment, cleaned-up) object is outside the daemons' filters, so only it
 carries no kopf finalizer: it can be deleted (or its namespace, or the CRD) with no operator running.
@@ -25,11 +27,14 @@ from servinglab.k8s import leader
 from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.client import Kube, KubeError, Ref
 from servinglab.k8s.experiment import snapshot
+from servinglab.k8s.experiment.admission import GpuQueue
 from servinglab.k8s.experiment.reconcile import reconcile
 from servinglab.k8s.settings import Settings
 from servinglab.k8s.sweep.reconcile import reconcile_sweep
 
 LOG = logging.getLogger("servinglab.operator")
+#: A queued experiment is woken by any change of the GPU queue's caches; this is only a backstop.
+QUEUED_POLL_SECONDS = 15.0
 
 
 def run_operator(namespaces: list[str], all_namespaces: bool, liveness: str) -> None:
@@ -52,6 +57,7 @@ def run_operator(namespaces: list[str], all_namespaces: bool, liveness: str) -> 
         # kopf's default identity asks the passwd database for the user, which has no entry for the
         # image's UID 65532 (nor for the arbitrary UIDs some clusters assign): the pod's name will do
         identity=socket.gethostname(),  # type: ignore[arg-type]  # a NewType of str kopf does not export
+        memo=kopf.Memo(watched=None if all_namespaces else sorted(namespaces)),
     )
 
 
@@ -84,6 +90,8 @@ async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
     memo.kube.fence = memo.election.leading
     memo.renewal = asyncio.create_task(memo.election.keep(_lost_leadership))
     memo.renewal.add_done_callback(_renewal_ended)
+    # one GPU queue for every watched namespace, fed by watches (started by the leader only)
+    memo.queue = GpuQueue(memo.kube, memo.get("watched"), memo.settings.gpu_resource).start()
 
 
 def _renewal_ended(task: asyncio.Task[None]) -> None:
@@ -102,6 +110,8 @@ def _lost_leadership(why: str) -> None:
 @kopf.on.cleanup()
 async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
     memo.renewal.cancel()
+    if "queue" in memo:
+        await memo.queue.stop()
     await memo.election.release()
     await memo.kube.close()
     await memo.election.kube.close()
@@ -123,11 +133,14 @@ async def _drive(
     memo: kopf.Memo,
     stopped: kopf.DaemonStopped,
     logger: kopf.Logger,
+    queued: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Reconcile one object every poll until `step` says it has finished or it is gone."""
+    """Reconcile one object every poll until `step` says it has finished or it is gone. While `queued`
+    says so, the object is read from the GPU queue's cache and the next pass comes with a change there."""
     while not stopped:
         try:
-            body = await memo.kube.get(ref)
+            body = memo.queue.body(ref.namespace, ref.name) if queued() else None
+            body = body or await memo.kube.get(ref)
             if body is None:
                 return
             if await step(body):
@@ -135,7 +148,14 @@ async def _drive(
         except KubeError as exc:
             opmetrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
             logger.warning("Reconcile of %s failed, retrying: %s", ref, exc)
-        await stopped.wait(memo.settings.poll_seconds)
+        if queued():
+            waits = [asyncio.ensure_future(stopped.wait(QUEUED_POLL_SECONDS)),
+                     asyncio.ensure_future(memo.queue.changed(QUEUED_POLL_SECONDS))]  # fmt: skip
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait in waits:
+                wait.cancel()
+        else:
+            await stopped.wait(memo.settings.poll_seconds)
 
 
 @kopf.daemon(API_GROUP, API_VERSION, PLURAL, cancellation_timeout=5.0, when=_running)
@@ -144,16 +164,19 @@ async def drive(
 ) -> None:
     """One per experiment, restarted with the operator: reconcile until finished."""
     ref = Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace or "", name)
-    deployed, pinned = False, snapshot.Pinned()
+    deployed = queued = False
+    pinned = snapshot.Pinned()
 
     async def step(body: dict[str, Any]) -> bool:
-        nonlocal deployed
-        outcome = await reconcile(memo.kube, body, memo.settings, deploy=not deployed, pinned=pinned)
+        nonlocal deployed, queued
+        outcome = await reconcile(memo.kube, body, memo.settings, memo.queue, deploy=not deployed, pinned=pinned)
         deployed = deployed or outcome is not None  # once per daemon run, by the first pass past the queue
+        cached = memo.queue.body(ref.namespace, name)  # the queue's cache has this pass's own writes
+        queued = outcome is None and cached is not None and not (cached.get("status") or {}).get("startedAt")
         return outcome is True
 
     with opmetrics.RUNNING.track_inprogress():
-        await _drive(ref, step, memo, stopped, logger)
+        await _drive(ref, step, memo, stopped, logger, queued=lambda: queued)
 
 
 @kopf.daemon(API_GROUP, API_VERSION, SWEEP_PLURAL, cancellation_timeout=5.0, when=_sweep_running)
@@ -162,4 +185,17 @@ async def drive_sweep(
 ) -> None:
     """One per sweep, restarted with the operator: start trials and roll them up until finished."""
     ref = Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace or "", name)
-    await _drive(ref, lambda body: reconcile_sweep(memo.kube, body), memo, stopped, logger)
+    await _drive(ref, lambda body: reconcile_sweep(memo.kube, body, memo.queue), memo, stopped, logger)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, PLURAL)
+async def _deleted(event: kopf.RawEvent, name: str, namespace: str | None, **_: Any) -> None:
+    """A deleted experiment leaves no metric series behind (no finalizer: this only follows the watch)."""
+    if event["type"] == "DELETED":
+        opmetrics.forget(namespace or "", name)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, SWEEP_PLURAL)
+async def _sweep_deleted(event: kopf.RawEvent, name: str, namespace: str | None, **_: Any) -> None:
+    if event["type"] == "DELETED":
+        opmetrics.forget_sweep(namespace or "", name)

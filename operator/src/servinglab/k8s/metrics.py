@@ -11,10 +11,15 @@
   capacity within the SLO, labelled with the configuration; `servinglab_sweep_front_throughput_rps`
   and `servinglab_sweep_front_p99_ms` — its Pareto front, one series per point (`point` is its rank
   by p99), labelled with the trial and level.
+
+A deleted experiment's or sweep's series are removed (:func:`forget`, :func:`forget_sweep`: the wiring
+calls them on the watch's DELETED event), so a long-lived operator's metrics do not grow with every
+experiment ever run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from prometheus_client import Counter, Gauge, start_http_server
@@ -54,7 +59,9 @@ SWEEP_BEST = Gauge(
 _FRONT_LABELS = (*_SWEEP_LABELS, "point", "trial", "level")
 FRONT_RPS = Gauge("servinglab_sweep_front_throughput_rps", "Throughput of a Pareto-front point", list(_FRONT_LABELS))
 FRONT_P99 = Gauge("servinglab_sweep_front_p99_ms", "p99 latency of a Pareto-front point", list(_FRONT_LABELS))
-_sweep_series: dict[tuple[str, str], list[tuple[Gauge, tuple[str, ...]]]] = {}
+_Series = list[tuple[Gauge, tuple[str, ...]]]
+_sweep_series: dict[tuple[str, str], _Series] = {}
+_experiment_series: dict[tuple[str, str], _Series] = {}
 
 _started = False
 
@@ -76,6 +83,8 @@ def finished(
     FINISHED.labels(state=state).inc()
     if spec is None or not levels:
         return
+    forget(namespace, experiment)  # a re-applied experiment of the same name replaces its series
+    series = _experiment_series.setdefault((namespace, experiment), [])
     config = {
         "namespace": namespace,
         "experiment": experiment,
@@ -90,18 +99,37 @@ def finished(
             "concurrency": str(level.concurrency) if level.concurrency is not None else "",
             "rate_rps": f"{level.rate_rps}" if level.rate_rps is not None else "",
         }
-        THROUGHPUT.labels(**config, **which).set(level.throughput_rps)
+        values = (*config.values(), *which.values())
+        THROUGHPUT.labels(*values).set(level.throughput_rps)
+        series.append((THROUGHPUT, values))
         if level.latency_ms.p99 is not None:
-            P99.labels(**config, **which).set(level.latency_ms.p99)
-    BEST.labels(**config).set(max(level.throughput_rps for level in levels))
+            P99.labels(*values).set(level.latency_ms.p99)
+            series.append((P99, values))
+    BEST.labels(*config.values()).set(max(level.throughput_rps for level in levels))
+    series.append((BEST, tuple(config.values())))
+
+
+def _remove(series: _Series) -> None:
+    for gauge, values in series:
+        with contextlib.suppress(KeyError):  # never set, or removed already
+            gauge.remove(*values)
+
+
+def forget(namespace: str, experiment: str) -> None:
+    """Remove a deleted experiment's series."""
+    _remove(_experiment_series.pop((namespace, experiment), []))
+
+
+def forget_sweep(namespace: str, name: str) -> None:
+    """Remove a deleted sweep's series."""
+    _remove(_sweep_series.pop((namespace, name), []))
 
 
 def sweep(namespace: str, name: str, model: str, counts: dict[str, int], best: SweepBest | None,
           front: list[SweepPoint]) -> None:  # fmt: skip
     """A sweep's current roll-up; replaces the series this sweep had before (its best and front move)."""
-    for gauge, values in _sweep_series.pop((namespace, name), []):
-        gauge.remove(*values)
-    series: list[tuple[Gauge, tuple[str, ...]]] = []
+    forget_sweep(namespace, name)
+    series: _Series = []
 
     def put(gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
         gauge.labels(*labels).set(value)

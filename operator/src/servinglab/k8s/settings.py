@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servinglab.k8s import credentials
+from servinglab.k8s.experiment.placement import resource_problem
+from servinglab.servers.base import GPU_RESOURCE
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,16 @@ class Settings:
     model_cache_claim: str | None = None
     """A ReadWriteMany claim, in each watched namespace, where server pods keep models by digest
     (SERVINGLAB_MODEL_CACHE_CLAIM; the chart's modelCache.claimName)."""
+    gpu_resource: str = GPU_RESOURCE
+    """The extended resource a server's GPUs are requested as and counted in (SERVINGLAB_GPU_RESOURCE; the
+    chart's gpuResource): nvidia.com/gpu, a MIG profile such as nvidia.com/mig-1g.5gb, another vendor's."""
 
     @classmethod
     def from_env(cls) -> Settings:
         env = os.environ
+        gpu_resource = env.get("SERVINGLAB_GPU_RESOURCE") or cls.gpu_resource
+        if (problem := resource_problem(gpu_resource)) is not None:
+            raise ValueError(f"SERVINGLAB_GPU_RESOURCE: {problem}")
         return cls(
             servinglab_image=env.get("SERVINGLAB_IMAGE", cls.servinglab_image),
             prometheus_url=env.get("SERVINGLAB_PROMETHEUS_URL") or None,
@@ -52,6 +60,7 @@ class Settings:
             lease_seconds=float(env.get("SERVINGLAB_LEASE_SECONDS", cls.lease_seconds)),
             model_cache_claim=env.get("SERVINGLAB_MODEL_CACHE_CLAIM") or None,
             model_credentials=credentials.parse(env.get(credentials.ENV, "")),
+            gpu_resource=gpu_resource,
         )
 
 

@@ -73,11 +73,15 @@ class PodPlan:
     metrics_path: str
 
 
-def container_resources(server: ServerSpec) -> Manifest:
+#: The extended resource GPUs are requested as unless the operator is told another (MIG, other vendors).
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def container_resources(server: ServerSpec, gpu_resource: str = GPU_RESOURCE) -> Manifest:
     """A server container's requests and limits: the spec's, and the GPUs it asks for."""
     limits: dict[str, str] = dict(server.resources.limits)
     if server.gpus:
-        limits["nvidia.com/gpu"] = str(server.gpus)
+        limits[gpu_resource] = str(server.gpus)
     resources: Manifest = {"limits": limits} if limits else {}
     if server.resources.requests:
         resources["requests"] = dict(server.resources.requests)
@@ -87,13 +91,14 @@ def container_resources(server: ServerSpec) -> Manifest:
 @dataclass(frozen=True)
 class PodInputs:
     """What the operator gives a server's pod: its ConfigMap, the servinglab image (the model-building
-    init container), the model cache claim (if the chart names one), and the experiment's file name in
-    the ConfigMap."""
+    init container), the model cache claim (if the chart names one), the experiment's file name in
+    the ConfigMap, and the resource its GPUs are requested as."""
 
     config_map: str
     servinglab_image: str
     model_cache_claim: str | None = None
     experiment_file: str = "experiment.yaml"
+    gpu_resource: str = GPU_RESOURCE
 
 
 @dataclass(frozen=True)

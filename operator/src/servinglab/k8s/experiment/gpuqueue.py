@@ -1,78 +1,142 @@
-"""Who gets a GPU next: experiments wait in a first-come queue instead of failing as Unschedulable
-(pure functions; the reconciler gathers the nodes, experiments and server pods they read).
+"""Who gets a GPU next (a pure function of the cluster's digests, :mod:`.placement`): experiments wait in
+line instead of failing as Unschedulable, and are admitted only where the scheduler will place them.
 
-An experiment that asks for GPUs is *admitted* (its server deployed, `status.startedAt` set) only
-when the nodes its selector and tolerations allow offer that many GPUs beyond those held by admitted,
-unfinished experiments and by servers still running, and when it is first in line. A request that no
-node could ever satisfy fails at once, naming the largest offer. Queue time is not cold-start time.
+One :func:`plan` decides for every queued experiment of every watched namespace at once:
 
-GPUs used by pods the operator does not manage are not counted here; the scheduler still keeps
-those, and a server it cannot place yet waits within its startup timeout.
+* GPUs are counted per node: a node's allocatable GPUs minus what every pod bound to it holds — the
+  operator's servers and anyone else's. One pod cannot span nodes, so a request of 2 needs one node
+  with 2 free.
+* An experiment's *nodes* are those its node selector and tolerations allow (with its namespace's
+  defaults) that have at least its GPUs. It is behind only the earlier experiments whose nodes overlap
+  its own, so a queued A100 experiment never holds up a T4 one.
+* An admitted experiment whose server is not yet bound to a node may land on any of its nodes: until
+  the scheduler has placed it, nothing else is admitted onto those nodes — except one-GPU servers with
+  exactly the same nodes while free GPUs remain for all of them, since any free GPU there suits each.
+  So no admitted server is ever left Pending for want of a GPU the queue promised it.
+* A request that none of the nodes could ever hold fails at once, naming the largest offer. A node that
+  takes no pods for the moment (cordoned, not ready: the taints Kubernetes itself sets) is waited for.
+
+The reconciler (:mod:`.admission`) keeps the digests current from watch-fed caches and asks for the
+decision about its experiment.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from servinglab.api import ServerSpec
+from servinglab.k8s.experiment.placement import Claim, GpuPod, NamespaceRules, Node, effective
 
 GPU = "nvidia.com/gpu"
-
-
-def tolerated(taint: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
-    """Whether a NoSchedule/NoExecute taint is tolerated (PreferNoSchedule never keeps a pod away)."""
-    if taint.get("effect") == "PreferNoSchedule":
-        return True
-    for toleration in tolerations:
-        if toleration.get("effect") not in (None, taint.get("effect")):
-            continue
-        if toleration.get("operator") == "Exists" and toleration.get("key") in (None, taint.get("key")):
-            return True
-        if toleration.get("key") == taint.get("key") and toleration.get("value") == taint.get("value"):
-            return True
-    return False
-
-
-def node_offer(node: dict[str, Any], selector: dict[str, str], tolerations: list[dict[str, Any]]) -> int:
-    """GPUs this node can give the server: its allocatable GPUs if the selector and taints allow it."""
-    labels = node.get("metadata", {}).get("labels", {})
-    if any(labels.get(key) != value for key, value in selector.items()):
-        return 0
-    if node.get("spec", {}).get("unschedulable"):
-        return 0
-    if not all(tolerated(taint, tolerations) for taint in node.get("spec", {}).get("taints", [])):
-        return 0
-    return int(str(node.get("status", {}).get("allocatable", {}).get(GPU, "0")) or 0)
-
-
-def offers(nodes: list[dict[str, Any]], server: ServerSpec) -> list[int]:
-    """What each node that can host this server offers it (nodes offering nothing left out)."""
-    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in server.tolerations]
-    return [offer for node in nodes if (offer := node_offer(node, server.node_selector, tolerations)) > 0]
+"""The GPU resource unless the operator is told another (:class:`servinglab.k8s.settings.Settings`)."""
 
 
 @dataclass(frozen=True)
 class Decision:
-    """Admit now; or wait (with the message a condition shows); or never (the failure message)."""
+    """Admit now; or wait (the message a condition shows, the place in line); or never (the failure)."""
 
     admit: bool
     waiting: str | None = None
     never: str | None = None
+    position: int = 0
 
 
-def decide(gpus: int, offers: list[int], in_use: int, position: int) -> Decision:
-    """`offers`: per matching node; `in_use`: GPUs held on them now; `position`: 1-based place in the
-    queue of experiments not yet admitted (creation order)."""
-    if max(offers, default=0) < gpus:
-        largest = max(offers, default=0)
-        return Decision(False, never=f"no node matching the server's nodeSelector and tolerations offers {gpus} "
-                        f"{GPU} (the largest offers {largest}, {len(offers)} nodes match)")  # fmt: skip
-    free = sum(offers) - in_use
-    if position == 1 and free >= gpus:
-        return Decision(True)
-    return Decision(
-        False,
-        waiting=f"waiting for {gpus} {GPU}: {max(in_use, 0)} of {sum(offers)} in use; "
-        f"position {position} in the queue ({position - 1} ahead)",
-    )
+@dataclass(frozen=True)
+class Pool:
+    """The nodes that could hold a claim's server (each with enough GPUs), those of them that take pods
+    now (not cordoned, not ready, ...), and, if there are none at all, why it can never run."""
+
+    nodes: frozenset[str]
+    ready: frozenset[str]
+    never: str | None = None
+
+
+def pool(claim: Claim, nodes: Iterable[Node], rules: NamespaceRules, resource: str = GPU) -> Pool:
+    placed = effective(claim, rules)
+    if isinstance(placed, str):
+        return Pool(frozenset(), frozenset(), placed)
+    selector, tolerations = placed
+    matching = [node for node in nodes if node.hosts(selector, tolerations, now=False)]
+    fits = [node for node in matching if node.gpus >= claim.gpus]
+    if fits:
+        ready = frozenset(node.name for node in fits if node.hosts(selector, tolerations))
+        return Pool(frozenset(node.name for node in fits), ready)
+    largest = max((node.gpus for node in matching), default=0)
+    defaults = f", with namespace {claim.namespace}'s defaults" if rules.selector or rules.tolerations else ""
+    return Pool(frozenset(), frozenset(),
+                f"no node matching the server's nodeSelector and tolerations{defaults} offers {claim.gpus} "
+                f"{resource} (the largest offers {largest}, {len(matching)} nodes match)")  # fmt: skip
+
+
+def plan(
+    nodes: Iterable[Node],
+    pods: Iterable[GpuPod],
+    claims: Iterable[Claim],
+    rules: Mapping[str, NamespaceRules],
+    resource: str = GPU,
+) -> dict[str, Decision]:
+    """The decision for each claim not yet admitted, by uid. Claims are taken in order; one admitted here
+    counts as placed-pending for those after it, so following the whole plan never overcommits."""
+    by_name = {node.name: node for node in nodes}
+    used: dict[str, int] = {}
+    bound: set[str] = set()
+    for pod in pods:
+        used[pod.node] = used.get(pod.node, 0) + pod.gpus
+        bound.add(pod.experiment)
+    free = {name: node.gpus - used.get(name, 0) for name, node in by_name.items()}
+    pools: dict[tuple[object, ...], Pool] = {}
+
+    def pool_of(claim: Claim) -> Pool:
+        namespace = rules.get(claim.namespace, NamespaceRules())
+        key = (claim.gpus, claim.selector, claim.tolerations, namespace)
+        if key not in pools:
+            pools[key] = pool(claim, by_name.values(), namespace, resource)
+        return pools[key]
+
+    # servers admitted but not yet bound to a node, by their nodes and whether they want one GPU
+    placing: dict[tuple[frozenset[str], bool], int] = {}
+    for claim in claims:
+        if claim.admitted and claim.uid not in bound:
+            key = (pool_of(claim).nodes, claim.gpus == 1)
+            placing[key] = placing.get(key, 0) + 1
+    waiting: dict[frozenset[str], int] = {}
+    decisions: dict[str, Decision] = {}
+    for claim in sorted((c for c in claims if not c.admitted), key=lambda c: c.order):
+        found = pool_of(claim)
+        if found.never is not None:
+            decisions[claim.uid] = Decision(False, never=found.never)
+            continue
+        fits, ready = found.nodes, found.ready
+        unit = claim.gpus == 1
+        ahead = sum(count for other, count in waiting.items() if other & fits)
+        # Servers of one GPU on exactly these nodes take any free GPU here: while enough are free, this one
+        # may go beside them. Any other server not yet placed could take the node this one needs.
+        same = placing.get((fits, True), 0) if unit else 0
+        unplaced = sum(count for (other, _), count in placing.items() if other & fits) - same
+        most = max((free[name] for name in ready), default=0)
+        room = sum(max(free[name], 0) for name in ready) - same >= 1 if unit else most >= claim.gpus
+        if not ahead and not unplaced and room:
+            decisions[claim.uid] = Decision(True, position=1)
+            placing[(fits, unit)] = placing.get((fits, unit), 0) + 1
+            continue
+        waiting[fits] = waiting.get(fits, 0) + 1
+        in_use = sum(by_name[name].gpus - max(free[name], 0) for name in fits)
+        total = sum(by_name[name].gpus for name in fits)
+        message = (
+            f"waiting for {claim.gpus} {resource} on one of the {len(fits)} nodes that can hold it (the most "
+            f"free on one: {max(most, 0)}): {in_use} of {total} in use; position {ahead + 1} in the queue "
+            f"({ahead} ahead)"
+        )
+        if unplaced or same:
+            message += f"; {unplaced + same} admitted server(s) still being placed on these nodes"
+        if len(ready) < len(fits):
+            message += f"; {len(fits) - len(ready)} of the nodes take no pods now (cordoned, not ready or tainted)"
+        decisions[claim.uid] = Decision(False, waiting=message, position=ahead + 1)
+    return decisions
+
+
+def capacity(claim: Claim, nodes: Iterable[Node], rules: NamespaceRules) -> int:
+    """How many servers like the claim's could hold GPUs at once on the nodes it may use (a sweep's bound)."""
+    listed = list(nodes)
+    fits = pool(claim, listed, rules).nodes
+    return sum(node.gpus // claim.gpus for node in listed if node.name in fits)

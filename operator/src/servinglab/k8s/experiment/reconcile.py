@@ -31,8 +31,8 @@ from servinglab.api import conditions as cond
 from servinglab.api.status import ExperimentSummary, ResultsRef
 from servinglab.k8s import builders, credentials
 from servinglab.k8s.client import Forbidden, Kube, Ref
-from servinglab.k8s.experiment import diagnose, gpuqueue, snapshot
-from servinglab.k8s.experiment.admission import admitted
+from servinglab.k8s.experiment import diagnose, snapshot
+from servinglab.k8s.experiment.admission import GpuQueue, admitted
 from servinglab.k8s.experiment.collect import collect, job_message
 from servinglab.k8s.experiment.status import Experiment
 from servinglab.k8s.settings import Settings
@@ -42,7 +42,12 @@ from servinglab.servers.base import Manifest, PodInputs, PodPlan
 
 
 async def reconcile(
-    kube: Kube, body: Manifest, settings: Settings, deploy: bool = True, pinned: snapshot.Pinned | None = None
+    kube: Kube,
+    body: Manifest,
+    settings: Settings,
+    queue: GpuQueue,
+    deploy: bool = True,
+    pinned: snapshot.Pinned | None = None,
 ) -> bool | None:
     """Move the experiment one step; True once it has finished (Succeeded or Failed), None while it
     waits in the GPU queue (nothing deployed yet), else False.
@@ -53,7 +58,7 @@ async def reconcile(
     """
     experiment = Experiment(kube, body, settings)
     if not cond.finished(experiment.conditions):
-        outcome = await _advance(experiment, body, deploy, pinned or snapshot.Pinned())
+        outcome = await _advance(experiment, body, queue, deploy, pinned or snapshot.Pinned())
         if outcome is not True:
             return outcome
     await _clean_up(experiment)
@@ -66,6 +71,7 @@ def _plan(experiment: Experiment, spec: ExperimentSpec) -> PodPlan:
         servinglab_image=experiment.settings.servinglab_image,
         model_cache_claim=experiment.settings.model_cache_claim,
         experiment_file=builders.EXPERIMENT_FILE,
+        gpu_resource=experiment.settings.gpu_resource,
     )
     return servers.get(spec.server.kind).pod(spec, inputs)
 
@@ -102,11 +108,13 @@ async def _spec(experiment: Experiment, body: Manifest, pinned: snapshot.Pinned)
     return spec
 
 
-async def _advance(experiment: Experiment, body: Manifest, deploy: bool, pinned: snapshot.Pinned) -> bool | None:
+async def _advance(
+    experiment: Experiment, body: Manifest, queue: GpuQueue, deploy: bool, pinned: snapshot.Pinned
+) -> bool | None:
     if (spec := await _spec(experiment, body, pinned)) is None:
         return True
     status = experiment.status
-    if status.started_at is None and spec.server.gpus > 0 and not await admitted(experiment, spec):
+    if status.started_at is None and spec.server.gpus > 0 and not await admitted(experiment, queue):
         return True if cond.finished(experiment.conditions) else None
     if experiment.status.started_at is None:
         await experiment.set(
@@ -231,7 +239,7 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
         return True
     unschedulable = diagnose.unschedulable_reason(pods)
     # Admitted means some node can hold it: a GPU still held by a finishing server is a wait, not a failure.
-    waiting_for_gpu = unschedulable is not None and f"Insufficient {gpuqueue.GPU}" in unschedulable
+    waiting_for_gpu = unschedulable is not None and f"Insufficient {experiment.settings.gpu_resource}" in unschedulable
     if unschedulable is not None and not waiting_for_gpu and elapsed > experiment.settings.unschedulable_grace_seconds:
         await experiment.fail("Unschedulable", f"the scheduler cannot place the server: {unschedulable}")
         return True

@@ -36,7 +36,7 @@ from servinglab.api.trials import SweepResults, SweepSummary, TrialRecord
 from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.builders import MANAGED_BY
 from servinglab.k8s.client import Kube, Ref
-from servinglab.k8s.experiment.gpuqueue import offers
+from servinglab.k8s.experiment.admission import GpuQueue
 from servinglab.measure.document import experiment_results
 from servinglab.servers.base import Manifest
 from servinglab.sweep import rollup
@@ -123,15 +123,17 @@ async def children(kube: Kube, namespace: str, name: str, uid: str) -> tuple[lis
     return [c for c in found if owned_by(c, uid)], {c["metadata"]["name"] for c in found if not owned_by(c, uid)}
 
 
-async def gpu_capacity(kube: Kube, sweep: ServingSweep) -> int | None:
-    """How many trials could hold a GPU at once (None: the template asks for no GPU)."""
+async def gpu_capacity(queue: GpuQueue, namespace: str, sweep: ServingSweep) -> int | None:
+    """How many trials could hold a GPU at once (None: the template asks for no GPU), from the GPU queue's
+    cache of the nodes (with the namespace's pod defaults)."""
     server = sweep.spec.template.server
     if server.gpus == 0:
         return None
-    return sum(offer // server.gpus for offer in offers(await kube.list(Ref("v1", "Node", "")), server))
+    await queue.refresh({namespace})
+    return queue.capacity(namespace, server)
 
 
-async def reconcile_sweep(kube: Kube, body: Manifest) -> bool:
+async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
     """Start what the search proposes, roll the trials up; True once the sweep has finished."""
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
@@ -153,7 +155,7 @@ async def reconcile_sweep(kube: Kube, body: Manifest) -> bool:
     outcomes = [(child, trial_record(sweep, child)) for child in trials]
     records = [record for _, record in outcomes if record is not None]
     running = [config_of(child) for child, record in outcomes if record is None]
-    capacity = await gpu_capacity(kube, sweep)
+    capacity = await gpu_capacity(queue, namespace, sweep)
     limit = sweep.spec.parallelism if capacity is None else min(sweep.spec.parallelism, max(capacity, 1))
     proposal = propose(sweep.spec, [rollup.outcome(r) for r in records], running, limit - len(running))
     order = len(trials)

@@ -93,7 +93,8 @@ class TorchServe:
         return pod.config_files(spec)
 
     def pod(self, spec: ExperimentSpec, inputs: PodInputs) -> PodPlan:
-        return pod.plan(spec, inputs, self.image(spec.server), container_resources(spec.server))
+        resources = container_resources(spec.server, inputs.gpu_resource)
+        return pod.plan(spec, inputs, self.image(spec.server), resources)
 
     def start_failure(self, termination_message: str) -> tuple[str, str] | None:
         """The launcher ends a container whose workers cannot load the model with "ModelLoadFailed: ..."."""

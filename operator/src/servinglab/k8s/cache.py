@@ -1,0 +1,153 @@
+"""Watch-fed caches: one list, then one long watch per collection, instead of a list per reconcile pass.
+
+An :class:`Informer` keeps, for one collection (all namespaces or one; label- or field-selected), a
+digest of each object — what its readers need, made by a pure function that returns None for objects
+not worth keeping — and calls back when a digest changed. It lists page by page, watches from the
+list's resourceVersion, resumes a watch that ended, lists again when the version is too old (410), and
+backs off on errors (keeping the last error for whoever waits on it). An object the operator writes
+itself may be :meth:`offered <Informer.offer>` at once (:meth:`servinglab.k8s.client.Kube.observe`):
+of two versions of an object, the newer resourceVersion wins, so a pass reads its own writes and a
+late watch event never takes them back. Used by the GPU queue (:mod:`.experiment.admission`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+from servinglab.k8s.client import Gone, Kube, KubeError, Ref
+
+LOG = logging.getLogger("servinglab.cache")
+T = TypeVar("T")
+
+#: A watch the API server ends after this many seconds is resumed from where it was.
+WATCH_SECONDS = 240
+BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+
+
+def _version(obj: Mapping[str, Any]) -> int | None:
+    text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(text) if text.isdigit() else None
+
+
+def newer(incoming: Mapping[str, Any], stored: int | None) -> bool:
+    """Whether `incoming` may replace what is stored at version `stored`. resourceVersions are opaque to
+    clients in general; every API server in use writes etcd's revision there, so they are compared as
+    numbers when both are, and otherwise the incoming object wins."""
+    version = _version(incoming)
+    return stored is None or version is None or version >= stored
+
+
+class Informer(Generic[T]):
+    """One collection, as digests by `namespace/name`; :attr:`synced` is set once the first list is in."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        ref: Ref,
+        digest: Callable[[dict[str, Any]], T | None],
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.kube, self.ref, self.digest = kube, ref, digest
+        self.label_selector, self.field_selector = label_selector, field_selector
+        self.on_change = on_change
+        self._items: dict[str, tuple[T, int | None]] = {}
+        # keys written by the operator at a version the watch has not reached yet: older events are stale
+        self._ahead: dict[str, int] = {}
+        self.synced = asyncio.Event()
+        self.error: str | None = None
+        self.events = 0
+
+    def values(self) -> list[T]:
+        return [digest for digest, _ in self._items.values()]
+
+    def get(self, namespace: str, name: str) -> T | None:
+        found = self._items.get(f"{namespace}/{name}")
+        return found[0] if found is not None else None
+
+    def offer(self, obj: dict[str, Any]) -> None:
+        """An object read or written outside the watch: kept unless older than what is here."""
+        key, version = _key(obj), _version(obj)
+        if not newer(obj, self._ahead.get(key)):
+            return
+        stored = self._items.get(key)
+        if stored is not None and not newer(obj, stored[1]):
+            return
+        if version is not None:
+            self._ahead[key] = version
+        self._put(key, obj)
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED, BOOKMARK), in the watch's order."""
+        key, version = _key(obj), _version(obj)
+        if key in self._ahead and not newer(obj, self._ahead[key]):
+            return  # the operator has written a later version of this object already
+        if kind == "DELETED":
+            self._drop(key)
+        elif kind in ("ADDED", "MODIFIED"):
+            self._put(key, obj)
+        if version is not None:  # the watch has delivered every change of this collection up to here
+            self._ahead = {k: v for k, v in self._ahead.items() if v > version}
+
+    def _put(self, key: str, obj: dict[str, Any]) -> None:
+        stored = self._items.get(key)
+        digest = self.digest(obj)
+        if digest is None:
+            self._drop(key)
+            return
+        self._items[key] = (digest, _version(obj))
+        if stored is None or stored[0] != digest:
+            self.on_change()
+
+    def _drop(self, key: str) -> None:
+        if self._items.pop(key, None) is not None:
+            self.on_change()
+
+    def replace(self, objects: list[dict[str, Any]], version: str) -> None:
+        """A fresh list: what it lacks is gone, unless the operator wrote it after the list was taken."""
+        kept = {_key(obj): obj for obj in objects}
+        for key in set(self._items) - set(kept) - set(self._ahead):
+            self._drop(key)
+        for key, obj in kept.items():
+            if key not in self._ahead or newer(obj, self._ahead[key]):
+                self._put(key, obj)
+        listed = int(version) if version.isdigit() else None
+        self._ahead = {k: v for k, v in self._ahead.items() if listed is not None and v > listed}
+
+    async def run(self) -> None:
+        """Keep the cache current until cancelled."""
+        failures = 0
+        version = ""
+        while True:
+            try:
+                if not version:
+                    objects, version = await self.kube.list_all(self.ref, self.label_selector, self.field_selector)
+                    self.replace(objects, version)
+                    self.synced.set()
+                async for kind, obj in self.kube.watch(
+                    self.ref, version, self.label_selector, self.field_selector, WATCH_SECONDS
+                ):
+                    self.events += 1
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    self.event(kind, obj)
+                failures, self.error = 0, None
+            except Gone:
+                version = ""  # too old: list again
+            except KubeError as exc:
+                self.error = str(exc)
+                delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
+                failures += 1
+                LOG.warning("%s; again in %g s", exc, delay)
+                await asyncio.sleep(delay)
+                if failures > 2:
+                    version = ""  # a watch that keeps failing may have missed changes: list again
