@@ -25,6 +25,12 @@ def handler_imaging() -> ModuleType:
     return load_module(paths.handlers_dir() / "servinglab_imaging.py", "servinglab_imaging")
 
 
+def handler_datapath() -> ModuleType:
+    """The handler's data-path helpers (compile, padding), so the raw loop runs the model as served."""
+    handler_imaging()  # imported by basename from the data-path module
+    return load_module(paths.handlers_dir() / "servinglab_datapath.py", "servinglab_datapath")
+
+
 def network(model_name: str, weights: bool = False) -> tuple[Any, int]:
     """The built-in model; with `weights`, the very weights its archive serves (calibrated
     BatchNorm: uncalibrated statistics can drive activations into slow denormal arithmetic)."""

@@ -196,6 +196,8 @@ def _facts(document: ExperimentResults) -> list[str]:
         facts.append(f"Cold start: {cold:.1f} s" + (f" (handler warm-up {warmup:.1f} s of it)" if warmup else ""))
     if document.runtime is not None and document.runtime.precision_note:
         facts.append(html.escape(document.runtime.precision_note))
+    if document.runtime is not None and document.runtime.data_path is not None and document.runtime.data_path.note:
+        facts.append(f"Data path, as the workers ran it: {html.escape(document.runtime.data_path.note)}")
     return facts
 
 
@@ -204,7 +206,8 @@ def _page(document: ExperimentResults) -> str:
     title = f"{document.experiment}: {document.model}"
     config = (
         f"{server.kind}: batch {server.batch_size}, max delay {server.max_batch_delay_ms} ms, "
-        f"{server.workers} worker(s), {server.precision}; load {load.mode if load else ''}"
+        f"{server.workers} worker(s), {server.precision}"
+        f"{', ' + server.data_path if server.data_path else ''}; load {load.mode if load else ''}"
     )
     rows = []
     for level in document.results:
