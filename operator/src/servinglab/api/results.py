@@ -384,6 +384,9 @@ class ModelDescription(ResultModel):
     input: DeclaredInput | None = None
     parameters: int | None = None
     flops_per_inference: float | None = None
+    #: Bytes of the weights (read once per batch) and of the activations one inference moves, at fp32.
+    weight_bytes: int | None = None
+    activation_bytes: int | None = None
     count_note: str | None = None
     archive_config_replaced: str | None = None
 
