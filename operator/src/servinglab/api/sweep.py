@@ -133,6 +133,9 @@ class TrialConfig(SpecModel):
     def path(self) -> DataPath:
         return self.data_path or DataPath()
 
+    def path_for_people(self) -> str:
+        return self.path.describe() if self.data_path is not None else "default"
+
     def key(self) -> tuple[int, int, int, str, str]:
         return (self.batch_size, self.max_batch_delay_ms, self.workers, str(self.precision), self.path.label())
 

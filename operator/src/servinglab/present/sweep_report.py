@@ -146,7 +146,7 @@ def _page(document: SweepResults) -> str:
     for trial in document.trials:
         config = trial.config
         cells = [trial.order + 1, trial.name, config.batch_size, config.max_batch_delay_ms, config.workers,
-                 str(config.precision), config.path.describe(), trial.state, trial.capacity_rps,
+                 str(config.precision), config.path_for_people(), trial.state, trial.capacity_rps,
                  trial.p99_latency_ms, trial.level, trial.ready_seconds, trial.reason]  # fmt: skip
         rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
     table = f"<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>\n{''.join(rows)}\n</table>"

@@ -138,7 +138,7 @@ def print_sweep(document: SweepResults) -> None:
         table.add_row(
             str(trial.order + 1) + (" *" if trial.name == best else ""),
             str(config.batch_size), str(config.max_batch_delay_ms), str(config.workers), str(config.precision),
-            *([config.path.describe()] if paths else []), state, num(trial.capacity_rps, 1),
+            *([config.path_for_people()] if paths else []), state, num(trial.capacity_rps, 1),
             ms(trial.p99_latency_ms), trial.level or "-",
             "-" if ready is None else f"{ready:.1f}" + (" (reconfigured)" if trial.reconfigured else ""),
         )  # fmt: skip
