@@ -4,12 +4,14 @@ what the handler is told."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from servinglab.api import SpecError, TrialConfig, grid, parse_experiment, parse_sweep, trial_name, trial_spec
+from servinglab.api.sweep import data_paths
 from servinglab.servers.torchserve.config import render_model_config
 from servinglab.sweep.search import Outcome, best, propose
 
@@ -105,3 +107,13 @@ def test_the_search_screens_and_climbs_every_data_path_variant() -> None:
     found = best(history)
     assert found is not None and found.config.label() == "b8-d50-w1-fp32-t2-cd"
     assert len(history) < len(grid(spec))
+
+
+def test_the_data_path_examples_are_valid_sweeps() -> None:
+    from servinglab.api import load_sweep
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    gpu = load_sweep(examples / "sweep-datapath-gpu.yaml").spec
+    assert len(data_paths(gpu)) == 2 * 2 * 2 + 1 * 2  # device decode takes neither threads nor pinned copies
+    cpu = load_sweep(examples / "sweep-datapath-cpu.yaml").spec
+    assert len(grid(cpu)) == 2 * 2 * 2 * 2 and not any(p.gpu_only() for p in data_paths(cpu))
