@@ -119,8 +119,11 @@ def plan_data_path(
         if (problem := _torchvision_problem()) is not None:
             raise DataPathError(f"dataPath.decode: device needs torchvision's decode_jpeg: {problem}")
     mode = str(wanted.get("compile", "none"))
-    if mode != "none" and not cuda and shutil.which(os.environ.get("CXX", "g++")) is None:
-        raise DataPathError(f"dataPath.compile: {mode} on the CPU needs a C++ compiler (g++ or $CXX) on PATH")
+    # inductor builds C++ kernels on the CPU; on a GPU, Triton builds its kernels' launcher with a C compiler
+    compiler = os.environ.get("CXX", "g++") if not cuda else os.environ.get("CC", "gcc")
+    if mode != "none" and shutil.which(compiler) is None:
+        kind = "C++ compiler (g++ or $CXX)" if not cuda else "C compiler for Triton (gcc or $CC)"
+        raise DataPathError(f"dataPath.compile: {mode} needs a {kind} on PATH, and there is none")
     channels_last = wanted.get("channelsLast")
     return DataPathPlan(
         decode=decode,

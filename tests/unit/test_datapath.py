@@ -121,3 +121,9 @@ def test_a_tensor_model_cannot_decode_on_the_device() -> None:
     plan = plan_data_path({"decodeThreads": 2}, CPU, "tensor", 8)
     assert plan.report("tensor")["note"].startswith("tensor bodies parsed on 2 CPU thread(s)")
     assert plan.channels_last is False and plan.transfer == "as declared"
+
+
+def test_compiling_without_a_compiler_is_refused_naming_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(DataPathError, match=r"dataPath.compile: default needs a C\+\+ compiler .* there is none"):
+        plan_data_path({"compile": "default"}, CPU, "image", 8)
