@@ -5,11 +5,13 @@ user's own TorchScript files and exported programs (`model.pt` / `model.pt2`, wi
 in `servinglab-input.json`: an image of a size, or a tensor of a shape and dtype).
 
 TorchServe imports this file by basename and requires exactly one class in it, so the plain
-functions live in `servinglab_imaging.py` (shipped alongside). The handler deliberately does not
+functions live in `servinglab_imaging.py` and the data path (decode, transfer, copies, compile) in
+`servinglab_datapath.py`, both shipped alongside and free of TorchServe. The handler deliberately does not
 subclass `ts.torch_handler.base_handler.BaseHandler`: that module switches TF32 on globally at import
 and hides model loading; here the model comes from the archive's `build_model()` and a state dict,
 and the precision is applied exactly as the experiment's model-config.yaml asks
-(`handler: {precision, channelsLast, warmupBatchSizes, warmupSeconds, topK}`).
+(`handler: {precision, dataPath, warmupBatchSizes, warmupSeconds, topK}`); it logs how the precision
+and the data path were realised ("servinglab precision: ...", "servinglab data path: {json}").
 
 Per batch it records timings as TorchServe metrics (declared in the metrics.yaml the runner renders):
 counters of milliseconds spent in preprocess / inference / postprocess, batches and batched
@@ -28,11 +30,10 @@ from typing import Any
 
 import torch
 
+from servinglab_datapath import BatchMaker, compile_model, plan_data_path
 from servinglab_imaging import (
     BadInput,
     apply_precision,
-    decode_image,
-    decode_tensor,
     error_response,
     json_response,
     load_serialized,
@@ -40,7 +41,6 @@ from servinglab_imaging import (
     request_body,
     tensor_outputs,
     tensors_to_batch,
-    to_batch,
     top_k,
     warm_up,
     zeros_sample,
@@ -57,12 +57,12 @@ class ServinglabImageHandler:
 
     def __init__(self) -> None:
         self.initialized = False
-        self.model: torch.nn.Module | None = None
+        self.model: Any = None
         self.device = torch.device("cpu")
         self.input_size = 224
         self.input: dict[str, Any] = {"kind": "image"}
         self.top_k = 5
-        self.channels_last = False
+        self.batches: BatchMaker | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -75,10 +75,9 @@ class ServinglabImageHandler:
             torch.cuda.set_device(self.device)
         settings = (getattr(context, "model_yaml_config", None) or {}).get("handler", {}) or {}
         self.top_k = int(settings.get("topK", 5))
-        # channels_last pays off with cuDNN/oneDNN convolutions on GPUs; default on there only.
-        self.channels_last = bool(settings.get("channelsLast", self.device.type == "cuda"))
         self.plan = plan_precision(str(settings.get("precision", "fp32")), self.device)
         logger.info("servinglab precision: %s", self.plan.note)
+        batch_size = int(properties.get("batch_size") or 1)
 
         manifest_model = context.manifest["model"]
         serialized = model_dir / manifest_model["serializedFile"]
@@ -92,12 +91,13 @@ class ServinglabImageHandler:
             self.input = json.loads((model_dir / INPUT_FILE).read_text())
             self.input_size = int(self.input.get("size", 224))
             model = load_serialized(serialized, self.device)
-            if self.input["kind"] != "image":
-                self.channels_last = False  # a memory format for 4-D image batches only
-        self.model = apply_precision(model, self.plan, self.channels_last)
+        self.input["size"] = self.input_size
+        path = plan_data_path(settings.get("dataPath"), self.device, self.input["kind"], batch_size)
+        self.batches = BatchMaker(path, self.device, self.plan.dtype, self.input)
+        self.model = compile_model(apply_precision(model, self.plan, path.channels_last), path)
+        logger.info("servinglab data path: %s", json.dumps(path.report(self.input["kind"])))
         sizes = settings.get("warmupBatchSizes")
         if sizes is None:  # an archive rendered without the list: every power of two up to batch_size
-            batch_size = int(properties.get("batch_size") or 1)
             sizes = sorted({min(2**i, batch_size) for i in range(batch_size.bit_length() + 1)})
         report = warm_up(self._forward_zeros, [int(s) for s in sizes], float(settings.get("warmupSeconds", 60.0)))
         logger.info("servinglab warm-up: %s", json.dumps(report))
@@ -106,9 +106,8 @@ class ServinglabImageHandler:
     def _forward_zeros(self, size: int) -> None:
         """One forward pass at batch `size`, so the first requests are not measured while
         cuDNN/oneDNN pick kernels and allocators grow."""
-        assert self.model is not None
-        with torch.inference_mode():
-            self.model(self._zeros(size))
+        assert self.model is not None and self.batches is not None
+        self.batches.forward(self.model, self._zeros(size))
         self._synchronize()
 
     def _zeros(self, size: int) -> torch.Tensor:
@@ -116,7 +115,8 @@ class ServinglabImageHandler:
             sample = zeros_sample(self.input["shape"], self.input["dtype"])
             return tensors_to_batch([sample] * size, self.device, self.plan.dtype)
         dummy = torch.zeros((size, 3, self.input_size, self.input_size), device=self.device, dtype=self.plan.dtype)
-        return dummy.contiguous(memory_format=torch.channels_last) if self.channels_last else dummy
+        assert self.batches is not None
+        return dummy.contiguous(memory_format=torch.channels_last) if self.batches.plan.channels_last else dummy
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -125,36 +125,28 @@ class ServinglabImageHandler:
     # -- per batch -------------------------------------------------------------------------------
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[str]:
+        assert self.model is not None and self.batches is not None
         started = time.perf_counter()
-        samples: list[Any] = []
-        valid: list[int] = []
         responses: list[str] = [""] * len(data)
         tensor_input = self.input["kind"] == "tensor"
+        rows: list[int] = []  # which request each body came from
+        bodies: list[bytes] = []
         for index, row in enumerate(data):
             try:
-                body = request_body(row)
-                if tensor_input:
-                    samples.append(decode_tensor(body, self.input["shape"], self.input["dtype"]))
-                else:
-                    samples.append(decode_image(body, self.input_size))
-                valid.append(index)
+                bodies.append(request_body(row))
+                rows.append(index)
             except BadInput as exc:
-                responses[index] = error_response(str(exc))
-                context.set_response_status(400, str(exc), idx=index)
-        batch = None
-        if samples:
-            batch = (
-                tensors_to_batch(samples, self.device, self.plan.dtype)
-                if tensor_input
-                else to_batch(samples, self.device, self.plan.dtype, self.channels_last)
-            )
+                self._refuse(context, responses, index, str(exc))
+        made = self.batches.make(bodies)
+        for position, message in made.errors.items():
+            self._refuse(context, responses, rows[position], message)
+        valid = [rows[position] for position in made.valid]
+        self._synchronize()  # the copies and conversion count as preprocessing, not inference
         preprocessed = time.perf_counter()
 
         logits = None
-        if batch is not None:
-            assert self.model is not None
-            with torch.inference_mode():
-                logits = self.model(batch)
+        if made.batch is not None:
+            logits = self.batches.forward(self.model, made.batch)
             self._synchronize()
         inferred = time.perf_counter()
 
@@ -168,6 +160,11 @@ class ServinglabImageHandler:
 
         self._record(context.metrics, len(data), started, preprocessed, inferred, finished)
         return responses
+
+    @staticmethod
+    def _refuse(context: Any, responses: list[str], index: int, message: str) -> None:
+        responses[index] = error_response(message)
+        context.set_response_status(400, message, idx=index)
 
     @staticmethod
     def _record(metrics: Any, size: int, t0: float, t1: float, t2: float, t3: float) -> None:

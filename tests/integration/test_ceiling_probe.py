@@ -174,3 +174,14 @@ def test_a_parent_killed_with_sigkill_takes_its_probe_with_it(tmp_path: Path) ->
         if parent.poll() is None:
             parent.kill()
     assert not left, [proc.cmdline() for proc in left]
+
+
+def test_the_model_alone_runs_with_the_data_paths_model_options_and_caches_them_apart() -> None:
+    cache = RawCache()
+    eager = rawprobe.measure("tiny", "fp32", "cpu", [2], 1.0, cache=cache)
+    laid_out = rawprobe.measure("tiny", "fp32", "cpu", [2], 1.0, cache=cache, model_options={"channelsLast": True})
+    assert eager.measured[2].throughput_rps > 0 and laid_out.measured[2].throughput_rps > 0
+    assert laid_out.from_cache == []  # channels-last is another model here: not the eager rows again
+    assert rawprobe.measure("tiny", "fp32", "cpu", [2], 1.0, cache=cache).from_cache == [2]
+    with pytest.raises(rawprobe.RawProbeError, match="dataPath.compile: reduce-overhead needs CUDA"):
+        rawprobe.measure("tiny", "fp32", "cpu", [2], 1.0, model_options={"compile": "reduce-overhead"})

@@ -91,6 +91,7 @@ def test_torchscript_from_a_url_at_bf16_with_the_users_image_files(
     assert info["sha256"] == digest and info["sizeBytes"] == model_file.stat().st_size
     assert info["parameters"] == 3 * 8 * 9 + 8 + 8 * 10 + 10  # conv weights + bias, linear weights + bias
     assert info["flopsPerInference"] == 2 * (8 * 16 * 16 * 27 + 80)  # conv at 16x16 out, then the head
+    assert info["weightBytes"] == 4 * info["parameters"] and info["activationBytes"] >= 2 * 4 * 8 * 16 * 16  # roofline
     assert info["downloaded"] is True and second["modelInfo"]["downloaded"] is False
     assert files.requests == [f"/{model_file.name}"], "the second run must come from the cache by digest"
     assert "bf16" in results["runtime"]["precisionNote"]

@@ -56,7 +56,7 @@ def test_every_bad_field_is_named_and_an_oversized_space_is_refused_with_its_cou
     huge = document(space={"batchSize": {"min": 1, "max": 512, "scale": "linear"}, "workers": {"values": [1, 2]}})
     with pytest.raises(SpecError) as caught:
         parse_sweep(huge)
-    assert f"1024 configurations (512 x 1 x 2 x 1) is more than the {MAX_SPACE}" in str(caught.value)
+    assert f"1024 configurations (512 x 1 x 2 x 1 x 1) is more than the {MAX_SPACE}" in str(caught.value)
     with pytest.raises(SpecError, match="strategy list needs configurations"):
         parse_sweep(document(strategy="list"))
 

@@ -333,10 +333,11 @@ def prepare_model(spec_file: Path, into: Path, mounted: Path | None, cache: Path
 @click.option("--termination-log", type=click.Path(path_type=Path), default=Path("/dev/termination-log"),
               show_default=True, help="Where the counts go for Kubernetes (skipped if absent).")  # fmt: skip
 def count_model(directory: Path, termination_log: Path) -> None:
-    """Count the parameters and FLOPs of the packed model prepare-model laid out in DIRECTORY (the server
-    pod's second init container: it loads the user's model, so it has no cache, claim or credentials, and
-    the model store read-only). Prints, and leaves as the termination message, {"parameters",
-    "flopsPerInference", "countNote"} ({} for an archive, which is not counted); a model that does not load
+    """Count the parameters, FLOPs and bytes moved of the packed model prepare-model laid out in DIRECTORY (the
+    server pod's second init container: it loads the user's model, so it has no cache, claim or credentials,
+    and the model store read-only). Prints, and leaves as the termination message, {"parameters",
+    "flopsPerInference", "weightBytes", "activationBytes", "countNote"} ({} for an archive, which is not
+    counted); a model that does not load
     is a count of null with the reason, never a failure."""
     from servinglab.models import probe
     from servinglab.models.catalogue import INFO_FILE, PACKED_FORMATS

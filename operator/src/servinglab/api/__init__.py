@@ -5,6 +5,7 @@ re-exported here (`from servinglab.api import ServingExperiment, LoadSpec`); res
 CRD generator are imported from their modules.
 """
 
+from servinglab.api.datapath import CompileMode, DataPath, Decode, Transfer
 from servinglab.api.experiment import (
     CeilingSpec,
     CleanupSpec,
@@ -64,11 +65,12 @@ from servinglab.api.sweep import (
 __all__ = [
     "API_GROUP", "API_VERSION", "BUILTIN_MODELS", "EXPERIMENT_LABEL", "EXPERIMENT_UID_LABEL", "KIND",
     "MAX_GENERATORS", "MAX_SPACE", "PLURAL", "SWEEP_KIND", "SWEEP_LABEL", "SWEEP_PLURAL",
-    "BurstShape", "CeilingSpec", "CleanupSpec", "ExperimentSpec", "GeneratorLimits", "LoadSpec", "MetricsSpec",
+    "BurstShape", "CeilingSpec", "CleanupSpec", "CompileMode", "DataPath", "Decode", "ExperimentSpec",
+    "GeneratorLimits", "LoadSpec", "MetricsSpec",
     "ModelFormat", "ModelInput", "ModelRef", "ModelSource", "ObjectMeta", "PayloadFormat", "PayloadSpec",
     "Precision", "RateSearchSpec", "Resources", "ResponseCheck", "SecretKeyRef", "ServerKind", "ServerSpec",
     "ServingExperiment", "ServingSweep", "ShapeSpec", "SloSpec", "SpecError", "SpecModel", "StabilitySpec",
-    "StepShape", "SweepSpec", "Toleration", "TraceShape", "TrialConfig", "VolumePath",
+    "StepShape", "SweepSpec", "Toleration", "TraceShape", "Transfer", "TrialConfig", "VolumePath",
     "axis_values", "grid", "load_experiment", "load_sweep", "parse_experiment", "parse_sweep", "read_document",
     "space_size", "trial_name", "trial_spec",
 ]  # fmt: skip

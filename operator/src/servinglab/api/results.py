@@ -242,6 +242,8 @@ class ServerSettings(ResultModel):
     max_batch_delay_ms: int | None = None
     workers: int | None = None
     precision: str | None = None
+    #: The data path the spec asked for, for people (absent: the handler's defaults); `runtime.dataPath` ran.
+    data_path: str | None = None
     effective: EffectiveSettings | None = None
 
 
@@ -332,12 +334,27 @@ class Warmup(ResultModel):
     budget_seconds: float | None = None
 
 
+class DataPathRun(ResultModel):
+    """The handler's data path as a worker ran it (its own account), beside what the spec asked for."""
+
+    decode: str | None = None
+    decode_threads: int | None = None
+    transfer: str | None = None
+    pinned_copies: bool | None = None
+    compile: str | None = None
+    channels_last: bool | None = None
+    padded_batch_sizes: list[int] | None = None
+    device: str | None = None
+    note: str | None = None
+
+
 class Runtime(ResultModel):
     """Where the experiment ran."""
 
     mode: Literal["local", "cluster"]
     device: str | None = None
     precision_note: str | None = None
+    data_path: DataPathRun | None = None
     warmup: Warmup | None = None
     cpu_count: int | None = None
     machine: str | None = None
@@ -367,6 +384,9 @@ class ModelDescription(ResultModel):
     input: DeclaredInput | None = None
     parameters: int | None = None
     flops_per_inference: float | None = None
+    #: Bytes of the weights (read once per batch) and of the activations one inference moves, at fp32.
+    weight_bytes: int | None = None
+    activation_bytes: int | None = None
     count_note: str | None = None
     archive_config_replaced: str | None = None
 

@@ -1,5 +1,6 @@
 """The server under test, as a spec names it: which server (one kind per folder of
-:mod:`servinglab.servers`), and the batching, workers, precision, placement and limits it runs with.
+:mod:`servinglab.servers`), and the batching, workers, precision, data path (:mod:`.datapath`), placement
+and limits it runs with.
 
 Part of the ServingExperiment spec (:mod:`servinglab.api.experiment`); the servers' configuration
 renderers and pod builders read it.
@@ -11,8 +12,9 @@ import re
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from servinglab.api.datapath import DataPath
 from servinglab.api.meta import SpecModel
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
@@ -90,6 +92,9 @@ class ServerSpec(SpecModel):
         description="Time budget of each worker's warm-up before it serves: the batch sizes the load can form "
         "(powers of two) run once each, smallest first, until the next would overrun it. 0 = no warm-up.",
     )
+    data_path: DataPath = Field(
+        default_factory=DataPath, description="How the handler decodes, copies and runs a batch (each a sweep axis)."
+    )
 
     @field_validator("image")
     @classmethod
@@ -102,3 +107,10 @@ class ServerSpec(SpecModel):
         if last.endswith(":latest"):
             raise ValueError(f"'{value}' uses the moving tag 'latest'; pin a version")
         return value
+
+    @model_validator(mode="after")
+    def _gpu_paths_need_a_gpu(self) -> ServerSpec:
+        if self.gpus == 0 and (needs := self.data_path.gpu_only()):
+            raise ValueError(f"dataPath.{needs[0]} needs a GPU, and gpus is 0 (ask for gpus: 1, or use the CPU's "
+                             "options: decode: cpu with decodeThreads, compile: default)")  # fmt: skip
+        return self

@@ -1,7 +1,8 @@
 """The ServingSweep v1alpha1 spec: many configurations of one experiment, searched for the best.
 
 A sweep is a `template` experiment spec plus the server settings to vary: a `space` of axes
-(batch size, max batch delay, workers, precision) searched by `grid` (every combination) or by
+(batch size, max batch delay, workers, precision, and the handler's data path: decode, decode threads,
+transfer, pinned copies, compile mode, channels-last) searched by `grid` (every combination) or by
 `search` (far fewer trials, :mod:`servinglab.sweep.search`), or an explicit list of
 `configurations`. Every trial is the template with one configuration applied; the objective is the
 highest throughput that meets the template's SLO. Validation names every bad field like the
@@ -20,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from servinglab.api.datapath import CompileMode, DataPath, Decode, Transfer
 from servinglab.api.experiment import ExperimentSpec
 from servinglab.api.meta import ObjectMeta, SpecModel, describe_error, parse_document, read_document
 from servinglab.api.servers import Precision, ServerSpec
@@ -27,7 +29,10 @@ from servinglab.api.servers import Precision, ServerSpec
 #: A space larger than this is refused: at a minute or more per trial it would run for days.
 MAX_SPACE = 512
 
-AXES = ("batchSize", "maxBatchDelayMs", "workers", "precision")
+AXES = ("batchSize", "maxBatchDelayMs", "workers", "precision", "decode", "decodeThreads", "transfer", "pinnedCopies",
+        "compile", "channelsLast")  # fmt: skip
+#: The data path's axes: each a field of `server.dataPath` (and of SweepSpace under the same name).
+DATA_PATH_AXES = ("decode", "decode_threads", "transfer", "pinned_copies", "compile", "channels_last")
 
 
 class IntAxis(SpecModel):
@@ -67,13 +72,45 @@ class PrecisionAxis(SpecModel):
     values: list[Precision] = Field(min_length=1, max_length=4)
 
 
+class DecodeAxis(SpecModel):
+    """Where to decode: cpu, device."""
+
+    values: list[Decode] = Field(min_length=1, max_length=2)
+
+
+class TransferAxis(SpecModel):
+    """What crosses to the device: uint8, float."""
+
+    values: list[Transfer] = Field(min_length=1, max_length=2)
+
+
+class CompileAxis(SpecModel):
+    """torch.compile modes to try (none: eager)."""
+
+    values: list[CompileMode] = Field(min_length=1, max_length=5)
+
+
+class BoolAxis(SpecModel):
+    """A switch: [false, true], or one of them."""
+
+    values: list[bool] = Field(min_length=1, max_length=2)
+
+
 class SweepSpace(SpecModel):
-    """The axes to vary; an axis left out keeps the template's value."""
+    """The axes to vary; an axis left out keeps the template's value. The data path's axes combine into
+    the data paths tried; a combination that means nothing (device decode with decode threads, float
+    transfer or pinned copies) is left out rather than run."""
 
     batch_size: IntAxis | None = None
     max_batch_delay_ms: IntAxis | None = None
     workers: IntAxis | None = None
     precision: PrecisionAxis | None = None
+    decode: DecodeAxis | None = None
+    decode_threads: IntAxis | None = None
+    transfer: TransferAxis | None = None
+    pinned_copies: BoolAxis | None = None
+    compile: CompileAxis | None = None
+    channels_last: BoolAxis | None = None
 
 
 class TrialConfig(SpecModel):
@@ -83,13 +120,31 @@ class TrialConfig(SpecModel):
     max_batch_delay_ms: int = Field(ge=1, le=60_000)
     workers: int = Field(ge=1, le=64)
     precision: Precision
+    data_path: DataPath | None = Field(
+        default=None, description="The handler's data path (unset: its defaults; listed: the template's)."
+    )
 
-    def key(self) -> tuple[int, int, int, str]:
-        return (self.batch_size, self.max_batch_delay_ms, self.workers, str(self.precision))
+    @field_validator("data_path")
+    @classmethod
+    def _default_is_unset(cls, value: DataPath | None) -> DataPath | None:
+        return None if value is not None and not value.label() else value  # one spelling of the defaults
+
+    @property
+    def path(self) -> DataPath:
+        return self.data_path or DataPath()
+
+    def path_for_people(self) -> str:
+        return self.path.describe() if self.data_path is not None else "default"
+
+    def key(self) -> tuple[int, int, int, str, str]:
+        return (self.batch_size, self.max_batch_delay_ms, self.workers, str(self.precision), self.path.label())
 
     def label(self) -> str:
-        """Short, unique and DNS-safe: b8-d5-w1-fp32."""
-        return f"b{self.batch_size}-d{self.max_batch_delay_ms}-w{self.workers}-{self.precision}"
+        """Short, unique and DNS-safe: b8-d5-w1-fp32, with the data path's label when it is not the
+        handler's default (b8-d5-w1-fp32-t4-cd)."""
+        base = f"b{self.batch_size}-d{self.max_batch_delay_ms}-w{self.workers}-{self.precision}"
+        path = self.path.label()
+        return f"{base}-{path}" if path else base
 
 
 class StopSpec(SpecModel):
@@ -125,6 +180,24 @@ class SweepSpec(SpecModel):
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     parallelism: int = Field(default=1, ge=1, le=16, description="Trials that may run at once (on the cluster).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _listed_keep_the_templates_data_path(cls, data: Any) -> Any:
+        """A listed configuration that names no dataPath runs the template's (not the handler's default)."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("configurations"), list):
+            return data
+        template = data.get("template")
+        server = template.get("server") if isinstance(template, Mapping) else None
+        path = server.get("dataPath", server.get("data_path")) if isinstance(server, Mapping) else None
+        if path is None:
+            return data
+        listed = [
+            {**config, "dataPath": path} if isinstance(config, Mapping) and not {"dataPath", "data_path"} & set(config)
+            else config
+            for config in data["configurations"]
+        ]  # fmt: skip
+        return {**data, "configurations": listed}
+
     @model_validator(mode="after")
     def _a_space_to_search(self) -> SweepSpec:
         if self.strategy == "list" and not self.configurations:
@@ -132,7 +205,15 @@ class SweepSpec(SpecModel):
         if self.strategy != "list" and self.configurations:
             raise ValueError("configurations need strategy: list")
         if self.strategy != "list" and not any(getattr(self.space, f) for f in SweepSpace.model_fields):
-            raise ValueError("space: vary at least one of batchSize, maxBatchDelayMs, workers, precision")
+            raise ValueError(f"space: vary at least one of {', '.join(AXES)}")
+        if self.strategy != "list" and not data_paths(self):
+            raise ValueError("space: every combination of the data-path axes conflicts (" + "; ".join(
+                sorted({p.conflict() or "" for p in data_paths(self, keep_conflicts=True)})) + ")")  # fmt: skip
+        paths = [c.path for c in self.configurations] if self.strategy == "list" else data_paths(self)
+        if self.template.server.gpus == 0:
+            for path in paths:
+                if needs := path.gpu_only():
+                    raise ValueError(f"space: dataPath.{needs[0]} needs a GPU, and template.server.gpus is 0")
         size = len(axis_values(self)[0]) if self.strategy == "list" else space_size(self)
         if size > MAX_SPACE:
             counts = " x ".join(str(len(v)) for v in axis_values(self))
@@ -142,7 +223,7 @@ class SweepSpec(SpecModel):
     @field_validator("configurations")
     @classmethod
     def _distinct(cls, value: list[TrialConfig]) -> list[TrialConfig]:
-        seen: set[tuple[int, int, int, str]] = set()
+        seen: set[tuple[int, int, int, str, str]] = set()
         for config in value:
             if config.key() in seen:
                 raise ValueError(f"configuration {config.label()} appears twice")
@@ -151,8 +232,8 @@ class SweepSpec(SpecModel):
 
 
 def axis_values(sweep: SweepSpec) -> list[list[Any]]:
-    """Per axis (batch, delay, workers, precision), its values ascending; the template's where not varied.
-    For strategy list: one list, the configurations."""
+    """Per axis (batch, delay, workers, precision, data path), its values ascending; the template's where
+    not varied (the data paths: :func:`data_paths`). For strategy list: one list, the configurations."""
     if sweep.strategy == "list":
         return [list(sweep.configurations)]
     server, space = sweep.template.server, sweep.space
@@ -161,7 +242,24 @@ def axis_values(sweep: SweepSpec) -> list[list[Any]]:
         space.max_batch_delay_ms.expand() if space.max_batch_delay_ms else [server.max_batch_delay_ms],
         space.workers.expand() if space.workers else [server.workers],
         [Precision(p) for p in space.precision.values] if space.precision else [server.precision],
+        data_paths(sweep),
     ]
+
+
+def data_paths(sweep: SweepSpec, keep_conflicts: bool = False) -> list[DataPath]:
+    """The data paths a sweep tries: every combination of its data-path axes over the template's data path
+    (just the template's when none is varied), without the combinations that conflict."""
+    base, space = sweep.template.server.data_path, sweep.space
+    choices: dict[str, list[Any]] = {}
+    for name in DATA_PATH_AXES:
+        axis = getattr(space, name)
+        if axis is None:
+            choices[name] = [getattr(base, name)]
+        else:
+            choices[name] = axis.expand() if isinstance(axis, IntAxis) else list(axis.values)
+    combos = [base.model_copy(update=dict(zip(choices, values, strict=True)))
+              for values in itertools.product(*choices.values())]  # fmt: skip
+    return combos if keep_conflicts else [path for path in combos if path.conflict() is None]
 
 
 def space_size(sweep: SweepSpec) -> int:
@@ -187,13 +285,14 @@ def trial_name(sweep_name: str, config: TrialConfig) -> str:
 
 
 def grid(sweep: SweepSpec) -> list[TrialConfig]:
-    """Every configuration, precision outermost and batch size innermost (or the explicit list)."""
+    """Every configuration, precision outermost, then the data path, and batch size innermost (or the
+    explicit list)."""
     if sweep.strategy == "list":
         return list(sweep.configurations)
-    batches, delays, workers, precisions = axis_values(sweep)
+    batches, delays, workers, precisions, paths = axis_values(sweep)
     return [
-        TrialConfig(batch_size=b, max_batch_delay_ms=d, workers=w, precision=p)
-        for p, w, d, b in itertools.product(precisions, workers, delays, batches)
+        TrialConfig(batch_size=b, max_batch_delay_ms=d, workers=w, precision=p, data_path=path)
+        for p, path, w, d, b in itertools.product(precisions, paths, workers, delays, batches)
     ]
 
 
@@ -205,6 +304,7 @@ def trial_spec(sweep: SweepSpec, config: TrialConfig) -> ExperimentSpec:
         maxBatchDelayMs=config.max_batch_delay_ms,
         workers=config.workers,
         precision=str(config.precision),
+        dataPath=config.path.handler_settings(),
     )
     document = sweep.template.model_dump(by_alias=True, exclude_none=True, mode="json")
     document["server"] = server
@@ -226,7 +326,7 @@ def _axis_bounds(document: Mapping[str, Any]) -> list[str]:
     space = ((document.get("spec") or {}).get("space")) or {}
     if not isinstance(space, Mapping):
         return problems
-    for axis in ("batchSize", "maxBatchDelayMs", "workers"):
+    for axis in ("batchSize", "maxBatchDelayMs", "workers", "decodeThreads"):
         form = space.get(axis)
         if not isinstance(form, Mapping):
             continue
@@ -235,7 +335,7 @@ def _axis_bounds(document: Mapping[str, Any]) -> list[str]:
         places += [(end, form[end]) for end in ("min", "max") if end in form]
         for place, value in places:
             try:
-                ServerSpec.model_validate({axis: value})
+                ServerSpec.model_validate({"dataPath": {axis: value}} if axis == "decodeThreads" else {axis: value})
             except ValidationError as exc:
                 problems += [f"spec.space.{axis}.{place}: {describe_error(e)}" for e in exc.errors()]
     return problems

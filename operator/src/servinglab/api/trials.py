@@ -89,6 +89,8 @@ class SweepSpace(ResultModel):
     max_batch_delay_ms: list[int] | None = None
     workers: list[int] | None = None
     precision: list[str] | None = None
+    #: The data paths tried, by label ("default": the handler's), when the sweep varied them.
+    data_path: list[str] | None = None
     configurations: int | None = None
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servinglab import servers
-from servinglab.api import ServingExperiment
+from servinglab.api import ServerSpec, ServingExperiment
 from servinglab.api.conditions import now
 from servinglab.api.results import Ceiling, ExperimentResults, Runtime
 from servinglab.loadgen import shapes
@@ -36,6 +36,7 @@ from servinglab.measure.driver import ServerWindows, measure_load
 from servinglab.measure.raw import probe as raw_probe
 from servinglab.measure.raw.figures import RawCache
 from servinglab.servers.base import LocalServer, ModelError, ServedModel, ServerError
+from servinglab.servers.process import visible_gpus
 
 
 class RunError(RuntimeError):
@@ -105,9 +106,11 @@ class ServerSlot:
         kind = servers.get(spec.server.kind)
         same = self.server is not None and self.kind == kind.kind and self.server.model_name == spec.model.name
         if self.server is not None and same and self.reuse and kind.reconfigurable:
+            _refuse_gpu_paths_without_a_gpu(spec.server, self.server.gpus)
             self.hooks.phase(f"Reconfiguring {kind.name}: {experiment.metadata.name}")
             return self.server, self.server.reconfigure(spec.server, spec.load), True
         self.stop_server()
+        _refuse_gpu_paths_without_a_gpu(spec.server, visible_gpus())
         self.hooks.phase(f"Preparing model {spec.model.name}")
         try:
             self.model = model = kind.prepare_model(spec, self.workdir)
@@ -132,6 +135,16 @@ class ServerSlot:
             self.hooks.phase(f"Server work directory kept for inspection: {self.workdir}")
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _refuse_gpu_paths_without_a_gpu(server: ServerSpec, gpus: int) -> None:
+    """A data path that needs CUDA, on a machine that shows none: refused before the server starts (the
+    spec asks for GPUs, but this machine has none visible)."""
+    if gpus == 0 and (needs := server.data_path.gpu_only()):
+        raise RunError(
+            f"server.dataPath.{needs[0]} needs a GPU, and none is visible on this machine (nvidia-smi, "
+            "CUDA_VISIBLE_DEVICES); run it where a GPU is, or use the CPU's options (decode: cpu, decodeThreads)"
+        )
 
 
 def run_local(
@@ -200,12 +213,14 @@ def _ceiling(
         return None
     sizes = ceiling.plan(spec, document.results)
     precision, seconds, device = str(spec.server.precision), spec.ceiling.raw_seconds, "cuda" if gpu else "cpu"
+    compiled = "" if spec.server.data_path.compile == "none" else f", compile {spec.server.data_path.compile}"
     hooks.phase(
-        f"Ceiling: {spec.model.name} alone in-process, {precision}, at the formed batch size {sizes[0]} "
+        f"Ceiling: {spec.model.name} alone in-process, {precision}{compiled}, at the formed batch size {sizes[0]} "
         f"and the best of {sorted(sizes)}, within {seconds:g} s"
     )
     try:
-        figures = raw_probe.measure(target, precision, device, sizes, seconds, hooks.phase, cache)
+        options = spec.server.data_path.model_options(spec.server.batch_size)
+        figures = raw_probe.measure(target, precision, device, sizes, seconds, hooks.phase, cache, options)
     except raw_probe.RawProbeError as exc:
         raise RunError(str(exc)) from None
     return ceiling.ceiling_of(spec, document.results, description.flops_per_inference, figures, device)
@@ -249,7 +264,7 @@ def _measure(
     notes = server.notes()
     runtime = Runtime(
         mode="local", device="cuda" if server.gpus > 0 else "cpu", precision_note=notes.precision_note,
-        warmup=notes.warmup, cpu_count=os.cpu_count(), machine=platform.machine(),
+        data_path=notes.data_path, warmup=notes.warmup, cpu_count=os.cpu_count(), machine=platform.machine(),
     )  # fmt: skip
     return experiment_results(
         experiment.metadata.name, spec, measured.levels, runtime=runtime, effective=effective,

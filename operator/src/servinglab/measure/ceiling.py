@@ -13,6 +13,11 @@ Three numbers put a served throughput in context:
   dense (no structured sparsity) tensor/CUDA-core figures for the SXM/PCIe parts named; there is no
   entry for CPUs, whose peak depends on the exact part.
 
+And a **roofline** (:func:`roofline`, drawn by `servinglab report`): the model's arithmetic intensity (FLOPs
+over the bytes one inference moves at the batch: its weights shared by the batch, its activations, counted
+where the FLOPs are) places the served and raw points under the device's compute roof and its
+memory-bandwidth roof (:data:`MEMORY_GBS`).
+
 The raw figures come from :mod:`servinglab.measure.raw` (a child process, within `ceiling.rawSeconds`);
 the local runner measures them after its server has stopped, the load Job cannot (it does not run on
 the GPU) and reports FLOPs and the theoretical figure for the accelerator its server is pinned to.
@@ -39,6 +44,12 @@ PEAK_TFLOPS: dict[str, dict[str, float | None]] = {
     "H100": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
     "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
 }
+
+
+#: Peak memory bandwidth in GB/s of the same parts. Sources: NVIDIA datasheets — T4 320 (GDDR6), L4 300,
+#: A10 600 (AWS quotes the same for the A10G of G5), A100 SXM4 80GB 2,039 (the 40GB part: 1,555; a roof is
+#: the most the part named could do, so the faster variant), H100 SXM5 3,350 (HBM3), H200 SXM 4,800 (HBM3e).
+MEMORY_GBS: dict[str, float] = {"T4": 320.0, "L4": 300.0, "A10G": 600.0, "A100": 2039.0, "H100": 3350.0, "H200": 4800.0}
 
 
 def accelerator_of(device_name: str) -> str | None:
@@ -189,3 +200,87 @@ def plan(spec: ExperimentSpec, levels: Sequence[LevelResult]) -> list[int]:
     level = served_level(levels, spec.slo.p99_latency_ms)
     formed, _ = formed_batch_size(level, spec.server.batch_size)
     return scan_batch_sizes(formed, spec.server.batch_size)
+
+
+# -- the roofline ---------------------------------------------------------------------------------------
+
+#: Bytes per element relative to fp32, by precision (weights and activations both take the precision's type).
+_ELEMENT_SCALE = {"fp32": 1.0, "tf32": 1.0, "fp16": 0.5, "bf16": 0.5}
+
+
+@dataclass(frozen=True)
+class RooflinePoint:
+    """A measured throughput on the roofline: where the model's intensity at its batch puts it."""
+
+    label: str
+    batch_size: float
+    intensity: float  # FLOPs per byte moved
+    flops_per_second: float
+    rps: float
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """The roofs of a device at a precision (None: not known) and the points under them."""
+
+    precision: str
+    device: str
+    points: list[RooflinePoint]
+    peak_flops: float | None  # FLOP/s
+    bandwidth: float | None  # bytes/s
+    unknown: list[str]  # what is not known, for people
+
+    @property
+    def ridge(self) -> float | None:
+        """The intensity where the memory roof meets the compute roof (FLOPs per byte)."""
+        return self.peak_flops / self.bandwidth if self.peak_flops and self.bandwidth else None
+
+    def attainable(self, intensity: float) -> float | None:
+        """The most FLOP/s the roofs allow at `intensity` (None when a roof is unknown)."""
+        if self.peak_flops is None or self.bandwidth is None:
+            return None
+        return min(self.peak_flops, self.bandwidth * intensity)
+
+    def bound(self, intensity: float) -> str | None:
+        """'memory' left of the ridge, 'compute' right of it."""
+        ridge = self.ridge
+        return None if ridge is None else ("memory" if intensity < ridge else "compute")
+
+
+def bytes_per_inference(weight_bytes: float, activation_bytes: float, batch_size: float, precision: str) -> float:
+    """Bytes one inference moves at `batch_size`: the weights once per batch, the activations per inference,
+    both counted at fp32 and scaled to the precision's element size."""
+    return (weight_bytes / max(batch_size, 1.0) + activation_bytes) * _ELEMENT_SCALE.get(precision, 1.0)
+
+
+def roofline(
+    ceiling: Ceiling, weight_bytes: int | None, activation_bytes: int | None, precision: str, device: str
+) -> Roofline:
+    """The served and raw points of a ceiling under the roofs of its accelerator. Without the bytes moved
+    (a model counted by an older servinglab) there are no points; without a known accelerator no roofs."""
+    unknown = []
+    accelerator = ceiling.accelerator
+    peak = PEAK_TFLOPS.get(accelerator or "", {}).get(precision) if accelerator else None
+    bandwidth = MEMORY_GBS.get(accelerator or "") if accelerator else None
+    if accelerator is None:
+        unknown.append(f"no compute or memory roof for {device} (servinglab knows these for NVIDIA GPUs only)")
+    elif peak is None:
+        unknown.append(f"{accelerator} has no {precision} compute roof")
+    flops = float(ceiling.flops_per_inference)
+    measured = [
+        ("served", ceiling.served_rps, ceiling.formed_batch_size_mean or ceiling.raw_batch_size),
+        ("model alone, formed batch", ceiling.raw_at_formed_batch_rps, ceiling.raw_batch_size),
+        ("model alone, best batch", ceiling.raw_best_rps, ceiling.raw_best_batch_size),
+    ]
+    points = []
+    if weight_bytes is None or activation_bytes is None or not flops:
+        unknown.append("the bytes the model moves were not counted (rebuild it, or count it again): no intensity")
+    else:
+        for label, rps, batch in measured:
+            if rps and batch:
+                intensity = flops / bytes_per_inference(weight_bytes, activation_bytes, batch, precision)
+                points.append(RooflinePoint(label, float(batch), intensity, rps * flops, rps))
+        if not points:
+            unknown.append("nothing was measured to place on it")
+    return Roofline(precision, accelerator or device, points, peak * 1e12 if peak else None,
+                    bandwidth * 1e9 if bandwidth else None, unknown)  # fmt: skip

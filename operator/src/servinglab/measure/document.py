@@ -32,7 +32,8 @@ def server_settings(spec: ExperimentSpec, effective: EffectiveSettings | None = 
     server = spec.server
     return ServerSettings(
         kind=server.kind, batch_size=server.batch_size, max_batch_delay_ms=server.max_batch_delay_ms,
-        workers=server.workers, precision=str(server.precision), effective=effective,
+        workers=server.workers, precision=str(server.precision),
+        data_path=server.data_path.describe() if server.data_path.label() else None, effective=effective,
     )  # fmt: skip
 
 

@@ -30,10 +30,11 @@ STAMP_FILE = "inputs.sha256"
 DIGESTS_FILE = "digests.json"
 WEIGHTS_FILE = "weights.pt"
 MODEL_FILE = "model.py"
-#: Parameters and FLOPs per inference, counted when the model is built (same name as a user model's).
+#: Parameters, FLOPs and bytes moved per inference, counted when the model is built (same name as a user
+#: model's).
 COUNTS_FILE = "servinglab-counts.json"
 #: Bumped whenever the way builds are produced changes, so old builds are rebuilt.
-RECIPE_VERSION = "2"
+RECIPE_VERSION = "3"
 
 
 class BuildChanged(RuntimeError):

@@ -19,7 +19,7 @@ from servinglab import paths
 from servinglab.api import ModelInput, ModelRef, PayloadSpec
 
 HANDLER_FILE = "servinglab_image_handler.py"
-HANDLER_HELPERS = ("servinglab_imaging.py",)
+HANDLER_HELPERS = ("servinglab_imaging.py", "servinglab_datapath.py")
 #: The declared input of a packed model (TorchScript, exported program), read by servinglab's handler.
 INPUT_FILE = "servinglab-input.json"
 #: Written into every folder a server lays a user's model out in: what was served and where it came from.

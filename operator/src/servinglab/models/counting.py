@@ -1,6 +1,7 @@
-"""A model's size and work, counted with torch: parameters, and FLOPs per inference (PyTorch's
+"""A model's size and work, counted with torch: parameters, FLOPs per inference (PyTorch's
 FlopCounterMode over one forward pass at batch 1; a multiply-add is 2 FLOPs, matrix products and
-convolutions only).
+convolutions only), and the bytes it moves (the roofline's other axis, :func:`bytes_moved`): its weights,
+read once per batch, and its activations per inference.
 
 Imported only by the programs that run as child processes (a model's build, the model probe, the raw
 measurement): never by a process that generates load or reconciles. Also how those programs load a model
@@ -23,6 +24,12 @@ from servinglab.models.catalogue import INPUT_FILE, get_builtin, load_module
 def handler_imaging() -> ModuleType:
     """The handler's precision helpers, so the raw loop converts the model exactly as the server does."""
     return load_module(paths.handlers_dir() / "servinglab_imaging.py", "servinglab_imaging")
+
+
+def handler_datapath() -> ModuleType:
+    """The handler's data-path helpers (compile, padding), so the raw loop runs the model as served."""
+    handler_imaging()  # imported by basename from the data-path module
+    return load_module(paths.handlers_dir() / "servinglab_datapath.py", "servinglab_datapath")
 
 
 def network(model_name: str, weights: bool = False) -> tuple[Any, int]:
@@ -64,6 +71,34 @@ def flops_of(module: Any, batch: Any) -> int:
     return int(counter.get_total_flops())
 
 
+def bytes_moved(module: Any, batch: Any) -> tuple[int, int]:
+    """(weight bytes, activation bytes per sample) of one forward pass of `batch` (one sample), at the dtypes
+    the module has. Weights: every parameter and buffer, read once per batch. Activations: what an unfused
+    eager pass moves, every operator's outputs written once and read once by the next (views move nothing);
+    fused kernels and caches move less, so the intensity from these bytes is a lower bound."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Traffic(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+            self.written = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view:
+                tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+                self.written += sum(t.numel() * t.element_size() for t in tensors)
+            return out
+
+    traffic = Traffic()
+    with torch.no_grad(), traffic:
+        module(batch)
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors), 2 * traffic.written
+
+
 @functools.cache
 def count_flops(model_name: str) -> float:
     """FLOPs of one inference (batch 1, fp32) of a built-in model."""
@@ -74,9 +109,12 @@ def count_flops(model_name: str) -> float:
 
 
 def builtin_counts(model_name: str) -> dict[str, int | float]:
-    """Parameters and FLOPs per inference of a built-in model (what its build keeps)."""
+    """Parameters, FLOPs and bytes moved per inference (at fp32) of a built-in model (what its build keeps)."""
     import torch
 
     network_, size = network(model_name)
-    return {"parameters": sum(p.numel() for p in network_.parameters()),
-            "flopsPerInference": flops_of(network_, torch.zeros(1, 3, size, size))}  # fmt: skip
+    sample = torch.zeros(1, 3, size, size)
+    weights, activations = bytes_moved(network_, sample)
+    parameters = sum(p.numel() for p in network_.parameters())
+    return {"parameters": parameters, "flopsPerInference": flops_of(network_, sample), "weightBytes": weights,
+            "activationBytes": activations}  # fmt: skip

@@ -26,13 +26,17 @@ from typing import IO, Any
 _NOTE_MAX_CHARS = 500
 
 
+COUNTS = ("parameters", "flopsPerInference", "weightBytes", "activationBytes")
+
+
 def checked(answer: object) -> dict[str, Any] | None:
-    """The counts in `answer` if it is exactly {"parameters", "flopsPerInference", "countNote"} with
-    non-negative integers (or null) and a short text (or null); else None."""
-    if not isinstance(answer, dict) or set(answer) != {"parameters", "flopsPerInference", "countNote"}:
-        return None
-    for key in ("parameters", "flopsPerInference"):
-        value = answer[key]
+    """The counts in `answer` if it is exactly {"parameters", "flopsPerInference", "weightBytes",
+    "activationBytes", "countNote"} (or without the bytes) with non-negative integers (or null) and a short
+    text (or null); else None."""
+    if not isinstance(answer, dict) or set(answer) not in ({*COUNTS, "countNote"}, {*COUNTS[:2], "countNote"}):
+        return None  # (an older probe counts no bytes)
+    for key in COUNTS:
+        value = answer.get(key)
         if value is not None and (type(value) is not int or value < 0):
             return None
     note = answer["countNote"]
@@ -59,8 +63,12 @@ class _Tail:
         return self.data.decode(errors="replace").strip().splitlines()
 
 
+def _uncounted(note: str) -> dict[str, Any]:
+    return {**dict.fromkeys(COUNTS), "countNote": note}
+
+
 def count(directory: Path, timeout: float = 300.0) -> dict[str, Any]:
-    """{"parameters", "flopsPerInference", "countNote"} for a packed model."""
+    """{"parameters", "flopsPerInference", "weightBytes", "activationBytes", "countNote"} for a packed model."""
     child = subprocess.Popen([sys.executable, "-m", "servinglab.models.probe_child", str(directory)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     assert child.stdout is not None and child.stderr is not None
@@ -70,16 +78,16 @@ def count(directory: Path, timeout: float = 300.0) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         child.kill()
         child.wait()
-        return {"parameters": None, "flopsPerInference": None, "countNote": f"not counted within {timeout:g} s"}
+        return _uncounted(f"not counted within {timeout:g} s")
     lines = [line for line in out.lines() if line.startswith("{")]
     if child.returncode != 0 or not lines:
         tail = (err.lines() or ["no output"])[-1]
         note = f"the model did not load: {tail}"[:_NOTE_MAX_CHARS]
-        return {"parameters": None, "flopsPerInference": None, "countNote": note}
+        return _uncounted(note)
     try:
         counts = checked(json.loads(lines[-1]))
     except ValueError:
         counts = None
     if counts is None:
-        return {"parameters": None, "flopsPerInference": None, "countNote": "the model's probe answered nonsense"}
+        return _uncounted("the model's probe answered nonsense")
     return counts

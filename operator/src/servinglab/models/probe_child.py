@@ -1,5 +1,5 @@
 """The child process of the model probe (:mod:`.probe`): loads a packed model with the handler's own loader
-and counts its parameters and FLOPs on one sample of its declared input; prints one JSON line.
+and counts its parameters, FLOPs and bytes moved on one sample of its declared input; prints one JSON line.
 
 It runs the user's code (loading a `.pt2` unpickles), which is why it is a process of its own, started
 where nothing is at stake (no cache, no credentials).
@@ -33,7 +33,15 @@ def _measure(directory: Path) -> dict[str, Any]:
         flops, note = None, f"FLOPs not counted: {type(exc).__name__}: {exc}"
     if flops == 0:
         flops, note = None, "FLOPs not counted: the counter saw no matrix product or convolution"
-    return {"parameters": int(parameters), "flopsPerInference": flops, "countNote": note}
+    weights: int | None = None
+    activations: int | None = None
+    if flops is not None:  # the same pass again, counting bytes (it ran once already: it runs)
+        try:
+            weights, activations = counting.bytes_moved(model, batch)
+        except Exception as exc:  # as above: said, not guessed
+            note = f"bytes moved not counted: {type(exc).__name__}: {exc}"
+    return {"parameters": int(parameters), "flopsPerInference": flops, "weightBytes": weights,
+            "activationBytes": activations, "countNote": note}  # fmt: skip
 
 
 if __name__ == "__main__":

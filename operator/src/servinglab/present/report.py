@@ -8,7 +8,9 @@ Plots (matplotlib, Agg backend, written next to the page):
 * `server-breakdown.png` — where the server's time went per level: queue wait per request, and
   preprocess / inference / postprocess per batch, with the mean batch size;
 * `timeseries.png` — throughput and p99 window by window over each level's measured period (the
-  stability windows); a shaped run (step, burst, trace) shows its offered rate and phase edges.
+  stability windows); a shaped run (step, burst, trace) shows its offered rate and phase edges;
+* `roofline.png` — the served and raw points under the device's compute and memory roofs
+  (:mod:`servinglab.present.roofline`).
 
 The page adds the configuration, the full results table with the trust checks, the best level, the
 peak rate found and the ceiling (served/raw, served/theoretical). Works on local results and on a
@@ -24,9 +26,10 @@ from typing import Any
 
 from servinglab.api.results import ExperimentResults, LevelResult
 from servinglab.measure.trust import trust_checks
+from servinglab.present import roofline
 from servinglab.present.page import html_page
 
-PLOTS = ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png", "timeseries.png")
+PLOTS = ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png", "timeseries.png", "roofline.png")
 
 
 def _x_axis(levels: list[LevelResult]) -> tuple[list[float], str]:
@@ -47,6 +50,7 @@ def render(document: ExperimentResults, out_dir: Path) -> Path:
     _throughput_p99(measured, document.slo_p99_ms, out_dir / PLOTS[1])
     _breakdown(measured, out_dir / PLOTS[2])
     _time_series(levels, out_dir / PLOTS[3])
+    roofline.draw(document, out_dir / PLOTS[4])
     page = out_dir / "index.html"
     page.write_text(_page(document))
     return page
@@ -191,11 +195,15 @@ def _facts(document: ExperimentResults) -> list[str]:
             f"{ceiling.served_over_theoretical or '–'}){note}"
         )
         facts += [f"Raw batch {row.batch_size} skipped: {html.escape(row.reason)}" for row in ceiling.raw_skipped or []]
+        if (reading := roofline.sentence(document)) is not None:
+            facts.append(html.escape(reading))
     if cold := document.cold_start_seconds:
         warmup = document.warmup_seconds
         facts.append(f"Cold start: {cold:.1f} s" + (f" (handler warm-up {warmup:.1f} s of it)" if warmup else ""))
     if document.runtime is not None and document.runtime.precision_note:
         facts.append(html.escape(document.runtime.precision_note))
+    if document.runtime is not None and document.runtime.data_path is not None and document.runtime.data_path.note:
+        facts.append(f"Data path, as the workers ran it: {html.escape(document.runtime.data_path.note)}")
     return facts
 
 
@@ -204,7 +212,8 @@ def _page(document: ExperimentResults) -> str:
     title = f"{document.experiment}: {document.model}"
     config = (
         f"{server.kind}: batch {server.batch_size}, max delay {server.max_batch_delay_ms} ms, "
-        f"{server.workers} worker(s), {server.precision}; load {load.mode if load else ''}"
+        f"{server.workers} worker(s), {server.precision}"
+        f"{', ' + server.data_path if server.data_path else ''}; load {load.mode if load else ''}"
     )
     rows = []
     for level in document.results:

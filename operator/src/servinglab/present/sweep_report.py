@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from servinglab.api import TrialConfig
 from servinglab.api.trials import SweepPoint, SweepResults
 from servinglab.present.page import html_page
 
@@ -74,7 +75,7 @@ def _capacity(document: SweepResults, path: Path) -> None:
     space = document.space  # the whole space (grid/search), so untried cells show as blanks
     batches = sorted({c.batch_size for c in configs} | set(space.batch_size or [])) or [0]
     delays = sorted({c.max_batch_delay_ms for c in configs} | set(space.max_batch_delay_ms or [])) or [0]
-    panels = sorted({(str(c.precision), c.workers) for c in configs}) or [("-", 0)]
+    panels = sorted({(_variant(c), c.workers) for c in configs}) or [("-", 0)]
     columns = min(len(panels), 3)
     rows = math.ceil(len(panels) / columns)
     figure, grid = plt.subplots(
@@ -87,7 +88,7 @@ def _capacity(document: SweepResults, path: Path) -> None:
         crosses = []
         for trial in trials:
             config = trial.config
-            if (str(config.precision), config.workers) != (precision, workers):
+            if (_variant(config), config.workers) != (precision, workers):
                 continue
             row, column = delays.index(config.max_batch_delay_ms), batches.index(config.batch_size)
             if trial.capacity_rps is not None:
@@ -96,7 +97,7 @@ def _capacity(document: SweepResults, path: Path) -> None:
                 crosses.append((column, row))
         for pruned in document.pruned:
             config = pruned.config
-            if (str(config.precision), config.workers) == (precision, workers):
+            if (_variant(config), config.workers) == (precision, workers):
                 crosses.append((batches.index(config.batch_size), delays.index(config.max_batch_delay_ms)))
         image = axes.imshow(values, origin="lower", cmap="viridis", vmin=0, vmax=top, aspect="auto")
         for column, row in crosses:
@@ -111,6 +112,11 @@ def _capacity(document: SweepResults, path: Path) -> None:
     figure.colorbar(image, ax=grid, label="capacity within the SLO (rps)", shrink=0.8)
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _variant(config: TrialConfig) -> str:
+    """A capacity panel's name: the precision, with the data path when it is not the handler's default."""
+    return f"{config.precision} {config.path.label()}" if config.data_path is not None else str(config.precision)
 
 
 def _cell(value: Any) -> str:
@@ -132,15 +138,16 @@ def _page(document: SweepResults) -> str:
         config = best.config
         figure = f"{_cell(best.capacity_rps)} rps at p99 {_cell(best.p99_latency_ms)} ms ({best.trial})"
         setting = f"batch {config.batch_size}, max delay {config.max_batch_delay_ms} ms, {config.workers} worker(s)"
-        facts.insert(0, f"<b>Best within the SLO</b>: {setting}, {config.precision}: {figure}")
-    header = ["#", "trial", "batch", "delay ms", "workers", "precision", "state", "capacity rps", "p99 ms", "at",
-              "ready s", "reason"]  # fmt: skip
+        path = f", {config.path.describe()}" if config.data_path is not None else ""
+        facts.insert(0, f"<b>Best within the SLO</b>: {setting}, {config.precision}{html.escape(path)}: {figure}")
+    header = ["#", "trial", "batch", "delay ms", "workers", "precision", "data path", "state", "capacity rps",
+              "p99 ms", "at", "ready s", "reason"]  # fmt: skip
     rows = []
     for trial in document.trials:
         config = trial.config
         cells = [trial.order + 1, trial.name, config.batch_size, config.max_batch_delay_ms, config.workers,
-                 str(config.precision), trial.state, trial.capacity_rps, trial.p99_latency_ms, trial.level,
-                 trial.ready_seconds, trial.reason]  # fmt: skip
+                 str(config.precision), config.path_for_people(), trial.state, trial.capacity_rps,
+                 trial.p99_latency_ms, trial.level, trial.ready_seconds, trial.reason]  # fmt: skip
         rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
     table = f"<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>\n{''.join(rows)}\n</table>"
     return html_page(title, "", facts, table, PLOTS, images_last=False)

@@ -83,6 +83,9 @@ def notes(document: ExperimentResults) -> list[str]:
     precision_note = document.runtime.precision_note if document.runtime is not None else None
     if precision_note:
         found.append(precision_note)
+    data_path = document.runtime.data_path if document.runtime is not None else None
+    if data_path is not None and data_path.note:
+        found.append(f"data path: {data_path.note}")
     return found
 
 
@@ -122,8 +125,11 @@ def print_sweep(document: SweepResults) -> None:
     slo = document.objective.p99_latency_ms
     title = f"{document.sweep}: {document.model}, {document.strategy}" + (f", p99 <= {slo:g} ms" if slo else "")
     table = Table(title=title, title_justify="left")
-    for column in ("#", "batch", "delay", "workers", "precision", "state", "capacity rps", "p99 ms", "at", "ready s"):
-        table.add_column(column, justify="right" if column not in ("precision", "state", "at") else "left")
+    paths = any(trial.config.data_path is not None for trial in document.trials)  # a column when varied
+    columns = ("#", "batch", "delay", "workers", "precision", *(["data path"] if paths else []), "state",
+               "capacity rps", "p99 ms", "at", "ready s")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right" if column not in ("precision", "data path", "state", "at") else "left")
     best = document.best.trial if document.best is not None else None
     for trial in document.trials:
         config = trial.config
@@ -132,7 +138,8 @@ def print_sweep(document: SweepResults) -> None:
         table.add_row(
             str(trial.order + 1) + (" *" if trial.name == best else ""),
             str(config.batch_size), str(config.max_batch_delay_ms), str(config.workers), str(config.precision),
-            state, num(trial.capacity_rps, 1), ms(trial.p99_latency_ms), trial.level or "-",
+            *([config.path_for_people()] if paths else []), state, num(trial.capacity_rps, 1),
+            ms(trial.p99_latency_ms), trial.level or "-",
             "-" if ready is None else f"{ready:.1f}" + (" (reconfigured)" if trial.reconfigured else ""),
         )  # fmt: skip
     stdout.print(table)
@@ -142,7 +149,8 @@ def print_sweep(document: SweepResults) -> None:
         top, config = document.best, document.best.config
         found.append(
             f"best: batch {config.batch_size}, delay {config.max_batch_delay_ms} ms, {config.workers} worker(s), "
-            f"{config.precision} at {top.capacity_rps:.1f} rps (p99 {ms(top.p99_latency_ms)} ms, {top.level})"
+            f"{config.precision}{', ' + config.path.describe() if config.data_path else ''} at "
+            f"{top.capacity_rps:.1f} rps (p99 {ms(top.p99_latency_ms)} ms, {top.level})"
         )
     else:
         found.append("no configuration met the objective")

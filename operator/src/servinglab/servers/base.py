@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from servinglab.api import ExperimentSpec, LoadSpec, ModelRef, Precision, ServerSpec
-from servinglab.api.results import EffectiveSettings, ModelDescription, ServerBreakdown, Warmup
+from servinglab.api.results import DataPathRun, EffectiveSettings, ModelDescription, ServerBreakdown, Warmup
 
 #: A Kubernetes object or a part of one (a container, a volume), as the API takes it.
 Manifest = dict[str, Any]
@@ -103,9 +103,11 @@ class PodInputs:
 
 @dataclass(frozen=True)
 class RuntimeNotes:
-    """What the server's workers said about how they run: the precision's realisation, the warm-up."""
+    """What the server's workers said about how they run: the precision's realisation, the data path, the
+    warm-up."""
 
     precision_note: str | None = None
+    data_path: DataPathRun | None = None
     warmup: Warmup | None = None
 
 

@@ -153,9 +153,10 @@ def document(
     if spec.strategy == "list":
         space = SweepSpace(configurations=len(spec.configurations))
     else:
-        batches, delays, workers, precisions = axis_values(spec)
+        batches, delays, workers, precisions, paths = axis_values(spec)
         space = SweepSpace(batch_size=batches, max_batch_delay_ms=delays, workers=workers,
-                           precision=[str(p) for p in precisions])  # fmt: skip
+                           precision=[str(p) for p in precisions],
+                           data_path=[p.label() or "default" for p in paths] if len(paths) > 1 else None)  # fmt: skip
     every = points(ordered)
     return SweepResults(
         api_version=sweep.api_version,

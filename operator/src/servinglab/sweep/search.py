@@ -4,9 +4,9 @@ Pure and deterministic: :func:`propose` is a function of the sweep spec and the 
 (plus what is running), with no hidden state, so a sweep resumes after a restart by replaying what
 the API server or the output folder holds, and a test drives it on synthetic response surfaces.
 
-The search works on the lattice of axis indexes (batch, delay, workers ascending; precision as a
-category) and improves on Model Analyzer's quick search (coordinate hill-climbing from the small
-corner) in five ways:
+The search works on the lattice of axis indexes (batch, delay, workers ascending; the *variant* — the
+precision with the data path — as a category; "precision" below means the variant) and improves on
+Model Analyzer's quick search (coordinate hill-climbing from the small corner) in five ways:
 
 1. **Precision screening**: the start point (middle batch and delay, fewest workers) is measured at
    every precision first; a precision whose best is below SCREEN_RATIO of the overall best is
@@ -34,7 +34,7 @@ SCREEN_RATIO = 0.75
 #: Trial outcomes that imply larger configurations fail too (same precision, >= batch and workers).
 OUT_OF_MEMORY = "OutOfMemory"
 
-Key = tuple[int, int, int, str]
+Key = tuple[int, int, int, str, str]
 Index = tuple[int, int, int, int]
 #: Neighbour steps in (batch, delay, workers) index space, in the order they are tried.
 STEPS: tuple[tuple[int, int, int], ...] = ((1, 0, 0), (0, 0, 1), (0, 1, 0), (-1, 0, 0), (0, -1, 0), (0, 0, -1))
@@ -69,6 +69,7 @@ def pruned_by(history: list[Outcome], config: TrialConfig) -> str | None:
         if (
             outcome.reason == OUT_OF_MEMORY
             and other.precision == config.precision
+            and other.path.label() == config.path.label()
             and config.batch_size >= other.batch_size
             and config.workers >= other.workers
             and config.key() != other.key()
@@ -131,15 +132,19 @@ class _SearchState:
     """The lattice and the outcomes on it, rebuilt from the history on every call."""
 
     def __init__(self, sweep: SweepSpec, history: list[Outcome]) -> None:
-        self.batches, self.delays, self.workers, self.precisions = axis_values(sweep)
+        self.batches, self.delays, self.workers, precisions, paths = axis_values(sweep)
+        # the categorical coordinate: every precision with every data path
+        self.precisions = [(precision, path) for precision in precisions for path in paths]
+        self.variant_keys = [(str(precision), path.label()) for precision, path in self.precisions]
         self.history = history
         self.by_key = {o.config.key(): o for o in history}
 
     def config(self, index: Index) -> TrialConfig:
         b, d, w, p = index
+        precision, path = self.precisions[p]
         return TrialConfig(
             batch_size=self.batches[b], max_batch_delay_ms=self.delays[d], workers=self.workers[w],
-            precision=self.precisions[p],
+            precision=precision, data_path=path,
         )  # fmt: skip
 
     def index(self, config: TrialConfig) -> Index:
@@ -147,7 +152,7 @@ class _SearchState:
             self.batches.index(config.batch_size),
             self.delays.index(config.max_batch_delay_ms),
             self.workers.index(config.workers),
-            self.precisions.index(config.precision),
+            self.variant_keys.index((str(config.precision), config.path.label())),
         )
 
     def start(self, precision: int) -> Index:

@@ -61,6 +61,7 @@ def trial_manifest(sweep: ServingSweep, uid: str, namespace: str, config: TrialC
                 f"{API_GROUP}/max-batch-delay-ms": str(config.max_batch_delay_ms),
                 f"{API_GROUP}/workers": str(config.workers),
                 f"{API_GROUP}/precision": str(config.precision),
+                f"{API_GROUP}/data-path": config.path.label() or "default",
                 "app.kubernetes.io/managed-by": MANAGED_BY,
             },
             "annotations": {ORDER_ANNOTATION: str(order)},
@@ -91,7 +92,8 @@ def owned_by(child: Manifest, uid: str) -> bool:
 
 def config_of(child: Manifest) -> TrialConfig:
     server = child["spec"]["server"]
-    return TrialConfig.model_validate({k: server[k] for k in ("batchSize", "maxBatchDelayMs", "workers", "precision")})
+    keys = ("batchSize", "maxBatchDelayMs", "workers", "precision", "dataPath")
+    return TrialConfig.model_validate({k: server[k] for k in keys if k in server})
 
 
 def trial_record(sweep: ServingSweep, child: Manifest) -> TrialRecord | None:

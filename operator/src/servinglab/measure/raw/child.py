@@ -1,7 +1,7 @@
 """The model alone, in a child process: raw throughput at several batch sizes within a time budget.
 
     python -m servinglab.measure.raw.child '{"model": "tiny", "precision": "fp32", "device": "cpu",
-                                      "batchSizes": [8, 1, 2, 4], "seconds": 5}'
+                                      "batchSizes": [8, 1, 2, 4], "seconds": 5, "dataPath": {"compile": "default"}}'
 
 Started by :mod:`servinglab.measure.raw.probe` (never imported by the load-generating process: it imports
 torch). It runs in its own process so that Ctrl-C/SIGTERM end it at once even inside a forward pass
@@ -91,16 +91,17 @@ def best_segment_rps(batch_size: int, pass_seconds: list[float]) -> float:
 
 
 class Probe:
-    """The model on its device, converted to the precision exactly as the handler does it."""
+    """The model on its device, converted to the precision and compiled or laid out channels-last exactly as
+    the handler does it (its own helpers)."""
 
-    def __init__(self, model: str, precision: str, device_name: str) -> None:
+    def __init__(self, model: str, precision: str, device_name: str, data_path: dict[str, Any], largest: int) -> None:
         import torch
 
         from servinglab.models import counting
 
         self.torch = torch
         self.device = torch.device(device_name)
-        imaging = counting.handler_imaging()
+        imaging, datapath = counting.handler_imaging(), counting.handler_datapath()
         self.plan = imaging.plan_precision(precision, self.device)
         self.input: dict[str, Any] = {"kind": "image"}
         if os.path.isdir(model):  # the user's model as servinglab packed it, with its declared input
@@ -108,14 +109,16 @@ class Probe:
             self.size = int(self.input.get("size", 224))
         else:
             network, self.size = counting.network(model, weights=True)
-        # the handler's default: channels-last for image batches on a GPU
-        self.channels_last = self.device.type == "cuda" and self.input["kind"] == "image"
+        self.path = datapath.plan_data_path(data_path, self.device, self.input["kind"], largest)
+        self.channels_last = self.path.channels_last
         self.network = imaging.apply_precision(network.to(self.device), self.plan, self.channels_last)
         self.generator = torch.Generator().manual_seed(0)
         try:
             self.per_sample_bytes = ACTIVATION_FACTOR * largest_activation_bytes(self.network, self.batch(1))
         except RuntimeError:  # a TorchScript module takes no Python hooks: no memory estimate, no skip for it
             self.per_sample_bytes = 0
+        self.compiled = datapath.compile_model(self.network, self.path)
+        self.run = datapath.run_model
         self.device_label = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
 
     def batch(self, batch_size: int) -> Any:
@@ -132,8 +135,7 @@ class Probe:
     def forward(self, batch: Any) -> float:
         """Seconds of one forward pass, the device synchronised."""
         begun = time.perf_counter()
-        with self.torch.inference_mode():
-            self.network(batch)
+        self.run(self.compiled, batch, self.path)  # a compiled model's batch padded as the handler pads it
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
         return time.perf_counter() - begun
@@ -173,7 +175,9 @@ def skip_reason(probe: Probe, batch_size: int, remaining: float, seconds_per_sam
 def main(request: dict[str, Any]) -> None:
     started = time.monotonic()
     keep_stdout_for_events()
-    probe = Probe(request["model"], request["precision"], request["device"])
+    options = request.get("dataPath") or {}
+    largest = int(options.get("batchSize", max(request["batchSizes"])))  # a compiled model's padding goes up to it
+    probe = Probe(request["model"], request["precision"], request["device"], options, largest)
     emit("ready", setupSeconds=round(time.monotonic() - started, 3), device=probe.device_label)
     sizes: list[int] = request["batchSizes"]
     measure_started = time.monotonic()

@@ -20,12 +20,13 @@ class RawFigures:
     from_cache: list[int] = field(default_factory=list)
 
 
-CacheKey = tuple[str, str, str, int]  # (model, precision, device kind, batch size)
+#: (model, precision, device kind, batch size, the model's side of the data path: compile, channels-last)
+CacheKey = tuple[str, str, str, int, str]
 
 
 @dataclass
 class RawCache:
-    """Measured rows and skip reasons by (model, precision, device, batch size): a sweep's trials
+    """Measured rows and skip reasons by (model, precision, device, batch size, model options): a sweep's trials
     measure each size once, and do not spend their budget again on a size already skipped."""
 
     rows: dict[CacheKey, RawRow] = field(default_factory=dict)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from servinglab import lifeline
@@ -41,17 +41,23 @@ def measure(
     seconds: float,
     progress: Callable[[str], None] = lambda message: None,
     cache: RawCache | None = None,
+    model_options: Mapping[str, Any] | None = None,
 ) -> RawFigures:
-    """Raw throughput at `batch_sizes` (first one first, the rest as the budget allows)."""
+    """Raw throughput at `batch_sizes` (first one first, the rest as the budget allows). `model_options` are
+    the data path's settings that change the model itself (`compile`, `channelsLast`), applied as the
+    handler applies them, so served/raw compares the same model."""
     cache = cache if cache is not None else RawCache()
-    keys = {b: (model, precision, device, b) for b in batch_sizes}
+    options = dict(model_options or {})
+    variant = json.dumps(options, sort_keys=True)
+    keys = {b: (model, precision, device, b, variant) for b in batch_sizes}
     known = {b: cache.rows[key] for b, key in keys.items() if key in cache.rows}
     skipped = {b: cache.skipped[key] for b, key in keys.items() if key in cache.skipped}
     wanted = [b for b in batch_sizes if b not in known and b not in skipped]
     figures = RawFigures(cache.device_names.get(device, device), dict(known), skipped, from_cache=sorted(known))
     if not wanted:
         return figures
-    request = {"model": model, "precision": precision, "device": device, "batchSizes": wanted, "seconds": seconds}
+    request = {"model": model, "precision": precision, "device": device, "batchSizes": wanted, "seconds": seconds,
+               "dataPath": options}  # fmt: skip
     for event in _child_events(request, progress):
         kind = event["event"]
         if kind == "ready":
@@ -60,10 +66,10 @@ def measure(
         elif kind == "measured":
             row = RawRow.model_validate(event)
             figures.measured[row.batch_size] = row
-            cache.rows[(model, precision, device, row.batch_size)] = row
+            cache.rows[(model, precision, device, row.batch_size, variant)] = row
         elif kind == "skipped":
             figures.skipped[event["batchSize"]] = event["reason"]
-            cache.skipped[(model, precision, device, event["batchSize"])] = event["reason"]
+            cache.skipped[(model, precision, device, event["batchSize"], variant)] = event["reason"]
         elif kind == "done":
             figures.measure_seconds = event["measureSeconds"]
     return figures

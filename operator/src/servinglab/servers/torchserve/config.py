@@ -6,7 +6,7 @@ Three files, all derived from `ExperimentSpec.server`:
 * `model-config.yaml` — placed inside the model's (no-archive) directory; TorchServe gives it
   precedence over `models=` for batchSize / maxBatchDelay, and it is the only place where response
   and startup timeouts are honoured once an archive has a config file (see the facts file, §1.6);
-  its `handler:` section tells our handler the precision;
+  its `handler:` section tells our handler the precision and the data path;
 * `metrics.yaml` — TorchServe's default frontend metrics plus the handler's counters, so they are
   exported to Prometheus.
 
@@ -90,6 +90,7 @@ def model_config(server: ServerSpec, load: LoadSpec | None = None) -> dict[str, 
         "warmupBatchSizes": warmup_batch_sizes(server.batch_size, load) if server.warmup_seconds > 0 else [],
         "warmupSeconds": server.warmup_seconds,
         "topK": 5,
+        "dataPath": server.data_path.handler_settings(),
     }
     return {**_frontend_settings(server), "jobQueueSize": server.job_queue_size, "handler": handler}
 

@@ -35,7 +35,7 @@ import psutil
 
 from servinglab import lifeline
 from servinglab.api import LoadSpec, ServerSpec
-from servinglab.api.results import EffectiveSettings, Warmup
+from servinglab.api.results import DataPathRun, EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
 from servinglab.servers.process import free_ports, visible_gpus
 from servinglab.servers.torchserve.config import (
@@ -334,14 +334,16 @@ class LocalTorchServe:
         return f"/predictions/{self.model_name}"
 
     def notes(self) -> RuntimeNotes:
-        """What the handler logged about how it runs: its precision, and its warm-up (the slowest of the
-        current workers: they warm up side by side)."""
+        """What the handler logged about how it runs: its precision, its data path (the latest worker's), and
+        its warm-up (the slowest of the current workers: they warm up side by side)."""
         logs = self.workdir / "logs"
         precision = _worker_statements(logs, "servinglab precision:")
         reports = [Warmup.model_validate_json(text) for text in _worker_statements(logs, "servinglab warm-up:")]
         warmups = reports[-self.server.workers :]
+        paths = _worker_statements(logs, "servinglab data path:")
         return RuntimeNotes(
             precision_note=precision[-1] if precision else None,
+            data_path=DataPathRun.model_validate_json(paths[-1]) if paths else None,
             warmup=max(warmups, key=lambda report: report.seconds) if warmups else None,
         )
 
