@@ -217,8 +217,29 @@ def _page(document: ExperimentResults) -> str:
             breakdown.queue_ms_mean if breakdown else None, breakdown.inference_ms_per_batch if breakdown else None,
             "; ".join(checks),
         ]  # fmt: skip
-        rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
+        verdict = f'<td class="verdict">{verdict_text(level)}</td>'
+        rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + verdict + "</tr>")
     header = ["level", "rps", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms", "requests", "errors", "batch",
-              "queue ms", "infer ms/batch", "checks"]  # fmt: skip
+              "queue ms", "infer ms/batch", "checks", "verdict"]  # fmt: skip
     table = f"<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>\n{''.join(rows)}\n</table>"
-    return html_page(title, f"<p>{html.escape(config)}</p>", _facts(document), table, PLOTS, images_last=True)
+    intro = f"<p>{html.escape(config)}</p>\n{_best_verdict(document)}"
+    return html_page(title, intro, _facts(document), table, PLOTS, images_last=True)
+
+
+def verdict_text(level: LevelResult) -> str:
+    """A level's verdict for the page (escaped): the bottleneck, the figures behind it, what to try."""
+    verdict = level.verdict
+    if verdict is None:
+        return "–"
+    return (f"<b>{html.escape(str(verdict.bottleneck))}</b>: {html.escape(verdict.because)}; "
+            f"<i>try</i>: {html.escape(verdict.next)}")  # fmt: skip
+
+
+def _best_verdict(document: ExperimentResults) -> str:
+    """The best level's verdict in its own element (id "verdict"), above the facts."""
+    best = document.best
+    level = next((level for level in document.results if best is not None
+                  and (level.concurrency, level.rate_rps) == (best.concurrency, best.rate_rps)), None)  # fmt: skip
+    if level is None or level.verdict is None:
+        return '<p id="verdict">Verdict: none (no level to judge)</p>'
+    return f'<p id="verdict">Verdict at the best level ({html.escape(level.label)}): {verdict_text(level)}</p>'

@@ -45,6 +45,7 @@ def print_results(document: ExperimentResults) -> None:
     if slo is not None:
         table.add_column(f"p99≤{slo:g}", justify="center")
     table.add_column("checks", justify="left")
+    table.add_column("verdict", justify="left")
     warnings = []
     for level in document.results:
         latency, breakdown = level.latency_ms, level.server
@@ -62,12 +63,24 @@ def print_results(document: ExperimentResults) -> None:
             row.append("yes" if level.meets_slo else "no")
         marks, why = trust_checks(level)
         row.append(" ".join(marks) or "-")
+        row.append(str(level.verdict.bottleneck) if level.verdict is not None else "-")
         warnings += [f"level {level.label}: {reason}" for reason in why]
         table.add_row(*row)
     stdout.print(table)
     for warning in warnings:
         stdout.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    for line in verdict_lines(document):
+        stdout.print(line, highlight=False, markup=False)
     stdout.print("; ".join(notes(document)), highlight=False)
+
+
+def verdict_lines(document: ExperimentResults) -> list[str]:
+    """One line per judged level: its bottleneck, the figures behind it, the next change to try."""
+    return [
+        f"verdict at {level.label}: {level.verdict.bottleneck}: {level.verdict.because}; try: {level.verdict.next}"
+        for level in document.results
+        if level.verdict is not None
+    ]
 
 
 def notes(document: ExperimentResults) -> list[str]:

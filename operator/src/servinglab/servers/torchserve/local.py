@@ -245,6 +245,18 @@ class LocalTorchServe:
                 f"logs in {self.workdir / 'logs'}:\n{self.log_tail()}"
             )
 
+    def worker_process_ids(self) -> list[int]:
+        """The Python workers now running (model_service_worker.py, children of the Java frontend)."""
+        found: list[int] = []
+        if self.process is None:
+            return found
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.process.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if any(part.endswith("model_service_worker.py") for part in child.cmdline()):
+                        found.append(child.pid)
+        return found
+
     def log_tail(self, lines: int = 20) -> str:
         log = self.workdir / "logs" / "ts_log.log"
         if not log.exists():
