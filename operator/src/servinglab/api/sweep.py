@@ -142,6 +142,11 @@ class SweepSpec(SpecModel):
     stop: StopSpec = Field(default_factory=StopSpec)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+    guided: bool = Field(
+        default=True,
+        description="search: try first the axis each trial's bottleneck verdict points at, and stop at the model's "
+        "raw ceiling (false: the fixed neighbour order, for comparison).",
+    )
     parallelism: int = Field(default=1, ge=1, le=16, description="Trials that may run at once (on the cluster).")
 
     @model_validator(mode="after")

@@ -43,10 +43,11 @@ BUSY = 0.75
 RAW_CEILING = 0.85
 #: Client minus server latency at least this share of the client's: the frontend or the network.
 FRONTEND = 0.5
-#: A GPU busy less than this share, or a CPU-served worker using fewer cores than this per busy second,
-#: has room: a worker waits on something other than its device, so more workers would overlap the waits.
-DEVICE_ROOM = 0.5
-CPU_ROOM = 0.35
+#: A device has room for another worker when its busy share, grown by one worker's share (busy x (w+1)/w),
+#: stays at most this: a GPU by its utilisation, the CPU by the cores the workers used or waited for (of
+#: those the server may use). The workers then wait on something else, or leave cores idle, and one more
+#: would overlap the waits or use them.
+DEVICE_ROOM = 0.9
 #: A formed batch at least this share of batchSize is at the maximum.
 FULL = 0.95
 #: Requests that queued beyond the delay at least this share of a batch's handler time waited for a worker.
@@ -116,7 +117,7 @@ def device_load(level: LevelResult, workers: WorkerLoad, gpu_source: str | None)
         per_busy = round(demand / (workers.busy_fraction * workers.workers), 3)
     source = "the workers' CPU time" + (" and run-queue waits" if cpu.cores_wanted is not None else "")
     return DeviceLoad(
-        kind="cpu", source=source, busy_fraction=round(cpu.cores_busy / max(cpu.cores, 1), 3),
+        kind="cpu", source=source, busy_fraction=round(min(demand / max(cpu.cores, 1), 1.0), 3),
         compute_per_busy_second=per_busy,
     )  # fmt: skip
 
@@ -167,9 +168,9 @@ def _compute_hints(batch: BatchFormation) -> list[VerdictHint]:
 
 
 def _workers_limit(split: TimeSplit, load: WorkerLoad, batch: BatchFormation, delay_ms: int) -> bool:
-    """Busy workers limit the level when batches are full or requests waited for a worker (beyond the
-    delay); busy workers with small batches and no wait are kept busy by too little load."""
-    if batch.fill is None or batch.fill >= FULL:
+    """Busy workers limit the level unless their batches hold every request in flight and none waited for
+    a worker beyond the delay: then too little load keeps them busy with small batches."""
+    if batch.formed_by != "load":
         return True
     waited = (split.queue_ms or 0.0) - delay_ms
     return waited >= WAITED * (load.handler_ms_per_batch or 0.0)
@@ -200,7 +201,7 @@ def _busy_verdict(split: TimeSplit, load: WorkerLoad, device: DeviceLoad | None,
             hints=[WORKERS_UP],
         )
     forward = f"{busy}; the forward pass {_pct(share)} of their time ({stages[largest]:.1f} ms per batch)"
-    room = _device_room(device)
+    room = _device_room(device, load.workers)
     if room is not None:
         return Verdict(
             bottleneck=Bottleneck.QUEUE,
@@ -219,16 +220,15 @@ def _busy_verdict(split: TimeSplit, load: WorkerLoad, device: DeviceLoad | None,
     )
 
 
-def _device_room(device: DeviceLoad | None) -> str | None:
-    """Why the device has room, when it does (None: busy, or unknown)."""
-    if device is None:
+def _device_room(device: DeviceLoad | None, workers: int) -> str | None:
+    """Why the device has room for one more worker, when it does (None: busy, or unknown)."""
+    if device is None or device.busy_fraction is None:
         return None
-    if device.kind == "gpu" and device.busy_fraction is not None and device.busy_fraction < DEVICE_ROOM:
+    if device.busy_fraction * (workers + 1) / workers > DEVICE_ROOM:
+        return None
+    if device.kind == "gpu":
         return f"the GPU was busy only {_pct(device.busy_fraction)}"
-    per_busy = device.compute_per_busy_second
-    if device.kind == "cpu" and per_busy is not None and per_busy < CPU_ROOM:
-        return f"the workers used or waited for only {per_busy:.2f} CPU cores per second they were busy"
-    return None
+    return f"the workers used or waited for only {_pct(device.busy_fraction)} of the CPU cores"
 
 
 def _device_busy(device: DeviceLoad | None) -> str:
@@ -236,8 +236,8 @@ def _device_busy(device: DeviceLoad | None) -> str:
         return "; device utilisation unknown (no GPU figures, no CPU figures)"
     if device.kind == "gpu":
         return f"; the GPU busy {_pct(device.busy_fraction or 0)}"
-    return (f"; the workers computing: {device.compute_per_busy_second or 0:.2f} CPU cores used or waited for per "
-            f"second they were busy ({_pct(device.busy_fraction or 0)} of the machine's cores used)")  # fmt: skip
+    return (f"; the workers used or waited for {_pct(device.busy_fraction or 0)} of the CPU cores "
+            f"({device.compute_per_busy_second or 0:.2f} cores per second they were busy)")  # fmt: skip
 
 
 def _idle_verdict(split: TimeSplit, load: WorkerLoad, batch: BatchFormation, delay_ms: int) -> Verdict:

@@ -7,10 +7,12 @@ are measured again `confirm.rounds` times in alternation — A B C, A B C, ... �
 over time falls on every candidate alike. Only these re-measurements decide (the first measurements
 chose the candidates, so they are biased upwards).
 
-The comparison is a two-way layout without interaction (candidate + round): the residual variance, pooled
-over candidates and rounds, has (K-1)(R-1) degrees of freedom and removes what each round shared. The
+The comparison is on the logarithms of the capacities (noise and a machine's slow-downs scale with the
+figure), in a two-way layout without interaction (candidate + round): the residual variance, pooled over
+candidates and rounds, has (K-1)(R-1) degrees of freedom and removes what each round shared. The
 candidate with the highest mean is the winner; another candidate whose mean is within Student's t
-(95 %, two-sided) times the standard error of a difference of two means is *tied* with it. With a tie the
+(95 %, two-sided) times the standard error of a difference of two means is *tied* with it (a run with no
+level within the objective counts as 1 % of the best run). With a tie the
 configuration named is the cheapest of the tied ones — fewest workers, then the smallest batch, the
 shortest delay, the precision listed first — so a second run, which finds the same tie, names the same
 one. The winner's interval is its own runs' 95 % t-interval.
@@ -110,11 +112,13 @@ def decide(
         listed = [CandidateRuns(trial=t.name, config=t.config, first_rps=t.capacity_rps, runs_rps=rows[t.name])
                   for t in chosen]  # fmt: skip
         return Confirmation(state="Running", rounds=rounds, candidates=listed)
-    means = {name: statistics.fmean(values) for name, values in rows.items()}
+    floor = max(max(row) for row in rows.values()) / 100 or 1.0
+    logs = {name: [math.log(max(value, floor)) for value in row] for name, row in rows.items()}
+    means = {name: statistics.fmean(values) for name, values in logs.items()}
     count = len(chosen)
-    round_means = [statistics.fmean(rows[t.name][r] for t in chosen) for r in range(rounds)]
+    round_means = [statistics.fmean(logs[t.name][r] for t in chosen) for r in range(rounds)]
     grand = statistics.fmean(means.values())
-    residual = sum((rows[t.name][r] - means[t.name] - round_means[r] + grand) ** 2
+    residual = sum((logs[t.name][r] - means[t.name] - round_means[r] + grand) ** 2
                    for t in chosen for r in range(rounds))  # fmt: skip
     df = (count - 1) * (rounds - 1)
     margin = t95(df) * math.sqrt(residual / df) * math.sqrt(2 / rounds)
@@ -126,11 +130,11 @@ def decide(
         low, high = _interval(rows[trial.name])
         listed.append(CandidateRuns(
             trial=trial.name, config=trial.config, first_rps=trial.capacity_rps, runs_rps=rows[trial.name],
-            mean_rps=round(means[trial.name], 3), low_rps=low, high_rps=high,
+            mean_rps=round(statistics.fmean(rows[trial.name]), 3), low_rps=low, high_rps=high,
             tied=trial.name == top.name or trial in tied,
         ))  # fmt: skip
-    note = (f"{rounds} alternated rounds of {count} candidates; a difference below {margin:.1f} rps cannot be told "
-            f"from noise (t95 over {df} degrees of freedom)")  # fmt: skip
+    note = (f"{rounds} alternated rounds of {count} candidates; a difference below {math.expm1(margin):.0%} cannot be "
+            f"told from noise (t95 over {df} degrees of freedom)")  # fmt: skip
     if tied:
         note += f"; {named.name} named: the cheapest of the tied (fewest workers, smallest batch, shortest delay)"
     return Confirmation(

@@ -64,6 +64,10 @@ class Outcome:
     verdict: Verdict | None = None
 
 
+def _unguided(outcome: Outcome) -> Outcome:
+    return Outcome(outcome.config, outcome.score, outcome.feasible, outcome.reason)
+
+
 def hinted_steps(verdict: Verdict | None) -> list[tuple[int, int, int]]:
     """The neighbour steps a verdict points at, most direct first (axes outside the lattice left out)."""
     steps = []
@@ -137,7 +141,7 @@ def propose(sweep: SweepSpec, history: list[Outcome], running: list[TrialConfig]
         return Proposal(stop_reason=None if busy else why)
     room = slots if limit is None else min(slots, limit - len(done) - len(busy))
     if sweep.strategy == "search":
-        state = _SearchState(sweep, history)
+        state = _SearchState(sweep, history if sweep.guided else [_unguided(o) for o in history])
         candidates = state.candidates()
         finished = "converged: the best configuration's neighbours and other precisions were tried"
         if (ceiling := state.at_raw_ceiling()) is not None:
