@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from verdictmodels import tiny_variant
 
 pytestmark = pytest.mark.torchserve

@@ -69,7 +69,9 @@ def test_a_clear_winner_is_confirmed_with_its_interval() -> None:
     found = confirm.decide(spec(), trials, confirmations)
     assert found is not None
     top = found.candidates[0]
-    assert top.low_rps is not None and top.high_rps is not None and top.low_rps < 121.33 < top.high_rps
+    assert top.mean_rps is not None and top.mean_rps == pytest.approx((120 * 126 * 118) ** (1 / 3), abs=1e-3)
+    assert top.low_rps is not None and top.high_rps is not None and top.low_rps < top.mean_rps < top.high_rps
+    assert top.high_rps < 140 and found.candidates[1].high_rps is not None and found.candidates[1].high_rps < 110
     assert top.first_rps == 130.0 and top.runs_rps == [120.0, 126.0, 118.0]
 
 

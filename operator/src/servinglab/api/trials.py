@@ -75,7 +75,7 @@ class SweepBest(ResultModel):
 
 class CandidateRuns(ResultModel):
     """One candidate of the confirmation: its first measurement (which made it a candidate) and its
-    alternated re-measurements, their mean and 95 % interval, and whether it ties with the best."""
+    alternated re-measurements, their geometric mean and 95 % interval, and whether it ties with the best."""
 
     trial: str
     config: TrialConfig

@@ -135,8 +135,9 @@ def print_sweep(document: SweepResults) -> None:
     slo = document.objective.p99_latency_ms
     title = f"{document.sweep}: {document.model}, {document.strategy}" + (f", p99 <= {slo:g} ms" if slo else "")
     table = Table(title=title, title_justify="left")
-    for column in ("#", "batch", "delay", "workers", "precision", "state", "capacity rps", "p99 ms", "at", "ready s"):
-        table.add_column(column, justify="right" if column not in ("precision", "state", "at") else "left")
+    for column in ("#", "batch", "delay", "workers", "precision", "state", "capacity rps", "p99 ms", "at", "ready s",
+                   "verdict"):  # fmt: skip
+        table.add_column(column, justify="right" if column not in ("precision", "state", "at", "verdict") else "left")
     best = document.best.trial if document.best is not None else None
     for trial in document.trials:
         config = trial.config
@@ -147,6 +148,7 @@ def print_sweep(document: SweepResults) -> None:
             str(config.batch_size), str(config.max_batch_delay_ms), str(config.workers), str(config.precision),
             state, num(trial.capacity_rps, 1), ms(trial.p99_latency_ms), trial.level or "-",
             "-" if ready is None else f"{ready:.1f}" + (" (reconfigured)" if trial.reconfigured else ""),
+            str(trial.verdict.bottleneck) if trial.verdict is not None else "-",
         )  # fmt: skip
     stdout.print(table)
     counts = document.counts
@@ -157,6 +159,9 @@ def print_sweep(document: SweepResults) -> None:
             f"best: batch {config.batch_size}, delay {config.max_batch_delay_ms} ms, {config.workers} worker(s), "
             f"{config.precision} at {top.capacity_rps:.1f} rps (p99 {ms(top.p99_latency_ms)} ms, {top.level})"
         )
+        found.append(winner_sentence(document))
+        if top.verdict is not None:
+            found.append(f"its verdict: {top.verdict.bottleneck}: {top.verdict.because}; try: {top.verdict.next}")
     else:
         found.append("no configuration met the objective")
     found.append(f"Pareto front: {len(document.front)} points")
@@ -164,8 +169,27 @@ def print_sweep(document: SweepResults) -> None:
     stdout.print("; ".join(found), highlight=False)
 
 
+def winner_sentence(document: SweepResults) -> str:
+    """How sure the sweep is of its best: the confirmation's interval, or the tie, or that it was not confirmed."""
+    best, confirmation = document.best, document.confirmation
+    if best is None:
+        return "no winner"
+    if confirmation is None or best.confidence in (None, "Unconfirmed"):
+        return "winner not confirmed (one measurement per trial; spec.confirm.rounds is 0 or one trial measured)"
+    if best.confidence == "Confirming":
+        return f"confirming the winner: {sum(len(c.runs_rps) for c in confirmation.candidates)} runs in"
+    interval = f"{best.low_rps or 0:.1f}..{best.high_rps or 0:.1f} rps (95 %)"
+    if best.confidence == "Tie":
+        return (f"a tie: {best.trial} ({interval}) cannot be told from {', '.join(best.tied_with or [])} after "
+                f"{confirmation.rounds} alternated rounds; the cheapest is named")  # fmt: skip
+    count = len(confirmation.candidates)
+    return f"winner confirmed over {confirmation.rounds} alternated rounds of the best {count}: {interval}"
+
+
 def trial_line(record: TrialRecord) -> str:
-    """One line per finished trial, while a sweep runs."""
+    """One line per finished trial (or confirmation run), while a sweep runs."""
     found = record.capacity_rps
     figure = f"{found:.1f} rps within the SLO" if found is not None else (record.reason or "-")
-    return f"Trial {record.name}: {record.state}, {figure}"
+    verdict = f" ({record.verdict.bottleneck})" if record.verdict is not None else ""
+    what = "Confirmation" if record.confirms is not None else "Trial"
+    return f"{what} {record.name}: {record.state}, {figure}{verdict}"

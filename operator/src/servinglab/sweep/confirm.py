@@ -87,12 +87,6 @@ def cheapest_first(spec: SweepSpec, config: TrialConfig) -> tuple[int, int, int,
     return (config.workers, config.batch_size, config.max_batch_delay_ms, rank)
 
 
-def _interval(runs: list[float]) -> tuple[float, float]:
-    mean = statistics.fmean(runs)
-    half = t95(len(runs) - 1) * statistics.stdev(runs) / math.sqrt(len(runs)) if len(runs) > 1 else math.inf
-    return round(max(mean - half, 0.0), 3), round(mean + half, 3)
-
-
 def decide(
     spec: SweepSpec, records: Sequence[TrialRecord], confirmations: Sequence[TrialRecord]
 ) -> Confirmation | None:
@@ -121,17 +115,18 @@ def decide(
     residual = sum((logs[t.name][r] - means[t.name] - round_means[r] + grand) ** 2
                    for t in chosen for r in range(rounds))  # fmt: skip
     df = (count - 1) * (rounds - 1)
-    margin = t95(df) * math.sqrt(residual / df) * math.sqrt(2 / rounds)
+    spread = t95(df) * math.sqrt(residual / df)
+    margin = spread * math.sqrt(2 / rounds)
     top = max(chosen, key=lambda t: (means[t.name], -t.order))
     tied = [t for t in chosen if t.name != top.name and means[top.name] - means[t.name] <= margin]
     named = min([top, *tied], key=lambda t: cheapest_first(spec, t.config))
     listed = []
     for trial in chosen:
-        low, high = _interval(rows[trial.name])
+        mean, half = means[trial.name], spread / math.sqrt(rounds)
         listed.append(CandidateRuns(
             trial=trial.name, config=trial.config, first_rps=trial.capacity_rps, runs_rps=rows[trial.name],
-            mean_rps=round(statistics.fmean(rows[trial.name]), 3), low_rps=low, high_rps=high,
-            tied=trial.name == top.name or trial in tied,
+            mean_rps=round(math.exp(mean), 3), low_rps=round(math.exp(mean - half), 3),
+            high_rps=round(math.exp(mean + half), 3), tied=trial.name == top.name or trial in tied,
         ))  # fmt: skip
     note = (f"{rounds} alternated rounds of {count} candidates; a difference below {math.expm1(margin):.0%} cannot be "
             f"told from noise (t95 over {df} degrees of freedom)")  # fmt: skip
