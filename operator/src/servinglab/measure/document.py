@@ -92,3 +92,13 @@ def with_ceiling(document: ExperimentResults, ceiling: Ceiling) -> ExperimentRes
     source = GPU_SOURCES.get(document.runtime.mode) if document.runtime is not None else None
     levels = judged(document.results, document.server, ceiling, source)
     return document.model_copy(update={"ceiling": ceiling, "results": levels})
+
+
+def with_verdicts(document: ExperimentResults) -> ExperimentResults:
+    """A document whose levels all carry a verdict: those written before verdicts existed are judged now."""
+    if all(level.verdict is not None for level in document.results):
+        return document
+    source = GPU_SOURCES.get(document.runtime.mode) if document.runtime is not None else None
+    fresh = judged(document.results, document.server, document.ceiling, source)
+    levels = [level if level.verdict is not None else new for level, new in zip(document.results, fresh, strict=True)]
+    return document.model_copy(update={"results": levels})

@@ -10,8 +10,10 @@ Plots (matplotlib, Agg backend, written next to the page):
 * `timeseries.png` — throughput and p99 window by window over each level's measured period (the
   stability windows); a shaped run (step, burst, trace) shows its offered rate and phase edges.
 
-The page adds the configuration, the full results table with the trust checks, the best level, the
-peak rate found and the ceiling (served/raw, served/theoretical). Works on local results and on a
+The page adds the configuration, the best level's bottleneck verdict (element id "verdict"), the full
+results table with the trust checks and each level's verdict (class "verdict"; a document written before
+verdicts existed is judged here), the best level, the peak rate found and the ceiling (served/raw,
+served/theoretical). Works on local results and on a
 cluster experiment's results document (`servinglab results NAME -o file.json`). Called by the command line.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from servinglab.api.results import ExperimentResults, LevelResult
+from servinglab.measure.document import with_verdicts
 from servinglab.measure.trust import trust_checks
 from servinglab.present.page import html_page
 
@@ -41,6 +44,7 @@ def render(document: ExperimentResults, out_dir: Path) -> Path:
 
     matplotlib.use("Agg")
     out_dir.mkdir(parents=True, exist_ok=True)
+    document = with_verdicts(document)
     levels = sorted(document.results, key=lambda level: (bool(level.peak_search_probe), level.rate_rps or 0))
     measured = [level for level in document.results if not level.peak_search_probe]
     _latency_cdf(levels, out_dir / PLOTS[0])
