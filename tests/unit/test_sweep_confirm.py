@@ -125,3 +125,22 @@ def test_two_sweeps_of_the_same_space_name_the_same_winner_where_single_measurem
     print(f"two sweeps name the same winner: confirmed {agree_confirmed / pairs:.0%}, one measurement each "
           f"{agree_single / pairs:.0%}")  # fmt: skip
     assert agree_confirmed >= 0.9 * pairs and agree_confirmed > agree_single + 0.2 * pairs
+
+
+def test_the_best_says_how_sure_it_is_at_every_stage_of_a_sweep() -> None:
+    sweep = SWEEP.model_copy(update={"spec": spec(candidates=2, rounds=2)})
+    trials = [trial(0, 16, 120.0), trial(1, 4, 100.0), trial(2, 1, 40.0)]
+
+    def best_now(done: list[TrialRecord]) -> tuple[str | None, str]:
+        document = rollup.document(sweep, trials, None, "t0", done)
+        assert document.best is not None
+        return document.best.confidence, document.best.trial
+
+    assert best_now([]) == ("Unconfirmed", "s-b16-w1")  # the search, or before any re-measurement
+    done = [rerun(trials[0], 1, 110.0)]
+    assert best_now(done) == ("Confirming", "s-b16-w1")
+    done += [rerun(trials[1], 1, 60.0), rerun(trials[0], 2, 115.0), rerun(trials[1], 2, 62.0)]
+    assert best_now(done) == ("Confirmed", "s-b16-w1")
+    off = SWEEP.model_copy(update={"spec": spec(rounds=0)})
+    document = rollup.document(off, trials, "done", "t0", [])
+    assert document.best is not None and document.best.confidence == "Unconfirmed" and document.confirmation is None

@@ -90,10 +90,11 @@ def cheapest_first(spec: SweepSpec, config: TrialConfig) -> tuple[int, int, int,
 def decide(
     spec: SweepSpec, records: Sequence[TrialRecord], confirmations: Sequence[TrialRecord]
 ) -> Confirmation | None:
-    """The confirmation as it stands (None when there is none): Running until every round is in, then
-    Confirmed or Tie, with the trial named best."""
+    """The confirmation as it stands (None when there is none, or none of its runs has finished yet):
+    Running until every round is in, then Confirmed or Tie, with the trial named best."""
     chosen = candidates(spec, records)
-    if not chosen:
+    names = {trial.name for trial in chosen}
+    if not chosen or not any(run.confirms in names for run in confirmations):
         return None
     rounds = spec.confirm.rounds
     runs: dict[str, dict[int, float]] = {trial.name: {} for trial in chosen}
