@@ -68,6 +68,10 @@ say "tests/k8s done"
 wait "$images" || say "the background image build failed (see $logs/images.log); the tests built them"
 
 if ((${#failed[@]})); then
+  # what failed, from both sessions, last: CI shows the end of this output
+  for name in local k8s; do
+    grep -E '^(FAILED|ERROR) ' "$logs/$name.log" 2>/dev/null | cut -c1-400 | sed "s/^/[$name] /"
+  done
   say "FAILED: ${failed[*]}"
   exit 1
 fi

@@ -256,28 +256,33 @@ def error_response(message: str) -> str:
     return json.dumps({"error": message}, separators=(",", ":"))
 
 
-def warm_up(forward: Callable[[int], None], sizes: Sequence[int], budget_seconds: float) -> dict[str, Any]:
-    """Run `forward` once per batch size, smallest first, while the time budget lasts.
+def warm_up(
+    forward: Callable[[int], None],
+    sizes: Sequence[int],
+    budget_seconds: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
+    """Run `forward` once per batch size, smallest first, while the time budget lasts (by `clock`).
 
     A size is skipped when the time per sample of the last one predicts it would end past the budget
     (per-sample time falls with batch size, so the estimate errs long). Returns what ran, for the log:
     ``{"seconds", "batchSizes", "skipped", "budgetSeconds"}``.
     """
-    started = time.perf_counter()
+    started = clock()
     done: list[int] = []
     skipped: list[int] = []
     per_sample: float | None = None
     for size in sorted(sizes):
-        elapsed = time.perf_counter() - started
+        elapsed = clock() - started
         if budget_seconds <= 0 or (per_sample is not None and elapsed + per_sample * size > budget_seconds):
             skipped.append(size)
             continue
-        begun = time.perf_counter()
+        begun = clock()
         forward(size)
-        per_sample = (time.perf_counter() - begun) / size
+        per_sample = (clock() - begun) / size
         done.append(size)
     return {
-        "seconds": round(time.perf_counter() - started, 3),
+        "seconds": round(clock() - started, 3),
         "batchSizes": done,
         "skipped": skipped,
         "budgetSeconds": budget_seconds,

@@ -78,8 +78,8 @@ def assert_every_image_loads(dom: str, expected: set[str]) -> None:
 
 
 def assert_names_the_verdict(dom: str) -> None:
-    assert dom  # the verdict (issue 24 item 1) is not on this branch; the lead enables the next line at merge
-    # VERDICT-AT-MERGE: assert dom.count('id="verdict"') == 1, "the page does not name the verdict"
+    assert dom.count('id="verdict"') == 1, "the page does not name the verdict"
+    assert any(name in dom for name in ("-bound", "near-raw-ceiling", "underloaded", "unknown")), "no verdict named"
 
 
 def test_the_experiment_report_loads_every_image_in_a_browser(
@@ -102,8 +102,16 @@ def test_the_sweep_report_loads_every_image_in_a_browser(
     chromium: list[str], servinglab_cmd: list[str], tmp_path: Path
 ) -> None:
     document = json.loads((FIXTURES / "sweep.json").read_text())
+    # a v0.1.0 sweep had no verdicts: its best trial gets the one a current sweep carries
+    document["best"]["verdict"] = {
+        "bottleneck": "queue-bound",
+        "because": "requests wait for a free worker",
+        "next": "more workers",
+        "hints": [{"axis": "workers", "step": 1}],
+    }
     dom = opened(chromium, render(servinglab_cmd, document, tmp_path), "report-sweep.png")
     assert_every_image_loads(dom, {"pareto.png", "capacity.png"})
     assert "<h1>Sweep tiny-sweep: tiny</h1>" in dom and "<b>Best within the SLO</b>:" in dom
     assert "Stopped:" in dom and "<th>data path</th>" in dom
     assert_names_the_verdict(dom)
+    assert "<b>queue-bound</b>" in dom, "the best trial's verdict"

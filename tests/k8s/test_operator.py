@@ -111,6 +111,14 @@ def test_experiment_runs_to_succeeded_with_results_in_status(
     print(f"apply -> Succeeded: {elapsed:.1f} s for {2 * (1 + 3)} s of configured load\n{table}")
 
 
+def assert_verdicts(status: dict[str, Any]) -> None:
+    """Every level's verdict, compact (its figures are rebuilt from the level), the best level's in the summary."""
+    verdicts = [level["verdict"] for level in status["results"]]
+    assert all(v["bottleneck"] and v["because"] and v["next"] and "timeMs" not in v for v in verdicts), verdicts
+    best_level = max(status["results"], key=lambda level: level["throughputRps"])
+    assert status["summary"]["verdict"] == best_level["verdict"]["bottleneck"]
+
+
 def results_table(cluster: Cluster, namespace: str, name: str) -> str:
     """What `servinglab results NAME` prints."""
     command = [SERVINGLAB, "results", name, "-n", namespace]
@@ -118,10 +126,13 @@ def results_table(cluster: Cluster, namespace: str, name: str) -> str:
 
 
 def assert_reported_everywhere(cluster: Cluster, namespace: str, status: dict[str, Any], operator: Operator) -> None:
-    """The finished result shows in `servinglab results`, as events, and in the operator's metrics."""
+    """The finished result shows in `servinglab results`, as events, and in the operator's metrics; each level
+    has its verdict."""
+    assert_verdicts(status)
     summary = status["summary"]
     shown = results_table(cluster, namespace, "tiny-e2e")
     assert f"{status['results'][0]['throughputRps']:.1f}" in shown
+    assert f"verdict at 4: {status['results'][1]['verdict']['bottleneck']}" in " ".join(shown.split())
 
     # Each transition was recorded as an event on the experiment.
     events = cluster.kubectl.get("events", "-n", namespace, "--field-selector", "involvedObject.name=tiny-e2e")
@@ -139,6 +150,10 @@ def assert_reported_everywhere(cluster: Cluster, namespace: str, status: dict[st
         for line in exported.splitlines()
     ), exported[-2000:]
     assert 'servinglab_experiments_finished_total{state="Succeeded"} 1.0' in exported
+    verdict = status["results"][1]["verdict"]["bottleneck"]
+    labels = ('experiment="tiny-e2e"', f'verdict="{verdict}"', 'concurrency="4"')
+    assert any(line.startswith("servinglab_experiment_verdict{") and all(label in line for label in labels)
+               for line in exported.splitlines())  # fmt: skip
 
 
 def test_invalid_spec_fails_without_children(cluster: Cluster, namespace: str, operator: Operator) -> None:

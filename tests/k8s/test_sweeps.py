@@ -128,9 +128,10 @@ def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
 ) -> None:
     kubelet_factory()
     configs = [{"batchSize": b, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"} for b in (1, 4, 8)]
+    confirm = {"candidates": 2, "rounds": 2}  # the best two measured again, alternating, twice
     with ServerWatch(cluster, namespace) as watch:
-        cluster.kubectl.apply(sweep("sweep-e2e", strategy="list", configurations=configs, parallelism=3),
-                              namespace=namespace)  # fmt: skip
+        cluster.kubectl.apply(sweep("sweep-e2e", strategy="list", configurations=configs, parallelism=3,
+                                    confirm=confirm), namespace=namespace)  # fmt: skip
         # parallelism 3, but two GPUs: at most two trials at once
         cluster.kubectl.wait_for(
             lambda: len(cluster.kubectl.get("sx", "-n", namespace)["items"]) >= 2,
@@ -143,14 +144,25 @@ def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
     status = body["status"]
     assert status["summary"]["state"] == "Succeeded", (status, operator.log())
     assert status["counts"]["run"] == 3 and status["stopReason"] == "every configuration was tried"
-    trials = cluster.kubectl.get("sx", "-n", namespace, "-l", "servinglab.dev/sweep=sweep-e2e")["items"]
+    children = cluster.kubectl.get("sx", "-n", namespace, "-l", "servinglab.dev/sweep=sweep-e2e")["items"]
+    reruns = [c for c in children if "servinglab.dev/confirms" in c["metadata"].get("annotations", {})]
+    trials = [c for c in children if c not in reruns]
     assert sorted(t["metadata"]["name"] for t in trials) == [f"sweep-e2e-b{b}-d5-w1-fp32" for b in (1, 4, 8)]
+    # the two best trials, each measured again in rounds 1 and 2 (child experiments <trial>-r<round>)
+    confirmation = status["confirmation"]
+    candidates = [c["trial"] for c in confirmation["candidates"]]
+    assert sorted(c["metadata"]["name"] for c in reruns) == sorted(f"{t}-r{r}" for t in candidates for r in (1, 2))
+    assert confirmation["state"] in ("Confirmed", "Tie") and all(
+        len(c["runsRps"]) == 2 for c in confirmation["candidates"]
+    )
+    assert status["best"]["trial"] == confirmation["winner"] and status["best"]["confidence"] == confirmation["state"]
+    assert status["summary"]["winner"] == confirmation["state"]
     for trial in trials:
         assert trial["metadata"]["labels"]["servinglab.dev/batch-size"] == str(trial["spec"]["server"]["batchSize"])
         (owner,) = trial["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["uid"]) == ("ServingSweep", body["metadata"]["uid"])
     best = status["best"]
-    assert best["capacityRps"] == max(t["capacityRps"] for t in status["trials"] if t.get("capacityRps") is not None)
+    assert best["lowRps"] <= best["capacityRps"] <= best["highRps"]
     assert status["summary"]["bestConfig"] == "b{batchSize}-d{maxBatchDelayMs}-w{workers}-{precision}".format(
         **best["config"]
     )
@@ -189,7 +201,8 @@ def test_an_operator_restart_resumes_a_sweep_without_running_a_trial_twice(
 ) -> None:
     kubelet_factory()
     configs = [{"batchSize": b, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"} for b in (2, 4, 8)]
-    cluster.kubectl.apply(sweep("resumed", strategy="list", configurations=configs, parallelism=1), namespace=namespace)
+    cluster.kubectl.apply(sweep("resumed", strategy="list", configurations=configs, parallelism=1,
+                                confirm={"rounds": 0}), namespace=namespace)  # fmt: skip
 
     def finished_trials() -> int:
         return int(

@@ -50,6 +50,7 @@ def test_dashboards_cover_what_the_issue_names() -> None:
     ]
     assert {"GPU utilisation by pod", "Memory by pod", "Power by pod"} <= titles["gpu"]
     assert {"Best configuration", "Throughput and p99 by configuration and level"} <= titles["experiments"]
+    assert "Verdict by configuration and level" in titles["experiments"]  # why each level got what it did
     assert "Experiments finished by state" in titles["experiments"]
     # the sweep view: trials, best configuration, front
     assert {"Sweep trials by state", "Best configuration per sweep", "Pareto front: throughput against p99"} <= titles[

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -152,13 +151,14 @@ def test_warm_up_runs_the_sizes_in_order_within_its_time_budget() -> None:
     from servinglab_imaging import warm_up
 
     ran: list[int] = []
+    now = [0.0]  # the warm-up's clock: 2 ms per sample, however busy this machine is
 
-    def forward(size: int) -> None:  # 2 ms per sample
+    def forward(size: int) -> None:
         ran.append(size)
-        time.sleep(0.002 * size)
+        now[0] += 0.002 * size
 
-    report = warm_up(forward, [16, 1, 2, 4, 8, 32, 64], budget_seconds=0.1)
+    report = warm_up(forward, [16, 1, 2, 4, 8, 32, 64], budget_seconds=0.1, clock=lambda: now[0])
     # 1+2+4+8+16 samples take ~62 ms; 32 more (~64 ms) would overrun 100 ms: skipped, and 64 with it
     assert ran == [1, 2, 4, 8, 16] == report["batchSizes"]
     assert report["skipped"] == [32, 64] and report["seconds"] <= 0.1
-    assert warm_up(forward, [1, 2], budget_seconds=0)["skipped"] == [1, 2]
+    assert warm_up(forward, [1, 2], budget_seconds=0, clock=lambda: now[0])["skipped"] == [1, 2]

@@ -66,6 +66,9 @@ def test_report_writes_its_plots_and_a_page_with_the_trust_flags(tmp_path: Path)
     assert "Raw batch 1024 skipped: one pass would take about 9.0 s" in page
     assert "3.24 GFLOPs" not in page and "0.00324 GFLOPs" in page
     assert page.count("<tr>") == 3  # header + two levels
+    # the verdicts (judged here: the document predates them): the best level's in #verdict, each level's in .verdict
+    assert '<p id="verdict">Verdict at the best level (4): <b>generator-bound</b>' in page
+    assert page.count('<td class="verdict">') == 2 and "<i>try</i>: more load generators" in page
     assert all(f'src="{name}"' in page for name in ("latency-cdf.png", "throughput-p99.png", "timeseries.png"))
 
 

@@ -123,6 +123,21 @@ def test_the_server_launcher_ends_the_container_when_the_model_cannot_load(tmp_p
     assert not (tmp_path / "ready").exists()
 
 
+def test_the_server_launcher_ends_the_container_when_the_handler_cannot_even_be_imported(tmp_path: Path) -> None:
+    # the worker dies importing the handler: initialize() never runs, only the frontend logs the death
+    died = launcher.WORKER_DIED.format(model="m")
+    failing = (
+        "for attempt in 1 2 3; do "
+        'echo "W-9000-m_1.0-stdout MODEL_LOG - AttributeError: no decode_image $attempt" >> "$LOGS/model_log.log"; '
+        f'echo "[WARN ] W-9000-m_1.0 BatchAggregator - {died}" >> "$LOGS/ts_log.log"; sleep 0.3; '
+        "done; sleep 300\n"
+    )
+    code, message, seconds = run_launcher(tmp_path, failing)
+    assert code == launcher.LOAD_FAILED_EXIT_CODE and seconds < 30, "it does not wait out the retries"
+    assert message.startswith("ModelLoadFailed: TorchServe's workers could not load m ("), message
+    assert message.endswith(("AttributeError: no decode_image 2", "AttributeError: no decode_image 3")), message
+
+
 def test_the_server_is_ready_once_every_worker_has_loaded_the_model(tmp_path: Path) -> None:
     # readiness seen by the stand-in itself: it exits 0 only if the ready file appears after both loads
     loading = (

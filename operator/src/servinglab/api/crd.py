@@ -172,6 +172,7 @@ def crd_manifest() -> Schema:
         _column("RPS", ".status.summary.bestThroughputRps", "number"),
         _column("P99", ".status.summary.bestP99LatencyMs", "number"),
         _column("State", ".status.summary.state"),
+        _column("Verdict", ".status.summary.verdict", priority=1),
         _column("Age", ".metadata.creationTimestamp", "date"),
     ]
     return _manifest(
@@ -191,6 +192,7 @@ def sweep_crd_manifest() -> Schema:
         _column("Best", ".status.summary.bestConfig"),
         _column("RPS", ".status.summary.bestThroughputRps", "number"),
         _column("State", ".status.summary.state"),
+        _column("Winner", ".status.summary.winner", priority=1),
         _column("Age", ".metadata.creationTimestamp", "date"),
     ]
     about = "Server configurations of one model searched for the best within an SLO."

@@ -21,6 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from servinglab.api.conditions import Condition
 from servinglab.api.meta import API_GROUP, API_VERSION
+from servinglab.api.verdicts import CpuFigures, Verdict
 
 RESULTS_KIND = "ServingExperimentResults"
 
@@ -158,7 +159,7 @@ class ServerBreakdown(ResultModel):
 
 
 class GpuFigures(ResultModel):
-    """The server's GPU over the measured window (DCGM through Prometheus on a cluster)."""
+    """The server's GPU over the measured window (DCGM through Prometheus on a cluster; NVML locally)."""
 
     utilization_avg_percent: float | None = None
     utilization_max_percent: float | None = None
@@ -189,6 +190,8 @@ class LevelResult(ResultModel):
     phases: list[PhaseFigures] | None = None
     server: ServerBreakdown | None = None
     gpu: GpuFigures | None = None
+    cpu: CpuFigures | None = None
+    verdict: Verdict | None = None
     meets_slo: bool | None = None
     peak_search_probe: bool | None = None
     # the first status layout's flat trust flags (read from old statuses; never written now)
@@ -216,9 +219,11 @@ class LevelResult(ResultModel):
         document the status references: they would make the status grow with the run's length)."""
         stability = self.stability.model_copy(update={"windows": []}) if self.stability is not None else None
         generator = self.generator.model_copy(update={"per_generator": None}) if self.generator is not None else None
+        verdict = self.verdict.compact() if self.verdict is not None else None
         return self.model_copy(
-            update={"latency_cdf_ms": None, "stability": stability, "generator": generator, "phases": None}
-        )
+            update={"latency_cdf_ms": None, "stability": stability, "generator": generator, "phases": None,
+                    "verdict": verdict}
+        )  # fmt: skip
 
 
 # -- one experiment -----------------------------------------------------------------------------------
@@ -358,6 +363,8 @@ class Runtime(ResultModel):
     warmup: Warmup | None = None
     cpu_count: int | None = None
     machine: str | None = None
+    #: Where the levels' GPU figures came from, or why there are none (no GPU, NVML not readable).
+    gpu_telemetry: str | None = None
     server_pod: str | None = None
 
 

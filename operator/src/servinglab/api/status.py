@@ -11,7 +11,15 @@ from pydantic import Field
 
 from servinglab.api.conditions import Condition
 from servinglab.api.results import Ceiling, LevelResult, ModelDescription, PeakRate, ResultModel
-from servinglab.api.trials import PrunedConfig, SweepBest, SweepCounts, SweepPoint, SweepSummary, TrialRecord
+from servinglab.api.trials import (
+    Confirmation,
+    PrunedConfig,
+    SweepBest,
+    SweepCounts,
+    SweepPoint,
+    SweepSummary,
+    TrialRecord,
+)
 
 
 class ExperimentSummary(ResultModel):
@@ -25,6 +33,8 @@ class ExperimentSummary(ResultModel):
     best_throughput_rps: float | None = None
     best_p99_latency_ms: float | None = None
     peak_rate_rps: float | None = None
+    #: The best level's bottleneck (its whole verdict is on that level in `results`).
+    verdict: str | None = None
 
 
 class ResultsRef(ResultModel):
@@ -67,6 +77,7 @@ class SweepStatus(ResultModel):
     counts: SweepCounts | None = None
     pruned: list[PrunedConfig] | None = None
     best: SweepBest | None = None
+    confirmation: Confirmation | None = None
     front: list[SweepPoint] | None = None
     stop_reason: str | None = None
     grid_size: int | None = None

@@ -156,6 +156,24 @@ class StopSpec(SpecModel):
     )
 
 
+class ConfirmSpec(SpecModel):
+    """Before the best is named, the top `candidates` are measured again `rounds` times, alternating them
+    (A B C A B C ...), and the winner is named with an interval, or a tie when they cannot be told apart."""
+
+    candidates: int = Field(default=3, ge=1, le=8, description="How many of the best trials are measured again.")
+    rounds: int = Field(
+        default=3, ge=0, le=10,
+        description="How many times each is measured again (at least 2 to estimate the noise); 0: no confirmation, "
+        "the best single measurement is named.",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _enough_rounds(self) -> ConfirmSpec:
+        if self.rounds == 1:
+            raise ValueError("rounds 1 cannot estimate the noise: give 2 or more, or 0 for no confirmation")
+        return self
+
+
 class ObjectiveSpec(SpecModel):
     """What the best configuration maximises: throughput within the template's SLO."""
 
@@ -178,6 +196,12 @@ class SweepSpec(SpecModel):
     max_trials: int | None = Field(default=None, ge=1, le=MAX_SPACE, description="At most this many trials run.")
     stop: StopSpec = Field(default_factory=StopSpec)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+    guided: bool = Field(
+        default=True,
+        description="search: try first the axis each trial's bottleneck verdict points at, and stop at the model's "
+        "raw ceiling (false: the fixed neighbour order, for comparison).",
+    )
     parallelism: int = Field(default=1, ge=1, le=16, description="Trials that may run at once (on the cluster).")
 
     @model_validator(mode="before")
@@ -273,10 +297,11 @@ def space_size(sweep: SweepSpec) -> int:
 TRIAL_NAME_LIMIT = 52
 
 
-def trial_name(sweep_name: str, config: TrialConfig) -> str:
+def trial_name(sweep_name: str, config: TrialConfig, repeat: int = 0) -> str:
     """Deterministic and unique per configuration, at most 52 characters: `<sweep>-b8-d5-w1-fp32`
-    (a long sweep name is cut and keeps a digest of the whole, so two sweeps never share trials)."""
-    label = config.label()
+    (a long sweep name is cut and keeps a digest of the whole, so two sweeps never share trials); the
+    `repeat`-th confirmation of a trial ends in `-r<repeat>`."""
+    label = config.label() + (f"-r{repeat}" if repeat else "")
     room = TRIAL_NAME_LIMIT - len(label) - 1
     if len(sweep_name) > room:
         digest = hashlib.sha256(sweep_name.encode()).hexdigest()[:4]

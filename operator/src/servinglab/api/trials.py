@@ -15,6 +15,7 @@ from pydantic import Field
 from servinglab.api.meta import API_GROUP, API_VERSION
 from servinglab.api.results import ExperimentResults, ResultModel
 from servinglab.api.sweep import TrialConfig
+from servinglab.api.verdicts import Verdict
 
 SWEEP_RESULTS_KIND = "ServingSweepResults"
 SUCCEEDED, INFEASIBLE = "Succeeded", "Infeasible"
@@ -33,6 +34,11 @@ class TrialRecord(ResultModel):
     capacity_rps: float | None = None
     p99_latency_ms: float | None = None
     level: str | None = None
+    #: The verdict at the trial's capacity level (compact: the level in `results` has its parts).
+    verdict: Verdict | None = None
+    #: A confirmation run: the trial it measures again, and which round of the alternation it belongs to.
+    confirms: str | None = None
+    round: int | None = None
     ready_seconds: float | None = None
     reconfigured: bool | None = None
     wall_seconds: float | None = None
@@ -51,13 +57,45 @@ class PrunedConfig(ResultModel):
 
 
 class SweepBest(ResultModel):
-    """The configuration with the highest capacity within the objective."""
+    """The configuration named best: with a confirmation, the one its alternated re-measurements pick
+    (`capacityRps` their mean, within [lowRps, highRps] at 95 %; `confidence` Confirmed, or Tie when others
+    could not be told from it: `tiedWith`); without one, the highest single measurement (Unconfirmed)."""
 
     trial: str
     config: TrialConfig
     capacity_rps: float
     p99_latency_ms: float | None = None
     level: str | None = None
+    confidence: str | None = None
+    low_rps: float | None = None
+    high_rps: float | None = None
+    tied_with: list[str] | None = None
+    verdict: Verdict | None = None
+
+
+class CandidateRuns(ResultModel):
+    """One candidate of the confirmation: its first measurement (which made it a candidate) and its
+    alternated re-measurements, their geometric mean and 95 % interval, and whether it ties with the best."""
+
+    trial: str
+    config: TrialConfig
+    first_rps: float | None = None
+    runs_rps: list[float] = Field(default_factory=list)
+    mean_rps: float | None = None
+    low_rps: float | None = None
+    high_rps: float | None = None
+    tied: bool | None = None
+
+
+class Confirmation(ResultModel):
+    """The top candidates measured again, alternating: how the winner was named."""
+
+    state: str = Field(description="Running, Confirmed (one candidate is better than the others) or Tie.")
+    rounds: int
+    candidates: list[CandidateRuns] = Field(default_factory=list)
+    winner: str | None = None
+    tied_with: list[str] = Field(default_factory=list)
+    note: str | None = None
 
 
 class SweepPoint(ResultModel):
@@ -104,6 +142,8 @@ class SweepSummary(ResultModel):
     best_config: str | None = None
     best_throughput_rps: float | None = None
     best_p99_latency_ms: float | None = None
+    #: Confirmed, Tie, Unconfirmed (no confirmation), or Confirming while it runs.
+    winner: str | None = None
 
 
 class SweepResults(ResultModel):
@@ -121,6 +161,7 @@ class SweepResults(ResultModel):
     counts: SweepCounts = Field(default_factory=SweepCounts)
     pruned: list[PrunedConfig] = Field(default_factory=list)
     best: SweepBest | None = None
+    confirmation: Confirmation | None = None
     points: list[SweepPoint] = Field(default_factory=list)
     front: list[SweepPoint] = Field(default_factory=list)
     stop_reason: str | None = None

@@ -6,6 +6,8 @@
 * `servinglab_experiment_throughput_rps`, `servinglab_experiment_latency_p99_ms` — each finished
   experiment's result per level, labelled with its configuration so dashboards can compare
   configurations; `servinglab_experiment_best_throughput_rps` — its best level;
+* `servinglab_experiment_verdict{..., verdict}` — 1 for each level's bottleneck verdict (generator-bound,
+  queue-bound, compute-bound, ...: :class:`~servinglab.api.verdicts.Bottleneck`), labelled like the two above;
 * `servinglab_sweep_trials{namespace, sweep, model, state}` — a sweep's trials by state (Succeeded,
   Infeasible, Running, Pruned); `servinglab_sweep_best_capacity_rps` — its best configuration's
   capacity within the SLO, labelled with the configuration; `servinglab_sweep_front_throughput_rps`
@@ -48,6 +50,11 @@ THROUGHPUT = Gauge(
 )
 P99 = Gauge("servinglab_experiment_latency_p99_ms", "Measured p99 latency per level", [*_CONFIG_LABELS, *_LEVEL_LABELS])
 BEST = Gauge("servinglab_experiment_best_throughput_rps", "Best throughput of an experiment", list(_CONFIG_LABELS))
+VERDICT = Gauge(
+    "servinglab_experiment_verdict",
+    "1 for each level's bottleneck verdict (label verdict)",
+    [*_CONFIG_LABELS, *_LEVEL_LABELS, "verdict"],
+)
 
 _SWEEP_LABELS = ("namespace", "sweep", "model")
 SWEEP_TRIALS = Gauge("servinglab_sweep_trials", "A sweep's trials by state", [*_SWEEP_LABELS, "state"])
@@ -105,6 +112,10 @@ def finished(
         if level.latency_ms.p99 is not None:
             P99.labels(*values).set(level.latency_ms.p99)
             series.append((P99, values))
+        if level.verdict is not None:
+            judged = (*values, str(level.verdict.bottleneck))
+            VERDICT.labels(*judged).set(1)
+            series.append((VERDICT, judged))
     BEST.labels(*config.values()).set(max(level.throughput_rps for level in levels))
     series.append((BEST, tuple(config.values())))
 

@@ -31,10 +31,11 @@ from servinglab.loadgen.hooks import ProgressFn
 from servinglab.loadgen.levels import Target
 from servinglab.loadgen.payloads import PayloadError, request_payloads
 from servinglab.measure import ceiling
-from servinglab.measure.document import experiment_results
+from servinglab.measure.document import experiment_results, with_ceiling
 from servinglab.measure.driver import ServerWindows, measure_load
 from servinglab.measure.raw import probe as raw_probe
 from servinglab.measure.raw.figures import RawCache
+from servinglab.measure.telemetry import LocalTelemetry
 from servinglab.servers.base import LocalServer, ModelError, ServedModel, ServerError
 from servinglab.servers.process import visible_gpus
 
@@ -182,7 +183,7 @@ def run_in(slot: ServerSlot, experiment: ServingExperiment, raw_cache: RawCache 
             slot.stop_server()  # then the model alone has the machine to itself
         if spec.ceiling.enabled and (found := _ceiling(experiment, document, slot.model, server.gpus > 0, hooks,
                                                         raw_cache)):  # fmt: skip
-            document = document.model_copy(update={"ceiling": found})
+            document = with_ceiling(document, found)
     except ServerError as exc:
         slot.failed = True
         slot.stop_server()
@@ -255,7 +256,8 @@ def _measure(
     kind = servers.get(spec.server.kind)
     target = Target(server.inference_url, server.request_path, payloads, spec.load.payload.check, Path.cwd())
     hooks.phase(f"Load: {spec.load.describe()}")
-    windows = ServerWindows(fetch_metrics, kind.metrics(server.model_name))
+    telemetry = LocalTelemetry(server.worker_process_ids, server.gpus)
+    windows = ServerWindows(fetch_metrics, kind.metrics(server.model_name), telemetry)
     try:
         measured = measure_load(spec.load, spec.slo.p99_latency_ms, target, windows, hooks.progress)
     except shapes.TraceError as exc:  # e.g. a payload index past the bodies there are
@@ -265,6 +267,7 @@ def _measure(
     runtime = Runtime(
         mode="local", device="cuda" if server.gpus > 0 else "cpu", precision_note=notes.precision_note,
         data_path=notes.data_path, warmup=notes.warmup, cpu_count=os.cpu_count(), machine=platform.machine(),
+        gpu_telemetry=telemetry.note,
     )  # fmt: skip
     return experiment_results(
         experiment.metadata.name, spec, measured.levels, runtime=runtime, effective=effective,

@@ -26,6 +26,10 @@ from servinglab.api.results import (
     Slo,
 )
 from servinglab.measure.levels import best_level
+from servinglab.measure.verdict import judged
+
+#: Where a level's GPU figures come from, by where the experiment ran.
+GPU_SOURCES = {"local": "NVML", "cluster": "DCGM"}
 
 
 def server_settings(spec: ExperimentSpec, effective: EffectiveSettings | None = None) -> ServerSettings:
@@ -59,12 +63,15 @@ def experiment_results(
     started_at: str | None = None,
     finished_at: str | None = None,
 ) -> ExperimentResults:
-    """The document of a finished experiment; its best level is computed here, once."""
+    """The document of a finished experiment; its best level and each level's verdict are computed here,
+    once (:func:`with_ceiling` judges them again when the ceiling is measured afterwards)."""
     slo = spec.slo.p99_latency_ms
+    settings = server_settings(spec, effective)
+    levels = judged(levels, settings, ceiling, GPU_SOURCES.get(runtime.mode))
     return ExperimentResults(
         experiment=name,
         model=spec.model.name,
-        server=server_settings(spec, effective),
+        server=settings,
         load=load_summary(spec),
         slo=Slo(p99_latency_ms=slo) if slo is not None else None,
         cold_start_seconds=round(cold_start_seconds, 3) if cold_start_seconds is not None else None,
@@ -79,3 +86,20 @@ def experiment_results(
         finished_at=finished_at,
         generator=Producer(servinglab=__version__, python=platform.python_version()),
     )
+
+
+def with_ceiling(document: ExperimentResults, ceiling: Ceiling) -> ExperimentResults:
+    """The document with its ceiling, and each level judged again (near the raw ceiling is a verdict)."""
+    source = GPU_SOURCES.get(document.runtime.mode) if document.runtime is not None else None
+    levels = judged(document.results, document.server, ceiling, source)
+    return document.model_copy(update={"ceiling": ceiling, "results": levels})
+
+
+def with_verdicts(document: ExperimentResults) -> ExperimentResults:
+    """A document whose levels all carry a verdict: those written before verdicts existed are judged now."""
+    if all(level.verdict is not None for level in document.results):
+        return document
+    source = GPU_SOURCES.get(document.runtime.mode) if document.runtime is not None else None
+    fresh = judged(document.results, document.server, document.ceiling, source)
+    levels = [level if level.verdict is not None else new for level, new in zip(document.results, fresh, strict=True)]
+    return document.model_copy(update={"results": levels})

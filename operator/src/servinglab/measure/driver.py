@@ -19,17 +19,20 @@ from servinglab.api import LoadSpec
 from servinglab.api.results import LevelResult, PeakRate
 from servinglab.loadgen import levels, wire
 from servinglab.loadgen.hooks import LevelHooks, ProgressFn
-from servinglab.measure.levels import level_results, probe_passes
+from servinglab.measure.levels import level_results, probe_passes, with_device
+from servinglab.measure.telemetry import LocalTelemetry
 from servinglab.measure.windows import WindowReader
 from servinglab.servers.base import ServerMetrics
 
 
 @dataclass(frozen=True)
 class ServerWindows:
-    """How to read the server under test at a window's edges: its metrics text, and what it means."""
+    """How to read the server under test at a window's edges: its metrics text, and what it means; for a
+    local server also its processes' CPU and its GPUs (`telemetry`)."""
 
     fetch: Callable[[], str]
     metrics: ServerMetrics
+    telemetry: LocalTelemetry | None = None
 
 
 @dataclass(frozen=True)
@@ -59,12 +62,34 @@ def measure_load(
     """Run the load section (`remote`: the other load pods' generators, when several share it) and
     return its typed levels; without `server` the levels carry no server breakdown."""
     windows = WindowReader(server.fetch, server.metrics) if server is not None else None
-    hooks = LevelHooks(
-        progress,
-        windows.window_start if windows is not None else None,
-        windows.window_end if windows is not None else None,
-    )
+    telemetry = server.telemetry if server is not None else None
+
+    def started(index: int) -> None:
+        if windows is not None:
+            windows.window_start(index)
+        if telemetry is not None:
+            telemetry.window_start(index)
+
+    def ended(index: int) -> None:
+        if telemetry is not None:
+            telemetry.window_end(index)
+        if windows is not None:
+            windows.window_end(index)
+
+    def ticked(label: str, phase: str, done: float, planned: float, measured: int) -> None:
+        if telemetry is not None:
+            telemetry.tick()
+        if progress is not None:
+            progress(label, phase, done, planned, measured)
+
+    hooks = LevelHooks(ticked, started, ended)
     passes = partial(probe_passes, slo_p99_ms=slo_p99_ms) if slo_p99_ms is not None else None
     outcome = levels.run_load(load, passes, target, hooks, remote)
     breakdowns = windows.breakdowns if windows is not None else {}
-    return Measured(level_results(outcome.levels, outcome.sweep_levels, breakdowns, slo_p99_ms), outcome.peak)
+    results = level_results(outcome.levels, outcome.sweep_levels, breakdowns, slo_p99_ms)
+    if telemetry is not None:
+        results = [
+            with_device(level, telemetry.cpu.get(index), telemetry.gpu.get(index))
+            for index, level in enumerate(results)
+        ]  # fmt: skip
+    return Measured(results, outcome.peak)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from servinglab.api.results import (
     BestLevel,
     GeneratorVerdict,
+    GpuFigures,
     Latency,
     LevelResult,
     OpenLoopFigures,
@@ -21,6 +22,7 @@ from servinglab.api.results import (
     ServerBreakdown,
     Stability,
 )
+from servinglab.api.verdicts import CpuFigures
 from servinglab.loadgen.stats import LevelStats
 
 
@@ -81,6 +83,15 @@ def level_results(
         level_result(level, breakdowns.get(index), slo_p99_ms, probe=index >= sweep_levels)
         for index, level in enumerate(stats)
     ]
+
+
+def with_device(level: LevelResult, cpu: CpuFigures | None, gpu: GpuFigures | None) -> LevelResult:
+    """The level with its device figures over the same window; the energy per successful inference is
+    the window's energy over the requests that succeeded in it."""
+    if gpu is not None and gpu.energy_joules is not None and level.requests > level.errors:
+        per = round(gpu.energy_joules / (level.requests - level.errors), 6)
+        gpu = gpu.model_copy(update={"energy_per_inference_joules": per})
+    return level.model_copy(update={"cpu": cpu, "gpu": gpu})
 
 
 def within_slo(levels: Sequence[LevelResult], slo_p99_ms: float | None) -> list[LevelResult]:

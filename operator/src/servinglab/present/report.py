@@ -12,8 +12,10 @@ Plots (matplotlib, Agg backend, written next to the page):
 * `roofline.png` — the served and raw points under the device's compute and memory roofs
   (:mod:`servinglab.present.roofline`).
 
-The page adds the configuration, the full results table with the trust checks, the best level, the
-peak rate found and the ceiling (served/raw, served/theoretical). Works on local results and on a
+The page adds the configuration, the best level's bottleneck verdict (element id "verdict"), the full
+results table with the trust checks and each level's verdict (class "verdict"; a document written before
+verdicts existed is judged here), the best level, the peak rate found and the ceiling (served/raw,
+served/theoretical). Works on local results and on a
 cluster experiment's results document (`servinglab results NAME -o file.json`). Called by the command line.
 """
 
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from servinglab.api.results import ExperimentResults, LevelResult
+from servinglab.measure.document import with_verdicts
 from servinglab.measure.trust import trust_checks
 from servinglab.present import roofline
 from servinglab.present.page import html_page
@@ -44,6 +47,7 @@ def render(document: ExperimentResults, out_dir: Path) -> Path:
 
     matplotlib.use("Agg")
     out_dir.mkdir(parents=True, exist_ok=True)
+    document = with_verdicts(document)
     levels = sorted(document.results, key=lambda level: (bool(level.peak_search_probe), level.rate_rps or 0))
     measured = [level for level in document.results if not level.peak_search_probe]
     _latency_cdf(levels, out_dir / PLOTS[0])
@@ -226,8 +230,29 @@ def _page(document: ExperimentResults) -> str:
             breakdown.queue_ms_mean if breakdown else None, breakdown.inference_ms_per_batch if breakdown else None,
             "; ".join(checks),
         ]  # fmt: skip
-        rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
+        verdict = f'<td class="verdict">{verdict_text(level)}</td>'
+        rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + verdict + "</tr>")
     header = ["level", "rps", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "max ms", "requests", "errors", "batch",
-              "queue ms", "infer ms/batch", "checks"]  # fmt: skip
+              "queue ms", "infer ms/batch", "checks", "verdict"]  # fmt: skip
     table = f"<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>\n{''.join(rows)}\n</table>"
-    return html_page(title, f"<p>{html.escape(config)}</p>", _facts(document), table, PLOTS, images_last=True)
+    intro = f"<p>{html.escape(config)}</p>\n{_best_verdict(document)}"
+    return html_page(title, intro, _facts(document), table, PLOTS, images_last=True)
+
+
+def verdict_text(level: LevelResult) -> str:
+    """A level's verdict for the page (escaped): the bottleneck, the figures behind it, what to try."""
+    verdict = level.verdict
+    if verdict is None:
+        return "–"
+    return (f"<b>{html.escape(str(verdict.bottleneck))}</b>: {html.escape(verdict.because)}; "
+            f"<i>try</i>: {html.escape(verdict.next)}")  # fmt: skip
+
+
+def _best_verdict(document: ExperimentResults) -> str:
+    """The best level's verdict in its own element (id "verdict"), above the facts."""
+    best = document.best
+    level = next((level for level in document.results if best is not None
+                  and (level.concurrency, level.rate_rps) == (best.concurrency, best.rate_rps)), None)  # fmt: skip
+    if level is None or level.verdict is None:
+        return '<p id="verdict">Verdict: none (no level to judge)</p>'
+    return f'<p id="verdict">Verdict at the best level ({html.escape(level.label)}): {verdict_text(level)}</p>'

@@ -4,7 +4,9 @@
   the Pareto front drawn through its points; the SLO as a vertical line; the best configuration marked;
 * `capacity.png` — capacity within the SLO as a batch size x max delay heat map, one panel per
   precision and worker count (blank: not run; a cross: infeasible or pruned);
-* `index.html` — the best configuration, why the sweep stopped, and the trial table.
+* `index.html` — the best configuration with its confidence (the confirmation's interval, or the tie), its
+  verdict (id "verdict"), why the sweep stopped, and the trial table with each trial's verdict (class
+  "verdict").
 
 Called by the CLI for documents of kind ServingSweepResults (local `sweep.json`, or a cluster sweep's
 document from `servinglab results --sweep NAME -o file.json`).
@@ -19,7 +21,9 @@ from typing import Any
 
 from servinglab.api import TrialConfig
 from servinglab.api.trials import SweepPoint, SweepResults
+from servinglab.api.verdicts import Verdict
 from servinglab.present.page import html_page
+from servinglab.present.tables import winner_sentence
 
 PLOTS = ("pareto.png", "capacity.png")
 _COLOURS = {"fp32": "tab:blue", "tf32": "tab:green", "fp16": "tab:orange", "bf16": "tab:red"}
@@ -140,14 +144,24 @@ def _page(document: SweepResults) -> str:
         setting = f"batch {config.batch_size}, max delay {config.max_batch_delay_ms} ms, {config.workers} worker(s)"
         path = f", {config.path.describe()}" if config.data_path is not None else ""
         facts.insert(0, f"<b>Best within the SLO</b>: {setting}, {config.precision}{html.escape(path)}: {figure}")
+        facts.insert(1, html.escape(winner_sentence(document)))
     header = ["#", "trial", "batch", "delay ms", "workers", "precision", "data path", "state", "capacity rps",
-              "p99 ms", "at", "ready s", "reason"]  # fmt: skip
+              "p99 ms", "at", "ready s", "reason", "verdict"]  # fmt: skip
     rows = []
     for trial in document.trials:
         config = trial.config
         cells = [trial.order + 1, trial.name, config.batch_size, config.max_batch_delay_ms, config.workers,
                  str(config.precision), config.path_for_people(), trial.state, trial.capacity_rps,
                  trial.p99_latency_ms, trial.level, trial.ready_seconds, trial.reason]  # fmt: skip
-        rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
+        verdict = f'<td class="verdict">{_verdict(trial.verdict)}</td>'
+        rows.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + verdict + "</tr>")
     table = f"<table><tr>{''.join(f'<th>{h}</th>' for h in header)}</tr>\n{''.join(rows)}\n</table>"
-    return html_page(title, "", facts, table, PLOTS, images_last=False)
+    intro = f'<p id="verdict">Verdict at the best configuration: {_verdict(best.verdict if best else None)}</p>'
+    return html_page(title, intro, facts, table, PLOTS, images_last=False)
+
+
+def _verdict(verdict: Verdict | None) -> str:
+    if verdict is None:
+        return "–"
+    return (f"<b>{html.escape(str(verdict.bottleneck))}</b>: {html.escape(verdict.because)}; <i>try</i>: "
+            f"{html.escape(verdict.next)}")  # fmt: skip

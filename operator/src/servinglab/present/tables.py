@@ -45,6 +45,7 @@ def print_results(document: ExperimentResults) -> None:
     if slo is not None:
         table.add_column(f"p99≤{slo:g}", justify="center")
     table.add_column("checks", justify="left")
+    table.add_column("verdict", justify="left")
     warnings = []
     for level in document.results:
         latency, breakdown = level.latency_ms, level.server
@@ -62,12 +63,24 @@ def print_results(document: ExperimentResults) -> None:
             row.append("yes" if level.meets_slo else "no")
         marks, why = trust_checks(level)
         row.append(" ".join(marks) or "-")
+        row.append(str(level.verdict.bottleneck) if level.verdict is not None else "-")
         warnings += [f"level {level.label}: {reason}" for reason in why]
         table.add_row(*row)
     stdout.print(table)
     for warning in warnings:
         stdout.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    for line in verdict_lines(document):
+        stdout.print(line, highlight=False, markup=False)
     stdout.print("; ".join(notes(document)), highlight=False)
+
+
+def verdict_lines(document: ExperimentResults) -> list[str]:
+    """One line per judged level: its bottleneck, the figures behind it, the next change to try."""
+    return [
+        f"verdict at {level.label}: {level.verdict.bottleneck}: {level.verdict.because}; try: {level.verdict.next}"
+        for level in document.results
+        if level.verdict is not None
+    ]
 
 
 def notes(document: ExperimentResults) -> list[str]:
@@ -127,9 +140,10 @@ def print_sweep(document: SweepResults) -> None:
     table = Table(title=title, title_justify="left")
     paths = any(trial.config.data_path is not None for trial in document.trials)  # a column when varied
     columns = ("#", "batch", "delay", "workers", "precision", *(["data path"] if paths else []), "state",
-               "capacity rps", "p99 ms", "at", "ready s")  # fmt: skip
+               "capacity rps", "p99 ms", "at", "ready s", "verdict")  # fmt: skip
     for column in columns:
-        table.add_column(column, justify="right" if column not in ("precision", "data path", "state", "at") else "left")
+        left = column in ("precision", "data path", "state", "at", "verdict")
+        table.add_column(column, justify="left" if left else "right")
     best = document.best.trial if document.best is not None else None
     for trial in document.trials:
         config = trial.config
@@ -141,6 +155,7 @@ def print_sweep(document: SweepResults) -> None:
             *([config.path_for_people()] if paths else []), state, num(trial.capacity_rps, 1),
             ms(trial.p99_latency_ms), trial.level or "-",
             "-" if ready is None else f"{ready:.1f}" + (" (reconfigured)" if trial.reconfigured else ""),
+            str(trial.verdict.bottleneck) if trial.verdict is not None else "-",
         )  # fmt: skip
     stdout.print(table)
     counts = document.counts
@@ -152,6 +167,9 @@ def print_sweep(document: SweepResults) -> None:
             f"{config.precision}{', ' + config.path.describe() if config.data_path else ''} at "
             f"{top.capacity_rps:.1f} rps (p99 {ms(top.p99_latency_ms)} ms, {top.level})"
         )
+        found.append(winner_sentence(document))
+        if top.verdict is not None:
+            found.append(f"its verdict: {top.verdict.bottleneck}: {top.verdict.because}; try: {top.verdict.next}")
     else:
         found.append("no configuration met the objective")
     found.append(f"Pareto front: {len(document.front)} points")
@@ -159,8 +177,27 @@ def print_sweep(document: SweepResults) -> None:
     stdout.print("; ".join(found), highlight=False)
 
 
+def winner_sentence(document: SweepResults) -> str:
+    """How sure the sweep is of its best: the confirmation's interval, or the tie, or that it was not confirmed."""
+    best, confirmation = document.best, document.confirmation
+    if best is None:
+        return "no winner"
+    if confirmation is None or best.confidence in (None, "Unconfirmed"):
+        return "winner not confirmed (one measurement per trial; spec.confirm.rounds is 0 or one trial measured)"
+    if best.confidence == "Confirming":
+        return f"confirming the winner: {sum(len(c.runs_rps) for c in confirmation.candidates)} runs in"
+    interval = f"{best.low_rps or 0:.1f}..{best.high_rps or 0:.1f} rps (95 %)"
+    if best.confidence == "Tie":
+        return (f"a tie: {best.trial} ({interval}) cannot be told from {', '.join(best.tied_with or [])} after "
+                f"{confirmation.rounds} alternated rounds; the cheapest is named")  # fmt: skip
+    count = len(confirmation.candidates)
+    return f"winner confirmed over {confirmation.rounds} alternated rounds of the best {count}: {interval}"
+
+
 def trial_line(record: TrialRecord) -> str:
-    """One line per finished trial, while a sweep runs."""
+    """One line per finished trial (or confirmation run), while a sweep runs."""
     found = record.capacity_rps
     figure = f"{found:.1f} rps within the SLO" if found is not None else (record.reason or "-")
-    return f"Trial {record.name}: {record.state}, {figure}"
+    verdict = f" ({record.verdict.bottleneck})" if record.verdict is not None else ""
+    what = "Confirmation" if record.confirms is not None else "Trial"
+    return f"{what} {record.name}: {record.state}, {figure}{verdict}"

@@ -160,6 +160,10 @@ class LocalServer(Protocol):
 
     def notes(self) -> RuntimeNotes: ...
 
+    def worker_process_ids(self) -> list[int]:
+        """The processes that run the model now (the workers): the CPU they use, or wait for, is the model's."""
+        ...
+
 
 class Server(Protocol):
     """One kind of model server."""

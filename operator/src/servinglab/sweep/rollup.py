@@ -18,6 +18,7 @@ from servinglab.api.results import ExperimentResults, LevelResult
 from servinglab.api.trials import (
     INFEASIBLE,
     SUCCEEDED,
+    Confirmation,
     PrunedConfig,
     SweepBest,
     SweepCounts,
@@ -27,6 +28,8 @@ from servinglab.api.trials import (
     SweepSpace,
     TrialRecord,
 )
+from servinglab.api.verdicts import Verdict
+from servinglab.sweep import confirm
 from servinglab.sweep.search import OUT_OF_MEMORY, Outcome, pruned_by
 
 #: Substrings of a failure that say which kind of infeasibility it was, checked in order.
@@ -57,11 +60,13 @@ def meets_objective(level: LevelResult, slo_p99_ms: float | None, max_error_rate
 
 @dataclass(frozen=True)
 class Capacity:
-    """A trial's figure of merit: its capacity within the objective, the p99 there, and which level."""
+    """A trial's figure of merit: its capacity within the objective, the p99 there, which level, and that
+    level's verdict."""
 
     capacity_rps: float
     p99_latency_ms: float | None
     level: str
+    verdict: Verdict | None = None
 
 
 def capacity(document: ExperimentResults, slo_p99_ms: float | None, max_error_rate: float) -> Capacity | None:
@@ -69,13 +74,15 @@ def capacity(document: ExperimentResults, slo_p99_ms: float | None, max_error_ra
     meets the objective; None when nothing does."""
     peak = document.peak_rate
     if peak is not None and peak.rate_rps is not None:
-        return Capacity(peak.rate_rps, peak.p99_latency_ms, "peak rate")
+        probe = next((level for level in document.results if level.rate_rps == peak.rate_rps), None)
+        verdict = probe.verdict if probe is not None else None
+        return Capacity(peak.rate_rps, peak.p99_latency_ms, "peak rate", verdict.compact() if verdict else None)
     levels = [level for level in document.results if meets_objective(level, slo_p99_ms, max_error_rate)]
     if not levels:
         return None
     top = max(levels, key=lambda level: level.throughput_rps)
     label = f"{top.concurrency} users" if top.concurrency is not None else f"{top.rate_rps} rps"
-    return Capacity(top.throughput_rps, top.latency_ms.p99, label)
+    return Capacity(top.throughput_rps, top.latency_ms.p99, label, top.verdict.compact() if top.verdict else None)
 
 
 def record(
@@ -99,14 +106,23 @@ def record(
         reason=None if found is not None else "NoLevelWithinSlo", message=failure,
         finished_at=finished_at or now(),
         capacity_rps=found.capacity_rps if found else None, p99_latency_ms=found.p99_latency_ms if found else None,
-        level=found.level if found else None, ready_seconds=document.ready_seconds,
+        level=found.level if found else None, verdict=found.verdict if found else _last_verdict(document),
+        ready_seconds=document.ready_seconds,
         reconfigured=document.reconfigured_seconds is not None, results=document,
     )  # fmt: skip
 
 
+def _last_verdict(document: ExperimentResults) -> Verdict | None:
+    """A trial with no level within the objective: the verdict of its highest-throughput level."""
+    judged = [level for level in document.results if level.verdict is not None]
+    top = max(judged, key=lambda level: level.throughput_rps) if judged else None
+    return top.verdict.compact() if top is not None and top.verdict is not None else None
+
+
 def outcome(record: TrialRecord) -> Outcome:
-    """What the search needs of a record."""
-    return Outcome(record.config, record.capacity_rps, record.succeeded, record.reason)
+    """What the search needs of a record: its capacity, and the verdict there (the axis it points at, and
+    whether it is at the raw ceiling)."""
+    return Outcome(record.config, record.capacity_rps, record.succeeded, record.reason, record.verdict)
 
 
 def points(records: Sequence[TrialRecord]) -> list[SweepPoint]:
@@ -134,11 +150,41 @@ def pareto_front(candidates: Sequence[SweepPoint]) -> list[SweepPoint]:
     return front
 
 
+def named_best(
+    sweep: ServingSweep, ordered: Sequence[TrialRecord], confirmation: Confirmation | None
+) -> SweepBest | None:
+    """The configuration named best: the confirmation's pick once it has decided, else the highest single
+    measurement (Unconfirmed; Confirming while the confirmation runs)."""
+    by_name = {record.name: record for record in ordered}
+    if confirmation is not None and confirmation.winner in by_name:
+        record = by_name[confirmation.winner]
+        runs = next(c for c in confirmation.candidates if c.trial == record.name)
+        return SweepBest(
+            trial=record.name, config=record.config, capacity_rps=runs.mean_rps or 0.0,
+            p99_latency_ms=record.p99_latency_ms, level=record.level, confidence=confirmation.state,
+            low_rps=runs.low_rps, high_rps=runs.high_rps, tied_with=confirmation.tied_with or None,
+            verdict=record.verdict,
+        )  # fmt: skip
+    scored = [record for record in ordered if record.capacity_rps is not None]
+    if not scored:
+        return None
+    top = max(scored, key=lambda record: record.capacity_rps or 0.0)
+    state = "Confirming" if confirmation is not None else "Unconfirmed"
+    return SweepBest(trial=top.name, config=top.config, capacity_rps=top.capacity_rps or 0.0,
+                     p99_latency_ms=top.p99_latency_ms, level=top.level, confidence=state,
+                     verdict=top.verdict)  # fmt: skip
+
+
 def document(
-    sweep: ServingSweep, records: Sequence[TrialRecord], stop_reason: str | None, started_at: str
+    sweep: ServingSweep,
+    records: Sequence[TrialRecord],
+    stop_reason: str | None,
+    started_at: str,
+    confirmations: Sequence[TrialRecord] = (),
 ) -> SweepResults:
     """The sweep's results document (local `sweep.json`; on the cluster rebuilt from its trials). The
-    trials are listed without their results (each trial's file, or its experiment, has them)."""
+    trials are listed without their results (each trial's file, or its experiment, has them); the
+    confirmation runs appear in `confirmation`, each candidate's runs in order."""
     spec = sweep.spec
     ordered = sorted(records, key=lambda record: record.order)
     history = [outcome(record) for record in ordered]
@@ -148,8 +194,7 @@ def document(
         for config in grid(spec)
         if config.key() not in done and (why := pruned_by(history, config))
     ]
-    scored = [record for record in ordered if record.capacity_rps is not None]
-    top = max(scored, key=lambda record: record.capacity_rps or 0.0) if scored else None
+    confirmation = confirm.decide(spec, ordered, confirmations)
     if spec.strategy == "list":
         space = SweepSpace(configurations=len(spec.configurations))
     else:
@@ -176,15 +221,8 @@ def document(
             run=len(ordered),
         ),  # fmt: skip
         pruned=pruned,
-        best=None
-        if top is None
-        else SweepBest(
-            trial=top.name,
-            config=top.config,
-            capacity_rps=top.capacity_rps or 0.0,
-            p99_latency_ms=top.p99_latency_ms,
-            level=top.level,
-        ),  # fmt: skip
+        best=named_best(sweep, ordered, confirmation),
+        confirmation=confirmation,
         points=every,
         front=pareto_front(every),
         stop_reason=stop_reason,

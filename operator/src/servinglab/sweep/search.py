@@ -21,13 +21,20 @@ Model Analyzer's quick search (coordinate hill-climbing from the small corner) i
 5. **Stopping**: on convergence (every neighbour of each live precision's best tried, and the best
    configuration cross-checked at the other precisions), after `stop.patience` trials without an
    improvement of `stop.minImprovement`, or at `maxTrials`.
+6. **The verdict first**: a trial's bottleneck verdict (:mod:`servinglab.measure.verdict`) names the axis
+   its next change moves — more workers when queue-bound, a larger batch when batches are full, a longer
+   delay when the delay forms them, a shorter one when requests wait on it, the handler's decode axis when
+   preprocess-bound (where the space has it) — and the climb tries that neighbour before any other. When
+   the best configuration serves near the model's raw ceiling, nothing the server's settings change can
+   add much: the search stops once the moves that verdict points at are tried.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servinglab.api import SweepSpec, TrialConfig, axis_values, grid
+from servinglab.api import DataPath, Decode, SweepSpec, TrialConfig, axis_values, grid
+from servinglab.api.verdicts import Bottleneck, Verdict
 
 #: A precision whose best is below this share of the overall best is not climbed.
 SCREEN_RATIO = 0.75
@@ -38,6 +45,17 @@ Key = tuple[int, int, int, str, str]
 Index = tuple[int, int, int, int]
 #: Neighbour steps in (batch, delay, workers) index space, in the order they are tried.
 STEPS: tuple[tuple[int, int, int], ...] = ((1, 0, 0), (0, 0, 1), (0, 1, 0), (-1, 0, 0), (0, -1, 0), (0, 0, -1))
+#: A verdict's hint axis -> its position in the (batch, delay, workers) index space; `decode` moves along the
+#: data paths instead (:func:`decodes_more`), and a hint for an axis the space lacks is ignored.
+HINT_AXES = {"batchSize": 0, "maxBatchDelayMs": 1, "workers": 2}
+DECODE_HINT = "decode"
+
+
+def decodes_more(base: DataPath, other: DataPath) -> bool:
+    """Whether `other` gives decoding more than `base` does: the device instead of the CPU, or more CPU threads."""
+    if other.decode is Decode.DEVICE:
+        return base.decode is not Decode.DEVICE
+    return base.decode is not Decode.DEVICE and other.decode_threads > base.decode_threads
 
 
 @dataclass(frozen=True)
@@ -52,6 +70,22 @@ class Outcome:
     score: float | None
     feasible: bool = True
     reason: str | None = None
+    verdict: Verdict | None = None
+
+
+def _unguided(outcome: Outcome) -> Outcome:
+    return Outcome(outcome.config, outcome.score, outcome.feasible, outcome.reason)
+
+
+def hinted_steps(verdict: Verdict | None) -> list[tuple[int, int, int]]:
+    """The neighbour steps a verdict points at, most direct first (axes outside the lattice left out)."""
+    steps = []
+    for hint in verdict.hints if verdict is not None else []:
+        if hint.axis in HINT_AXES and hint.step:
+            step = [0, 0, 0]
+            step[HINT_AXES[hint.axis]] = hint.step
+            steps.append((step[0], step[1], step[2]))
+    return steps
 
 
 @dataclass
@@ -117,8 +151,11 @@ def propose(sweep: SweepSpec, history: list[Outcome], running: list[TrialConfig]
         return Proposal(stop_reason=None if busy else why)
     room = slots if limit is None else min(slots, limit - len(done) - len(busy))
     if sweep.strategy == "search":
-        candidates = _SearchState(sweep, history).candidates()
+        state = _SearchState(sweep, history if sweep.guided else [_unguided(o) for o in history])
+        candidates = state.candidates()
         finished = "converged: the best configuration's neighbours and other precisions were tried"
+        if (ceiling := state.at_raw_ceiling()) is not None:
+            candidates, finished = ceiling
     else:
         candidates = grid(sweep)
         skipped = any(c.key() not in done and pruned_by(history, c) for c in candidates)
@@ -171,12 +208,19 @@ class _SearchState:
         return chain
 
     def neighbours(self, home: Index, previous: Index | None) -> list[Index]:
+        """One step on one axis from `home`: the steps its verdict points at first, then the direction of
+        the last successful move, then the rest."""
         steps = list(STEPS)
+        first: list[tuple[int, int, int]] = []
         if previous is not None:
-            momentum = tuple(max(-1, min(1, home[i] - previous[i])) for i in range(3))
-            if momentum in steps:
-                steps.remove(momentum)  # type: ignore[arg-type]
-                steps.insert(0, momentum)  # type: ignore[arg-type]
+            first.append((max(-1, min(1, home[0] - previous[0])), max(-1, min(1, home[1] - previous[1])),
+                          max(-1, min(1, home[2] - previous[2]))))  # fmt: skip
+        at_home = self.by_key.get(self.config(home).key())
+        first = hinted_steps(at_home.verdict if at_home is not None else None) + first
+        for step in reversed(first):
+            if step in steps:
+                steps.remove(step)
+                steps.insert(0, step)
         sizes = (len(self.batches), len(self.delays), len(self.workers))
         found = []
         for step in steps:
@@ -184,6 +228,25 @@ class _SearchState:
             if all(0 <= moved[i] < sizes[i] for i in range(3)):
                 found.append((moved[0], moved[1], moved[2], home[3]))
         return found
+
+    def at_raw_ceiling(self) -> tuple[list[TrialConfig], str] | None:
+        """When the best configuration serves near the model's raw ceiling: the moves its verdict still
+        points at (untried ones), and why the search stops once they are tried."""
+        overall = best(self.history)
+        if overall is None or overall.verdict is None or overall.verdict.bottleneck != Bottleneck.RAW_CEILING:
+            return None
+        index = self.index(overall.config)
+        sizes = (len(self.batches), len(self.delays), len(self.workers))
+        moves = [tuple(index[i] + step[i] for i in range(3)) for step in hinted_steps(overall.verdict)]
+        configs = [
+            self.config((m[0], m[1], m[2], index[3])) for m in moves if all(0 <= m[i] < sizes[i] for i in range(3))
+        ]
+        ratio = overall.verdict.served_over_raw
+        figure = f" ({ratio:.0%} of the model alone at its formed batch)" if ratio is not None else ""
+        return (
+            configs,
+            f"at the model's raw ceiling: {overall.config.label()} serves near what the model alone does{figure}",
+        )
 
     def candidates(self) -> list[TrialConfig]:
         """Every configuration worth trying now, most promising first (the caller drops done ones)."""
@@ -203,4 +266,18 @@ class _SearchState:
         if overall is not None:  # then the best configuration at the other precisions: a screening check
             b, d, w, p = self.index(overall.config)
             ordered += [self.config((b, d, w, q)) for q in range(len(self.precisions)) if q != p]
+            ordered = self.decode_first(overall, (b, d, w, p)) + ordered
         return ordered
+
+    def decode_first(self, overall: Outcome, index: Index) -> list[TrialConfig]:
+        """When the best's verdict says decoding limits it: the same configuration with decoding given more
+        (on the device, or more threads) at the same precision, before anything else."""
+        if overall.verdict is None or not any(h.axis == DECODE_HINT and h.step > 0 for h in overall.verdict.hints):
+            return []
+        b, d, w, p = index
+        precision, path = self.precisions[p]
+        return [
+            self.config((b, d, w, q))
+            for q, (other_precision, other_path) in enumerate(self.precisions)
+            if other_precision == precision and decodes_more(path, other_path)
+        ]

@@ -15,6 +15,9 @@ from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.experiment.status import Experiment, summary_of
 from servinglab.k8s.promql import GpuMetrics, PrometheusError
 from servinglab.k8s.sink import Reader, ResultsMissing, ResultsUnreadable
+from servinglab.measure.document import GPU_SOURCES, server_settings
+from servinglab.measure.levels import with_device
+from servinglab.measure.verdict import judged
 
 
 async def job_message(experiment: Experiment) -> str | None:
@@ -75,7 +78,10 @@ async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
         return
     gpu, gpu_condition = await gpu_figures(experiment, spec, document.results)
     slo = spec.slo.p99_latency_ms
-    levels = [level.model_copy(update={"gpu": gpu.get(index)}) for index, level in enumerate(document.results)]
+    measured = [with_device(level, None, gpu.get(index)) for index, level in enumerate(document.results)]
+    # each level's verdict, with its GPU figures; the status keeps its compact form
+    judged_levels = judged(measured, server_settings(spec), document.ceiling, GPU_SOURCES["cluster"])
+    levels = [level.compact() for level in judged_levels]
     generation = experiment.generation
     conditions = cond.set_condition(experiment.conditions, cond.GPU_METRICS, *gpu_condition, generation)
     conditions = cond.set_condition(conditions, cond.LOAD_TEST_COMPLETE, True, "Complete",

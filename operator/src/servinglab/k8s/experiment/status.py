@@ -30,6 +30,8 @@ def summary_of(
 ) -> ExperimentSummary:
     """What `kubectl get servingexperiments` shows of finished results: the best level within the SLO."""
     best = best_level(levels, slo)
+    verdict = next((level.verdict for level in levels if best is not None and level.verdict is not None
+                    and (level.concurrency, level.rate_rps) == (best.concurrency, best.rate_rps)), None)  # fmt: skip
     return ExperimentSummary(
         state=state,
         levels=len(levels),
@@ -38,6 +40,7 @@ def summary_of(
         best_throughput_rps=best.throughput_rps if best is not None else None,
         best_p99_latency_ms=best.p99_latency_ms if best is not None else None,
         peak_rate_rps=peak_rate.rate_rps if peak_rate is not None else None,
+        verdict=str(verdict.bottleneck) if verdict is not None else None,
     )
 
 

@@ -6,13 +6,17 @@ sweep's name and owned by its uid) — so an operator restart resumes exactly: f
 results, unfinished ones are running, and the search (a pure function of that history) proposes
 only configurations that neither finished nor run. At most `parallelism` trials run at once, and
 never more than the GPUs the template's node selector can ever be given; the experiment reconciler
-queues what cannot get a GPU yet. Deleting a sweep deletes its trials and their children (owner
-references). The experiment reconciler does not know about sweeps.
+queues what cannot get a GPU yet. When the search has stopped, the best few trials are measured again in
+alternating rounds (:mod:`servinglab.sweep.confirm`): each run is a child experiment `<trial>-r<round>`
+annotated with the trial it confirms, and a round starts when the one before it has finished. Deleting a
+sweep deletes its trials and their children (owner references). The experiment reconciler does not know
+about sweeps.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from servinglab.api import (
     API_GROUP,
@@ -32,28 +36,36 @@ from servinglab.api import (
 from servinglab.api import conditions as cond
 from servinglab.api.results import ExperimentResults, Runtime, to_json
 from servinglab.api.status import ExperimentStatus, SweepStatus
-from servinglab.api.trials import SweepResults, SweepSummary, TrialRecord
+from servinglab.api.trials import SweepBest, SweepCounts, SweepPoint, SweepResults, SweepSummary, TrialRecord
 from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.builders import MANAGED_BY
 from servinglab.k8s.client import Kube, Ref
 from servinglab.k8s.experiment.admission import GpuQueue
 from servinglab.measure.document import experiment_results
 from servinglab.servers.base import Manifest
-from servinglab.sweep import rollup
+from servinglab.sweep import confirm, rollup
 from servinglab.sweep.search import propose
 
 ORDER_ANNOTATION = f"{API_GROUP}/trial-order"
+CONFIRMS_ANNOTATION = f"{API_GROUP}/confirms"
+ROUND_ANNOTATION = f"{API_GROUP}/confirm-round"
 LOG = logging.getLogger("servinglab.sweeps")
 
 
-def trial_manifest(sweep: ServingSweep, uid: str, namespace: str, config: TrialConfig, order: int) -> Manifest:
-    """The child experiment of one trial: deterministic name, its configuration in labels, owned by the sweep."""
+def trial_manifest(
+    sweep: ServingSweep, uid: str, namespace: str, config: TrialConfig, order: int, run: confirm.Run | None = None
+) -> Manifest:
+    """The child experiment of one trial (or of one confirmation `run`): deterministic name, its configuration
+    in labels, owned by the sweep."""
     name = sweep.metadata.name
+    annotations = {ORDER_ANNOTATION: str(order)}
+    if run is not None:
+        annotations |= {CONFIRMS_ANNOTATION: run.trial.name, ROUND_ANNOTATION: str(run.round)}
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": KIND,
         "metadata": {
-            "name": trial_name(name, config),
+            "name": trial_name(name, config, run.round if run is not None else 0),
             "namespace": namespace,
             "labels": {
                 SWEEP_LABEL: name,
@@ -64,7 +76,7 @@ def trial_manifest(sweep: ServingSweep, uid: str, namespace: str, config: TrialC
                 f"{API_GROUP}/data-path": config.path.label() or "default",
                 "app.kubernetes.io/managed-by": MANAGED_BY,
             },
-            "annotations": {ORDER_ANNOTATION: str(order)},
+            "annotations": annotations,
             "ownerReferences": [
                 {
                     "apiVersion": f"{API_GROUP}/{API_VERSION}",
@@ -103,7 +115,8 @@ def trial_record(sweep: ServingSweep, child: Manifest) -> TrialRecord | None:
     if not cond.finished(status.conditions):
         return None
     name, config = child["metadata"]["name"], config_of(child)
-    order = int(child["metadata"].get("annotations", {}).get(ORDER_ANNOTATION, 0))
+    annotations = child["metadata"].get("annotations", {})
+    order = int(annotations.get(ORDER_ANNOTATION, 0))
     if cond.is_true(status.conditions, cond.SUCCEEDED):
         spec = ExperimentSpec.model_validate(child["spec"])
         document: ExperimentResults | None = experiment_results(
@@ -115,7 +128,16 @@ def trial_record(sweep: ServingSweep, child: Manifest) -> TrialRecord | None:
         failed = cond.get(status.conditions, cond.FAILED)
         document, failure = None, f"{failed.reason if failed else None}: {failed.message if failed else None}"
     # the trial's own time, the same on every pass
-    return rollup.record(sweep, name, order, config, document, failure, finished_at=status.finished_at)
+    record = rollup.record(sweep, name, order, config, document, failure, finished_at=status.finished_at)
+    if CONFIRMS_ANNOTATION in annotations:
+        record = record.model_copy(
+            update={"confirms": annotations[CONFIRMS_ANNOTATION], "round": int(annotations.get(ROUND_ANNOTATION, 0))}
+        )
+    return record
+
+
+def is_confirmation(child: Manifest) -> bool:
+    return CONFIRMS_ANNOTATION in child["metadata"].get("annotations", {})
 
 
 async def children(kube: Kube, namespace: str, name: str, uid: str) -> tuple[list[Manifest], set[str]]:
@@ -135,6 +157,52 @@ async def gpu_capacity(queue: GpuQueue, namespace: str, sweep: ServingSweep) -> 
     return queue.capacity(namespace, server)
 
 
+@dataclass
+class Pass:
+    """One pass's view of the trials: finished (search trials and confirmation runs) and under way."""
+
+    records: list[TrialRecord]
+    confirmations: list[TrialRecord]
+    running: list[TrialConfig]
+    confirming: list[str]
+
+    @classmethod
+    def read(cls, sweep: ServingSweep, trials: list[Manifest]) -> Pass:
+        outcomes = [(child, trial_record(sweep, child)) for child in trials]
+        finished = [record for _, record in outcomes if record is not None]
+        unfinished = [child for child, record in outcomes if record is None]
+        return cls(
+            records=[record for record in finished if record.confirms is None],
+            confirmations=[record for record in finished if record.confirms is not None],
+            running=[config_of(child) for child in unfinished if not is_confirmation(child)],
+            confirming=[child["metadata"]["name"] for child in unfinished if is_confirmation(child)],
+        )
+
+
+async def start_next(kube: Kube, sweep: ServingSweep, uid: str, namespace: str, stale: set[str], now: Pass,
+                     limit: int, order: int) -> str | None:  # fmt: skip
+    """Start what the search proposes, or once it has stopped, the confirmation runs due (within `limit`
+    trials at once); `now` is updated with what was started. Returns the search's stop reason."""
+    name = sweep.metadata.name
+    room = limit - len(now.running) - len(now.confirming)
+    proposal = propose(sweep.spec, [rollup.outcome(r) for r in now.records], now.running, room)
+    for config in proposal.configs:
+        if trial_name(name, config) in stale:
+            continue  # proposed again once the old trial is gone
+        await kube.apply(trial_manifest(sweep, uid, namespace, config, order))
+        order += 1
+        now.running.append(config)
+    if proposal.stop_reason is None or now.running:
+        return proposal.stop_reason
+    for run in confirm.pending(sweep.spec, now.records, now.confirmations, now.confirming, limit - len(now.confirming)):
+        if trial_name(name, run.trial.config, run.round) in stale:
+            continue
+        await kube.apply(trial_manifest(sweep, uid, namespace, run.trial.config, order, run))
+        order += 1
+        now.confirming.append(trial_name(name, run.trial.config, run.round))
+    return proposal.stop_reason
+
+
 async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
     """Start what the search proposes, roll the trials up; True once the sweep has finished."""
     meta = body["metadata"]
@@ -143,6 +211,10 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
     status = SweepStatus.model_validate(body.get("status") or {})
     conditions = status.conditions
     if cond.finished(conditions):
+        # its series again, from what it ended with: this process may have started since (a restart, a
+        # new leader), or another replica wrote the last pass
+        model = (((body.get("spec") or {}).get("template") or {}).get("model") or {}).get("name", "")
+        publish(namespace, name, str(model), status.counts or SweepCounts(), 0, status.best, status.front or [])
         return True
     try:
         sweep = sweep_of(body)
@@ -154,21 +226,14 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
         return True
     started_at = status.started_at or cond.now()
     trials, stale = await children(kube, namespace, name, uid)
-    outcomes = [(child, trial_record(sweep, child)) for child in trials]
-    records = [record for _, record in outcomes if record is not None]
-    running = [config_of(child) for child, record in outcomes if record is None]
+    now = Pass.read(sweep, trials)
     capacity = await gpu_capacity(queue, namespace, sweep)
     limit = sweep.spec.parallelism if capacity is None else min(sweep.spec.parallelism, max(capacity, 1))
-    proposal = propose(sweep.spec, [rollup.outcome(r) for r in records], running, limit - len(running))
-    order = len(trials)
-    for config in proposal.configs:
-        if trial_name(name, config) in stale:
-            continue  # proposed again once the old trial is gone
-        await kube.apply(trial_manifest(sweep, uid, namespace, config, order))
-        order += 1
-        running.append(config)
-    finished = proposal.stop_reason is not None and not running
-    rolled = rollup.document(sweep, records, proposal.stop_reason if finished else None, started_at)
+    stop_reason = await start_next(kube, sweep, uid, namespace, stale, now, limit, len(trials))
+    searched = stop_reason is not None and not now.running
+    finished = searched and not now.confirming
+    records, confirmations, running, confirming = now.records, now.confirmations, now.running, now.confirming
+    rolled = rollup.document(sweep, records, stop_reason if finished else None, started_at, confirmations)
     size = len(sweep.spec.configurations) if sweep.spec.strategy == "list" else space_size(sweep.spec)
     total = min(size, sweep.spec.max_trials or size)
     best = rolled.best
@@ -177,26 +242,37 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
         trials_total=total, best_config=best.config.label() if best else None,
         best_throughput_rps=best.capacity_rps if best else None,
         best_p99_latency_ms=best.p99_latency_ms if best else None,
+        winner=best.confidence if best else None,
     )  # fmt: skip
     if finished:
-        stop = str(proposal.stop_reason)
+        stop = str(stop_reason)
         conditions = cond.set_condition(conditions, cond.SUCCEEDED, True, "Finished", stop)
         conditions = cond.set_condition(conditions, cond.FAILED, False, "Finished", "")
         conditions = cond.set_condition(conditions, cond.RUNNING, False, "Finished", stop)
     else:
         message = f"{len(records)} trials finished, {len(running)} running (at most {limit} at once)"
+        if searched:
+            message = (f"the search stopped; confirming the best: {len(confirmations)} runs finished, "
+                       f"{len(confirming)} running")  # fmt: skip
         conditions = cond.set_condition(conditions, cond.RUNNING, True, "TrialsRunning", message)
     patch = SweepStatus(
         conditions=conditions, summary=summary, trials=rolled.trials, counts=rolled.counts, pruned=rolled.pruned,
-        best=rolled.best, front=rolled.front, stop_reason=rolled.stop_reason, grid_size=rolled.grid_size,
+        best=rolled.best, confirmation=rolled.confirmation, front=rolled.front, stop_reason=rolled.stop_reason,
+        grid_size=rolled.grid_size,
         started_at=started_at, finished_at=cond.now() if finished else None,
     )  # fmt: skip
     await kube.patch_status(ref, to_json(patch))
-    tally = rolled.counts
-    counts = {"Succeeded": tally.succeeded, "Infeasible": tally.infeasible, "Pruned": tally.pruned,
-              "Running": len(running)}  # fmt: skip
-    opmetrics.sweep(namespace, name, sweep.spec.template.model.name, counts, rolled.best, rolled.front)
+    model = sweep.spec.template.model.name
+    publish(namespace, name, model, rolled.counts, len(running) + len(confirming), rolled.best, rolled.front)
     return finished
+
+
+def publish(namespace: str, name: str, model: str, tally: SweepCounts, running: int, best: SweepBest | None,
+            front: list[SweepPoint]) -> None:  # fmt: skip
+    """The sweep's metric series (trials by state, its best, its front) as of this pass."""
+    counts = {"Succeeded": tally.succeeded, "Infeasible": tally.infeasible, "Pruned": tally.pruned,
+              "Running": running}  # fmt: skip
+    opmetrics.sweep(namespace, name, model, counts, best, front)
 
 
 async def sweep_document(kube: Kube, namespace: str, name: str) -> tuple[ServingSweep, SweepResults] | None:
@@ -207,7 +283,9 @@ async def sweep_document(kube: Kube, namespace: str, name: str) -> tuple[Serving
         return None
     parsed = sweep_of(body)
     trials, _ = await children(kube, namespace, name, body["metadata"]["uid"])
-    records = [record for child in trials if (record := trial_record(parsed, child)) is not None]
+    finished = [record for child in trials if (record := trial_record(parsed, child)) is not None]
+    records = [record for record in finished if record.confirms is None]
+    confirmations = [record for record in finished if record.confirms is not None]
     status = SweepStatus.model_validate(body.get("status") or {})
-    rolled = rollup.document(parsed, records, status.stop_reason, status.started_at or "")
+    rolled = rollup.document(parsed, records, status.stop_reason, status.started_at or "", confirmations)
     return parsed, rolled.model_copy(update={"finished_at": status.finished_at, "summary": status.summary})

@@ -14,6 +14,9 @@ MODEL_LOAD_FAILED = "ModelLoadFailed"
 
 #: What a TorchServe worker logs when the handler's initialize() raised.
 LOAD_FAILED = "Failed to load model "
+#: What TorchServe's frontend logs when a worker died while loading the model (the handler failed to import,
+#: before initialize() could say why); the cause is then the last exception line in the model log.
+WORKER_DIED = "Load model failed: {model}, error: Worker died."
 #: Attempts seen before giving up (TorchServe retries a failed worker for ever, with a growing back-off).
 LOAD_ATTEMPTS = 2
 #: The exit code of a server container that gave up on its model.
@@ -38,6 +41,7 @@ def server_launcher(
     it has no handler for)."""
     marker = LOAD_FAILED
     loaded = f"W-[0-9]*-{model}_[^ ]* State change WORKER_STARTED -> WORKER_MODEL_LOADED"
+    died = WORKER_DIED.format(model=model)
     return f"""\
 size() {{ {{ wc -c < "$1"; }} 2>/dev/null || echo 0; }}
 since() {{ tail -c "+$(( $2 + 1 ))" "$1" 2>/dev/null; }}
@@ -52,9 +56,16 @@ while [ ! -f '{ready_file}' ] && kill -0 "$server" 2>/dev/null; do
   workers=$(since '{logs}/ts_log.log' "$ts_start" | grep -o '{loaded}' | sort -u | wc -l)
   [ "$workers" -ge {workers} ] && : > '{ready_file}'
   failures=$(since '{logs}/model_log.log' "$model_start" | grep -c '{marker}')
-  if [ "$failures" -ge {LOAD_ATTEMPTS} ]; then
+  died=$(since '{logs}/ts_log.log' "$ts_start" | grep -cF '{died}')
+  if [ "$died" -ge {LOAD_ATTEMPTS} ] && [ "$failures" -lt {LOAD_ATTEMPTS} ]; then
+    failures=$died
+    cause=$(since '{logs}/model_log.log' "$model_start" | grep -E 'MODEL_LOG - [A-Za-z_.]*(Error|Exception): ' \\
+      | tail -n 1 | sed 's/.*MODEL_LOG - //')
+  else
     cause=$(since '{logs}/model_log.log' "$model_start" | grep '{marker}' | tail -n 1 \\
       | sed 's/.*{marker}//; s/^[^,]*, exception //')
+  fi
+  if [ "$failures" -ge {LOAD_ATTEMPTS} ]; then
     message="TorchServe's workers could not load {model} ($failures attempts): $cause"
     printf '{MODEL_LOAD_FAILED}: %s' "$message" > '{termination_log}'
     stop

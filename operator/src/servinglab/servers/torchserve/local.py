@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -46,7 +47,7 @@ from servinglab.servers.torchserve.config import (
     render_properties,
 )
 from servinglab.servers.torchserve.java import find_java_home
-from servinglab.servers.torchserve.launcher import LOAD_ATTEMPTS, LOAD_FAILED
+from servinglab.servers.torchserve.launcher import LOAD_ATTEMPTS, LOAD_FAILED, WORKER_DIED
 
 _LINK_ABOVE_BYTES = 1 << 20
 #: How long TorchServe may take to stop on SIGTERM before what is left of it is killed.
@@ -226,9 +227,11 @@ class LocalTorchServe:
         last_error = "no answer yet"
         model_log = self.workdir / "logs" / "model_log.log"
         log_offset = model_log.stat().st_size if model_log.exists() else 0
+        ts_log = self.workdir / "logs" / "ts_log.log"
+        ts_offset = ts_log.stat().st_size if ts_log.exists() else 0
         while time.monotonic() < deadline:
             self.check_alive()
-            self._check_model_loads(model_log, log_offset)
+            self._check_model_loads(model_log, log_offset, ts_offset)
             try:
                 status = self.status()
                 if status.ready_workers >= self.server.workers:
@@ -242,21 +245,27 @@ class LocalTorchServe:
             f"logs in {self.workdir / 'logs'}"
         )
 
-    def _check_model_loads(self, model_log: Path, offset: int) -> None:
-        """Fail at once when the workers cannot load the model: TorchServe would retry for ever."""
-        if not model_log.exists():
-            return
-        with model_log.open("rb") as log:
-            log.seek(offset)
-            text = log.read().decode(errors="replace")
-        marker = LOAD_FAILED
-        failures = [line.split(marker, 1)[1] for line in text.splitlines() if marker in line]
+    def _check_model_loads(self, model_log: Path, offset: int, ts_offset: int = 0) -> None:
+        """Fail at once when the workers cannot load the model: TorchServe would retry for ever. Either
+        initialize() raised (the model log says so) or the handler could not even be imported (the
+        frontend logs the worker's death; the model log ends with the exception)."""
+        text = _read_from(model_log, offset)
+        failures = [line.split(LOAD_FAILED, 1)[1] for line in text.splitlines() if LOAD_FAILED in line]
         if len(failures) >= LOAD_ATTEMPTS:
             cause = failures[-1].split(", exception ", 1)[-1].strip()
-            raise ServerError(
-                f"ModelLoadFailed: TorchServe's workers could not load {self.model_name} "
-                f"({len(failures)} attempts): {cause}; logs in {self.workdir / 'logs'}"
+        else:
+            died = _read_from(self.workdir / "logs" / "ts_log.log", ts_offset).count(
+                WORKER_DIED.format(model=self.model_name)
             )
+            if died < LOAD_ATTEMPTS:
+                return
+            failures = [""] * died
+            errors = [line.split("MODEL_LOG - ", 1)[1] for line in text.splitlines() if _EXCEPTION.search(line)]
+            cause = errors[-1].strip() if errors else "the worker died while loading the handler"
+        raise ServerError(
+            f"ModelLoadFailed: TorchServe's workers could not load {self.model_name} "
+            f"({len(failures)} attempts): {cause}; logs in {self.workdir / 'logs'}"
+        )
 
     def check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:
@@ -264,6 +273,18 @@ class LocalTorchServe:
                 f"TorchServe exited with code {self.process.returncode}; "
                 f"logs in {self.workdir / 'logs'}:\n{self.log_tail()}"
             )
+
+    def worker_process_ids(self) -> list[int]:
+        """The Python workers now running (model_service_worker.py, children of the Java frontend)."""
+        found: list[int] = []
+        if self.process is None:
+            return found
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.process.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if any(part.endswith("model_service_worker.py") for part in child.cmdline()):
+                        found.append(child.pid)
+        return found
 
     def log_tail(self, lines: int = 20) -> str:
         log = self.workdir / "logs" / "ts_log.log"
@@ -369,3 +390,16 @@ def _worker_statements(logs: Path, marker: str) -> list[str]:
         return []
     lines = log.read_text(errors="replace").splitlines()
     return [line.split(marker, 1)[1].strip() for line in lines if marker in line]
+
+
+#: A model-log line carrying an exception ("MODEL_LOG - AttributeError: ...").
+_EXCEPTION = re.compile(r"MODEL_LOG - [A-Za-z_.]*(Error|Exception): ")
+
+
+def _read_from(log: Path, offset: int) -> str:
+    """What `log` gained after `offset` bytes ("" while it does not exist)."""
+    if not log.exists():
+        return ""
+    with log.open("rb") as handle:
+        handle.seek(offset)
+        return handle.read().decode(errors="replace")

@@ -1,0 +1,82 @@
+"""The bottleneck verdict where the truth is built in: `servinglab run` against a real TorchServe serving the
+tiny model, or a variant of it with one stage made slow on purpose (tests/verdictmodels.py), each case
+getting the verdict its construction implies. A few seconds of load each.
+
+- a handler whose preprocess sleeps 150 ms a request -> preprocess-bound;
+- a forward pass that multiplies matrices on this CPU for every sample -> compute-bound (the workers want
+  the cores, so more workers would not help);
+- a forward pass that only waits 60 ms (a device with room) on one worker -> queue-bound: more workers;
+- a 200 ms batch delay with one user -> batch-delay-bound;
+- one user against a batch of 8 and a 1 ms delay -> underloaded;
+- a generator capped below the server (its limits, spec.load.generator, set below what it uses) ->
+  generator-bound, whatever the server says.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from verdictmodels import tiny_variant
+
+pytestmark = pytest.mark.torchserve
+
+CASES: dict[str, dict[str, Any]] = {
+    "preprocess-bound": {"variant": {"preprocessSleepMs": 150},
+                         "server": {"batchSize": 1, "maxBatchDelayMs": 1}, "users": 4},
+    "compute-bound": {"variant": {"inferenceBurn": 256, "burnRounds": 6},
+                      "server": {"batchSize": 4, "maxBatchDelayMs": 5}, "users": 8},
+    "queue-bound": {"variant": {"inferenceSleepMs": 60, "skipModel": True},
+                    "server": {"batchSize": 1, "maxBatchDelayMs": 1}, "users": 8},
+    "batch-delay-bound": {"server": {"batchSize": 8, "maxBatchDelayMs": 200}, "users": 1},
+    "underloaded": {"server": {"batchSize": 8, "maxBatchDelayMs": 1}, "users": 1},
+    "generator-bound": {"server": {"batchSize": 8, "maxBatchDelayMs": 5}, "users": 8,
+                        "generator": {"maxCpuPercent": 0.01, "maxSendGapMs": 0.001, "maxSendGapShare": 0.0001}},
+}  # fmt: skip
+#: Where each verdict points the next change (the axis a sweep tries first).
+FIRST_HINT = {"preprocess-bound": "decode", "compute-bound": "batchSize", "queue-bound": "workers",
+              "batch-delay-bound": "maxBatchDelayMs", "underloaded": None, "generator-bound": None}  # fmt: skip
+
+
+def experiment(tmp_path: Path, tiny_archive: Path, expected: str) -> Path:
+    case = CASES[expected]
+    name = f"verdict-{expected.split('-')[0]}"
+    model: dict[str, Any] = {"name": "tiny"}
+    if "variant" in case:
+        folder = tiny_variant(tiny_archive, tmp_path / "model", f"tiny{expected.split('-')[0]}", **case["variant"])
+        model = {"name": f"tiny{expected.split('-')[0]}", "source": {"path": str(folder), "format": "directory"}}
+    load: dict[str, Any] = {"concurrency": [case["users"]], "warmupSeconds": 1, "durationSeconds": 3,
+                            "payload": {"format": "jpeg"}}  # fmt: skip
+    if "generator" in case:
+        load["generator"] = case["generator"]
+    document = {
+        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": name},
+        "spec": {"model": model, "server": {**case["server"], "workers": 1, "precision": "fp32", "gpus": 0},
+                 "load": load, "ceiling": {"enabled": False}},
+    }  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+@pytest.mark.parametrize("expected", list(CASES))
+def test_each_constructed_bottleneck_gets_its_verdict(
+    expected: str, servinglab_cmd: list[str], tiny_archive: Path, tmp_path: Path, no_leftover_servers: float
+) -> None:
+    output = tmp_path / "results.json"
+    run = subprocess.run([*servinglab_cmd, "run", str(experiment(tmp_path, tiny_archive, expected)), "--output",
+                          str(output)], capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    (level,) = json.loads(output.read_text())["results"]
+    verdict = level["verdict"]
+    assert verdict["bottleneck"] == expected, json.dumps(verdict, indent=1)
+    assert (verdict["hints"][0]["axis"] if verdict.get("hints") else None) == FIRST_HINT[expected]
+    # the figures it was read from are there to check it by, and the table says it
+    assert verdict["timeMs"]["clientMs"] > 0 and verdict["workers"]["busyFraction"] is not None
+    assert verdict["device"]["kind"] == "cpu" and level["cpu"]["cores"] >= 1
+    assert f"verdict at {level['concurrency']}: {expected}" in " ".join(run.stdout.split())
