@@ -5,10 +5,18 @@ Read once at start-up by :mod:`servinglab.k8s.main` and handed to every reconcil
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
+from servinglab.api.kube import Resources
 from servinglab.k8s import credentials
+
+#: A load pod's requests and limits unless the chart or the experiment says otherwise: the generator is one
+#: busy process (a core, with room for its threads); its raw samples grow with the requests it sends.
+LOAD_RESOURCES = Resources(requests={"cpu": "1", "memory": "512Mi"}, limits={"cpu": "2", "memory": "4Gi"})
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,15 @@ class Settings:
     model_cache_claim: str | None = None
     """A ReadWriteMany claim, in each watched namespace, where server pods keep models by digest
     (SERVINGLAB_MODEL_CACHE_CLAIM; the chart's modelCache.claimName)."""
+    failing_seconds: float = 300.0
+    """How long an experiment's passes may keep failing (an error the API keeps answering, a bug) before it
+    fails with the error and its server is removed (SERVINGLAB_FAILING_SECONDS)."""
+    start_grace_seconds: float = 30.0
+    """How long a pod may keep failing to start (an image that cannot be pulled, a missing Secret, a pod the
+    API refuses to create, a missing payload) before the experiment fails (SERVINGLAB_START_GRACE_SECONDS)."""
+    load_resources: Resources = field(default_factory=lambda: LOAD_RESOURCES)
+    """Each load pod's requests and limits when the experiment gives none (SERVINGLAB_LOAD_RESOURCES, JSON
+    `{"requests": {...}, "limits": {...}}`; the chart's loadJob.resources)."""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -49,4 +66,17 @@ class Settings:
             lease_seconds=float(env.get("SERVINGLAB_LEASE_SECONDS", cls.lease_seconds)),
             model_cache_claim=env.get("SERVINGLAB_MODEL_CACHE_CLAIM") or None,
             model_credentials=credentials.parse(env.get(credentials.ENV, "")),
+            failing_seconds=float(env.get("SERVINGLAB_FAILING_SECONDS", cls.failing_seconds)),
+            start_grace_seconds=float(env.get("SERVINGLAB_START_GRACE_SECONDS", cls.start_grace_seconds)),
+            load_resources=_resources(env.get("SERVINGLAB_LOAD_RESOURCES", "")),
         )
+
+
+def _resources(text: str) -> Resources:
+    """SERVINGLAB_LOAD_RESOURCES: the load pods' default resources; a bad value stops the operator at start."""
+    if not text.strip():
+        return LOAD_RESOURCES
+    try:
+        return Resources.model_validate(json.loads(text))
+    except (ValueError, ValidationError) as exc:
+        raise ValueError(f"SERVINGLAB_LOAD_RESOURCES: not requests and limits: {exc}") from None
