@@ -1,17 +1,21 @@
-"""The load Job's deadline covers what the spec plans: every run of every level (warm-ups, stability
-extensions, repeats, the rate search's probes) or a shape's whole schedule, the pod's start and the wait
-for the server, and the results write with its retries. The first three rows are the issue's, whose
-deadline was 300 s, 300 s and 690 s."""
+"""The load Job the operator creates. Its deadline covers what the spec plans: every run of every level
+(warm-ups, stability extensions, repeats, the rate search's probes) or a shape's whole schedule, the pod's
+start and the wait for the server, and the results write with its retries (the first rows are the issue's,
+whose deadline was 300 s, 300 s and 690 s). Its pods ask for requests and limits: the experiment's, else
+the operator's (the chart's loadJob.resources)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from servinglab.api import parse_experiment
 from servinglab.k8s import builders
 from servinglab.k8s.deadline import POD_START_SECONDS, load_job_deadline
+from servinglab.k8s.settings import LOAD_RESOURCES, Settings
 from servinglab.k8s.sink import WRITE_SECONDS
 from servinglab.loadgen.planned import planned_load
 from servinglab.servers import get
@@ -84,3 +88,44 @@ def test_a_slow_start_and_several_generators_are_allowed_for() -> None:
     assert quick == POD_START_SECONDS + 60 + 3 * RUN + WRITE_SECONDS
     several = load_job_deadline(spec({"generators": 2})).seconds
     assert several == load_job_deadline(spec({})).seconds + 120  # the others join the first
+
+
+def resources_of(job: dict[str, Any]) -> Any:
+    return job["spec"]["template"]["spec"]["containers"][0].get("resources")
+
+
+def test_load_pods_ask_for_the_experiments_resources_else_the_operators(monkeypatch: pytest.MonkeyPatch) -> None:
+    owner, image = builders.Owner("demo", "ns", "uid"), "servinglab/servinglab:test"
+    plain = spec({})
+    plan = get("torchserve").pod(plain, PodInputs("demo-config", image))
+    monkeypatch.delenv("SERVINGLAB_LOAD_RESOURCES", raising=False)
+    default = Settings.from_env().load_resources
+    assert resources_of(builders.load_job(owner, plain, plan, image, resources=default)) == {
+        "requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "4Gi"}
+    }  # fmt: skip
+    monkeypatch.setenv("SERVINGLAB_LOAD_RESOURCES", '{"requests": {"cpu": "250m"}, "limits": {"cpu": "500m"}}')
+    chosen = Settings.from_env().load_resources
+    assert resources_of(builders.load_job(owner, plain, plan, image, resources=chosen)) == {
+        "requests": {"cpu": "250m"}, "limits": {"cpu": "500m"}
+    }  # fmt: skip
+    own = spec({"resources": {"requests": {"memory": "8Gi"}, "limits": {"memory": "8Gi"}}})
+    assert resources_of(builders.load_job(owner, own, plan, image, resources=chosen)) == {
+        "requests": {"memory": "8Gi"}, "limits": {"memory": "8Gi"}
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [("{not json", "SERVINGLAB_LOAD_RESOURCES"), ('{"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}',
+     "requests.cpu '2' is above limits.cpu '1'"), ('{"requests": {"gpu": "1"}}', "'gpu' is not one of")],
+)  # fmt: skip
+def test_bad_load_resources_stop_the_operator_at_start(monkeypatch: pytest.MonkeyPatch, value: str, named: str) -> None:
+    monkeypatch.setenv("SERVINGLAB_LOAD_RESOURCES", value)
+    with pytest.raises(ValueError) as refused:
+        Settings.from_env()
+    assert named in str(refused.value)
+
+
+def test_the_charts_default_is_the_operators() -> None:
+    values = yaml.safe_load((Path(__file__).parents[2] / "charts/serving/values.yaml").read_text())
+    assert values["loadJob"]["resources"] == LOAD_RESOURCES.manifest()
