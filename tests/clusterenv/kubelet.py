@@ -11,6 +11,13 @@ or exec), and reports back through the API — readiness via the `kwok.servingla
 annotation, a Job container's exit code and termination message via the completion annotations
 KWOK turns into pod status, a server container that ended as a terminated container status.
 
+Pods that cannot start are reported as a kubelet reports them, in the pod's status (which KWOK then
+leaves alone: :data:`manifests.KUBELET_STATUS_ANNOTATION`): an image reference that does not parse
+(InvalidImageName), an image on a registry that cannot exist (a `.invalid` host, RFC 2606: ErrImagePull),
+an env variable from a Secret or key that is missing (CreateContainerConfigError), a ConfigMap volume
+that is missing (the pod stays ContainerCreating). A test can also evict the server (`evict_server`) or
+have it killed for memory (`oom_kill_server`).
+
 Container paths are mapped into a per-pod folder, container ports onto free loopback ports (listen
 addresses and port numbers in args and env follow), and Service DNS names (`http://<service>:<port>`)
 onto the ports of the pods the Service selects; that is all that is translated. The operator and
@@ -43,8 +50,29 @@ from servinglab.servers.process import free_ports
 VENV_BIN = Path(sys.executable).parent
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 class PodNotStartable(Exception):
     """Not yet: the pod needs another pod that is not running yet."""
+
+
+# an image reference: [host[:port]/]path[:tag][@digest], the path lowercase (as the runtime parses it)
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REFERENCE = re.compile(
+    rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*(?::\w[\w.-]{{0,127}})?(?:@sha256:[a-f0-9]{{64}})?$"
+)
+
+
+@dataclass(frozen=True)
+class CannotStart:
+    """Why a container of a pod cannot start, as its waiting state says."""
+
+    container: str
+    init: bool
+    reason: str
+    message: str
 
 
 @dataclass
@@ -114,11 +142,52 @@ class LocalKubelet:
 
     def kill_server(self) -> None:
         """Crash the server: kill its processes and report the container terminated, as a kubelet would."""
-        for pod in list(self.pods.values()):
-            if pod.ports and not pod.done:
-                self._kill(pod)
-                pod.done = True
-                self._report_server_terminated(pod, 137, "Error", "killed")
+        for pod in self._running_servers():
+            self._kill(pod)
+            pod.done = True
+            self._report_server_terminated(pod, 137, "Error", "killed")
+
+    def evict_server(self, name: str, message: str = "The node was low on resource: memory.") -> None:
+        """Evict the server pod `name` as a kubelet under node pressure does: its containers stopped, the pod
+        Failed with reason Evicted (its ReplicaSet then makes another)."""
+        (pod,) = [pod for pod in self._running_servers() if pod.name == name]
+        self._kill(pod)
+        pod.done = True
+        terminated = {"exitCode": 137, "reason": "Error", "message": "evicted"}
+        self._patch_status(pod.name, {
+            "phase": "Failed", "reason": "Evicted", "message": message,
+            "conditions": [{"type": "Ready", "status": "False"}, {"type": "DisruptionTarget", "status": "True",
+                            "reason": "TerminationByKubelet", "message": message}],
+            "containerStatuses": [{"name": "torchserve", "image": "pytorch/torchserve:0.12.0-gpu", "ready": False,
+                                   "restartCount": 0, "state": {"terminated": terminated}}],
+        })  # fmt: skip
+
+    def oom_kill_server(self, name: str) -> None:
+        """The kernel kills the server container of pod `name` for its memory: the kubelet restarts it and
+        reports the kill as the container's last state (OOMKilled, exit code 137)."""
+        (pod,) = [pod for pod in self._running_servers() if pod.name == name]
+        self._kill(pod)
+        pod.done = True
+        killed = {"exitCode": 137, "reason": "OOMKilled", "startedAt": _now(), "finishedAt": _now()}
+        self._patch_status(pod.name, {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}, {"type": "ContainersReady", "status": "False"}],
+            "containerStatuses": [{"name": "torchserve", "image": "pytorch/torchserve:0.12.0-gpu", "ready": False,
+                                   "restartCount": 1, "lastState": {"terminated": killed},
+                                   "state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
+        })  # fmt: skip
+
+    def _running_servers(self) -> list[RunningPod]:
+        return [pod for pod in list(self.pods.values()) if pod.ports and not pod.done
+                and pod.labels.get("app.kubernetes.io/component") == "server"]  # fmt: skip
+
+    def _patch_status(self, pod: str, status: dict[str, Any]) -> None:
+        """Write the pod's status as its kubelet; marked first, so that KWOK's stages no longer touch it."""
+        self._annotate(pod, {manifests.KUBELET_STATUS_ANNOTATION: "true"})
+        self.kubectl.run(
+            "patch", "pod", pod, "-n", self.namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": status}),
+        )  # fmt: skip
 
     def _report_server_terminated(self, pod: RunningPod, code: int, reason: str, message: str) -> None:
         """The server container's end, in the pod's status (KWOK's stages leave a Failed pod alone)."""
@@ -188,6 +257,11 @@ class LocalKubelet:
                 running.labels = pod["metadata"].get("labels", {})
                 container = pod["spec"]["containers"][0]
                 running.named_ports = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
+                if component in ("server", "load") and (problem := self._cannot_start(pod)) is not None:
+                    self._report_waiting(pod, problem)
+                    running.done = True
+                    self.pods[name] = running
+                    continue
                 try:
                     starters[component](pod, running)
                 except PodNotStartable:
@@ -210,6 +284,73 @@ class LocalKubelet:
                 self._finish_job_if_exited(running)
             if component == "server":
                 self._report_server_if_exited(running)
+
+    # -- pods that cannot start -------------------------------------------------------------------
+
+    def _cannot_start(self, pod: dict[str, Any]) -> CannotStart | None:
+        """The first container, in the order a kubelet starts them, whose image cannot be pulled or whose
+        Secret is missing; or a ConfigMap volume that is missing (before any container starts)."""
+        spec = pod["spec"]
+        for volume in spec.get("volumes", []):
+            config_map = volume.get("configMap")
+            if config_map and not config_map.get("optional") and self._get("configmap", config_map["name"]) is None:
+                return CannotStart(spec["containers"][0]["name"], False, "ContainerCreating", "")
+        for init, container in [*((True, c) for c in spec.get("initContainers", [])),
+                                *((False, c) for c in spec["containers"])]:  # fmt: skip
+            image = container["image"]
+            if not _REFERENCE.match(image):
+                message = f'Failed to apply default image tag "{image}": couldn\'t parse image name: invalid reference'
+                return CannotStart(container["name"], init, "InvalidImageName", message)
+            host = image.split("/", 1)[0] if "/" in image else ""
+            if host.split(":")[0].endswith(".invalid"):
+                message = f'failed to pull image "{image}": dial tcp: lookup {host}: no such host'
+                return CannotStart(container["name"], init, "ErrImagePull", message)
+            for variable in container.get("env", []):
+                reference = variable.get("valueFrom", {}).get("secretKeyRef")
+                if reference is None:
+                    continue
+                secret = self._get("secret", reference["name"])
+                if secret is None:
+                    return CannotStart(container["name"], init, "CreateContainerConfigError",
+                                       f'secret "{reference["name"]}" not found')  # fmt: skip
+                if reference["key"] not in (secret.get("data") or {}):
+                    return CannotStart(container["name"], init, "CreateContainerConfigError",
+                                       f"couldn't find key {reference['key']} in Secret {self.namespace}/"
+                                       f"{reference['name']}")  # fmt: skip
+        return None
+
+    def _get(self, kind: str, name: str) -> dict[str, Any] | None:
+        found = self.kubectl.run("get", kind, name, "-n", self.namespace, "-o", "json", check=False)
+        return json.loads(found.stdout) if found.returncode == 0 else None
+
+    def _report_waiting(self, pod: dict[str, Any], problem: CannotStart) -> None:
+        """The pod Pending, its containers waiting: the one that cannot start with its reason, the init
+        containers before it done, the others waiting to initialise."""
+        spec, started = pod["spec"], _now()
+        inits = [c["name"] for c in spec.get("initContainers", [])]
+        reached = inits.index(problem.container) if problem.init else len(inits)
+
+        def status(container: dict[str, Any], index: int, init: bool) -> dict[str, Any]:
+            state: dict[str, Any]
+            if container["name"] == problem.container and init == problem.init:
+                said = {"message": problem.message} if problem.message else {}
+                state = {"waiting": {"reason": problem.reason, **said}}
+            elif init and index < reached:
+                state = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started,
+                                        "finishedAt": started}}  # fmt: skip
+            else:
+                state = {"waiting": {"reason": "PodInitializing"}}
+            return {"name": container["name"], "image": container["image"], "ready": False, "restartCount": 0,
+                    "state": state}  # fmt: skip
+
+        self._patch_status(pod["metadata"]["name"], {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "True"},
+                           {"type": "Initialized", "status": "False" if problem.init else "True"},
+                           {"type": "Ready", "status": "False"}, {"type": "ContainersReady", "status": "False"}],
+            "initContainerStatuses": [status(c, i, True) for i, c in enumerate(spec.get("initContainers", []))],
+            "containerStatuses": [status(c, 0, False) for c in spec["containers"]],
+        })  # fmt: skip
 
     # -- translation -----------------------------------------------------------------------------
 

@@ -24,6 +24,9 @@ REASON_ANNOTATION = "kwok.servinglab.dev/reason"
 #: An init container's exit code and termination message, as the stand-in kubelet reports them.
 INIT_EXIT_CODE_ANNOTATION = "kwok.servinglab.dev/init-exit-code"
 INIT_MESSAGE_ANNOTATION = "kwok.servinglab.dev/init-message"
+#: A pod whose status the stand-in kubelet writes itself (one that cannot start, evicted, killed for memory):
+#: KWOK's stages leave it alone (but for its deletion).
+KUBELET_STATUS_ANNOTATION = "kwok.servinglab.dev/status-by-kubelet"
 
 
 def init_message_annotation(container: str) -> str:
@@ -260,10 +263,12 @@ def probe_aware_pod_stages(shipped_pod_ready: str) -> list[str]:
     — which the test harness does after probing the real process it started for the pod.
     """
     base = yaml.safe_load(shipped_pod_ready)
-    # a pod whose init container failed stays Pending (see POD_INIT_FAILED_STAGE)
-    base["spec"]["selector"]["matchExpressions"].append(
-        {"key": f'.metadata.annotations["{INIT_EXIT_CODE_ANNOTATION}"]', "operator": "DoesNotExist"}
-    )
+    # a pod whose init container failed stays Pending (see POD_INIT_FAILED_STAGE), as does one the stand-in
+    # kubelet reports itself (KUBELET_STATUS_ANNOTATION)
+    base["spec"]["selector"]["matchExpressions"] += [
+        {"key": f'.metadata.annotations["{INIT_EXIT_CODE_ANNOTATION}"]', "operator": "DoesNotExist"},
+        {"key": f'.metadata.annotations["{KUBELET_STATUS_ANNOTATION}"]', "operator": "DoesNotExist"},
+    ]
     stages = []
 
     without_probe = copy.deepcopy(base)
@@ -288,6 +293,7 @@ def probe_aware_pod_stages(shipped_pod_ready: str) -> list[str]:
             "selector": {
                 "matchExpressions": [
                     {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+                    {"key": f'.metadata.annotations["{KUBELET_STATUS_ANNOTATION}"]', "operator": "DoesNotExist"},
                     {"key": ".status.phase", "operator": "In", "values": ["Running"]},
                     _HAS_PROBE,
                     {"key": f'.metadata.annotations["{READY_ANNOTATION}"]', "operator": "In", "values": ["true"]},

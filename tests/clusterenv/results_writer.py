@@ -4,9 +4,10 @@ Run as the load container would be — the experiment's ServiceAccount, its resu
 ownerReference from the pod's environment — it gives the operator results no real load run of a
 short test could: `large` writes a several-MiB document through the real sink (`write_results`, with
 its retries); `many-parts` writes a head claiming a million parts; `bomb` writes parts whose gzip
-inflates to 200 MiB, with a matching sha256, as a compromised load pod could.
+inflates to 200 MiB, with a matching sha256, as a compromised load pod could; `small` writes one level at
+once, as a shaped run's summary (a test of the Job's life, not of its load).
 
-    python results_writer.py large|many-parts|bomb
+    python results_writer.py small|large|many-parts|bomb
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import random
 import sys
+import time
 import zlib
 from typing import Any
 
@@ -46,6 +48,17 @@ def large_document() -> dict[str, Any]:
     return {"results": levels}
 
 
+def small_document() -> dict[str, Any]:
+    """One level of an open-loop run, measured just now."""
+    now = time.time()
+    return {"results": [{
+        "rateRps": 10.0, "throughputRps": 10.0, "requests": 100, "errors": 0, "errorsByKind": {},
+        "windowSeconds": 10.0, "windowStart": now - 10, "windowEnd": now,
+        "latencyMs": {"p50": 5.0, "p90": 8.0, "p95": 9.0, "p99": 12.0, "max": 20.0},
+        "generator": {"saturated": False},
+    }]}  # fmt: skip
+
+
 def packed_zeros(mebibytes: int) -> bytes:
     packer = zlib.compressobj(9, wbits=16 + zlib.MAX_WBITS)
     zeros = bytes(1 << 20)
@@ -70,8 +83,8 @@ def write_head_and_parts(api: Any, configmap: str, chunks: list[bytes], parts: s
 def main(mode: str) -> None:
     owner = json.loads(os.environ[results_sink.OWNER_ENV])
     configmap = f"{owner['name']}-results"
-    if mode == "large":
-        results_sink.write_results(configmap, large_document())
+    if mode in ("small", "large"):
+        results_sink.write_results(configmap, small_document() if mode == "small" else large_document())
         return
     api = results_sink._Api(None)  # the sink's own client, as this pod's ServiceAccount
     if mode == "many-parts":

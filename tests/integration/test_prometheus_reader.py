@@ -190,3 +190,25 @@ def test_a_sample_that_is_not_a_number_is_described_not_raised() -> None:
     with http_server(lambda path: (200, "application/json", json.dumps(vector).encode())) as (url, _):
         error = refused(url)
     assert str(error) == f"{url}: HTTP 200, not a Prometheus sample"
+
+
+@pytest.mark.parametrize(
+    ("series", "expected"),
+    [
+        ([{"metric": {}, "value": [110, "+Inf"]}], "a sample that is not finite"),
+        ([{"metric": {}, "value": [110, "-Inf"]}], "a sample that is not finite"),
+        ([{"metric": {}, "value": [110, "NaN"]}], "a sample that is not finite"),
+        ([{"metric": {}}], "not a Prometheus sample"),  # an empty series: no value at all
+        ([{"metric": {}, "value": []}], "not a Prometheus sample"),
+        ([{}], "not a Prometheus sample"),
+    ],
+)
+def test_a_success_that_holds_no_finite_sample_is_an_error_of_the_query(
+    series: list[dict[str, object]], expected: str
+) -> None:
+    """A status cannot hold +Inf or NaN (JSON has neither; the API server refuses the patch), nor does a GPU
+    figure take either: the experiment's GPUMetricsAvailable says why instead."""
+    vector = {"status": "success", "data": {"resultType": "vector", "result": series}}
+    with http_server(lambda path: (200, "application/json", json.dumps(vector).encode())) as (url, _):
+        error = refused(url)
+    assert str(error) == f"{url}: HTTP 200, {expected}" and error.reason == "PrometheusQueryFailed"

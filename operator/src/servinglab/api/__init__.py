@@ -16,6 +16,7 @@ from servinglab.api.experiment import (
     load_experiment,
     parse_experiment,
 )
+from servinglab.api.kube import Resources
 from servinglab.api.load import (
     MAX_GENERATORS,
     BurstShape,
@@ -47,7 +48,7 @@ from servinglab.api.meta import (
     read_document,
 )
 from servinglab.api.modelref import BUILTIN_MODELS, ModelFormat, ModelInput, ModelRef, ModelSource, SecretKeyRef
-from servinglab.api.servers import Precision, Resources, ServerKind, ServerSpec, Toleration
+from servinglab.api.servers import Precision, ServerKind, ServerSpec, Toleration
 from servinglab.api.sweep import (
     MAX_SPACE,
     ServingSweep,

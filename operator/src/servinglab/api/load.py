@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from servinglab.api.kube import Resources
 from servinglab.api.meta import SpecModel, VolumePath
 
 
@@ -251,6 +252,11 @@ class LoadSpec(SpecModel):
         default=1,
         description="Load-generator processes sharing each level (users or rate split between them), results "
         "merged exactly; auto: one per core. On a cluster: that many load pods.",
+    )
+    resources: Resources | None = Field(
+        default=None,
+        description="On a cluster: each load pod's CPU/memory requests and limits; unset: the operator's "
+        "(its loadJob.resources setting).",
     )
 
     def describe(self) -> str:

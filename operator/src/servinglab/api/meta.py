@@ -75,6 +75,10 @@ class ObjectMeta(SpecModel):
                 f"'{value}' is not a DNS-1123 label (lowercase letters, digits and '-', "
                 "starting and ending with a letter or digit)"
             )
+        # Children are named after it, Services among them (`<name>-server`): API servers that hold Service
+        # names to DNS-1035 refuse one that starts with a digit, and so would refuse it mid-run.
+        if not value[0].isalpha():
+            raise ValueError(f"'{value}' must start with a letter: its Services are named after it (DNS-1035 labels)")
         return value
 
 

@@ -8,16 +8,14 @@ renderers and pod builders read it.
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from servinglab.api.datapath import DataPath
+from servinglab.api.kube import Resources, label_key_problem, label_value_problem
 from servinglab.api.meta import SpecModel
-
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
 class Precision(StrEnum):
@@ -34,7 +32,7 @@ class Precision(StrEnum):
 
 
 class Toleration(SpecModel):
-    """A Kubernetes toleration, as in a pod spec."""
+    """A Kubernetes toleration, as in a pod spec, held to the API server's rules for one."""
 
     key: str | None = None
     operator: Literal["Exists", "Equal"] = "Equal"
@@ -42,22 +40,19 @@ class Toleration(SpecModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = Field(default=None, ge=0)
 
-
-class Resources(SpecModel):
-    """CPU/memory requests and limits for the server container (GPUs come from `server.gpus`)."""
-
-    requests: dict[str, str] = Field(default_factory=dict)
-    limits: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("requests", "limits")
-    @classmethod
-    def _quantities(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, quantity in value.items():
-            if name not in ("cpu", "memory", "ephemeral-storage"):
-                raise ValueError(f"'{name}' is not one of cpu, memory, ephemeral-storage")
-            if not _QUANTITY.match(str(quantity)):
-                raise ValueError(f"{name}: '{quantity}' is not a Kubernetes quantity")
-        return value
+    @model_validator(mode="after")
+    def _as_the_api_requires(self) -> Toleration:
+        if not self.key and self.operator != "Exists":
+            raise ValueError("an empty key matches every taint and needs operator: Exists (operator defaults to Equal)")
+        if self.key and (problem := label_key_problem(self.key)):
+            raise ValueError(f"key: {problem}")
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"value: '{self.value}' must be empty when operator is Exists")
+        if self.operator == "Equal" and (problem := label_value_problem(self.value or "")):
+            raise ValueError(f"value: {problem}")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect: NoExecute (only NoExecute evicts after a while)")
+        return self
 
 
 #: The model servers servinglab can put under test (each one a folder of :mod:`servinglab.servers`).
@@ -95,6 +90,14 @@ class ServerSpec(SpecModel):
     data_path: DataPath = Field(
         default_factory=DataPath, description="How the handler decodes, copies and runs a batch (each a sweep axis)."
     )
+
+    @field_validator("node_selector")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, wanted in value.items():
+            if problem := label_key_problem(key) or label_value_problem(wanted):
+                raise ValueError(problem)
+        return value
 
     @field_validator("image")
     @classmethod

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 import yaml
 
 from servinglab.api import API_GROUP, API_VERSION, EXPERIMENT_LABEL, EXPERIMENT_UID_LABEL, KIND, ExperimentSpec
+from servinglab.api.kube import Resources
 from servinglab.k8s import sink
+from servinglab.k8s.deadline import load_job_deadline
 from servinglab.loadgen import wire
 from servinglab.servers.base import Manifest, PodPlan
 
@@ -341,18 +343,15 @@ def load_job(
     servinglab_image: str,
     flops_per_inference: float | None = None,
     key_secret: str | None = None,
+    resources: Resources | None = None,
 ) -> Manifest:
     """The load Job; `flops_per_inference` (from status.model) spares it importing torch to count them.
-    Several generators need `key_secret`, the Secret of their key (:func:`generator_key_secret`)."""
+    Several generators need `key_secret`, the Secret of their key (:func:`generator_key_secret`). Each
+    load pod asks for the spec's `load.resources`, else `resources` (the operator's default): policy
+    engines and quotas refuse pods without requests and limits. Its deadline covers the planned load
+    (:mod:`servinglab.k8s.deadline`)."""
+    chosen = spec.load.resources or resources
     names = Names(owner.name)
-    load = spec.load
-    # Generous bound: every level's warm-up and longest measurement, plus stragglers and start-up.
-    if load.mode == "closed":
-        levels = len(load.concurrency)
-    else:
-        levels = len(load.rates) + (load.rate_search.max_probes if load.rate_search is not None else 0)
-    measured = max(load.duration_seconds, load.stability.max_duration_seconds or 0.0)
-    deadline = int(levels * (load.warmup_seconds + measured + load.request_timeout_seconds) + 300)
     generators = generator_count(spec)
     # several generators: an indexed Job, one pod each, all at once; pod 0 coordinates (see load_service)
     indexed: Manifest = (
@@ -375,7 +374,7 @@ def load_job(
         "metadata": _metadata(owner, names.load, "load"),
         "spec": {
             "backoffLimit": 0,
-            "activeDeadlineSeconds": deadline,
+            "activeDeadlineSeconds": load_job_deadline(spec).seconds,
             **indexed,
             "template": {
                 "metadata": {"labels": {**labels(owner, "load"), UID_LABEL: owner.uid}},
@@ -418,6 +417,7 @@ def load_job(
                                 *key_env,
                             ],
                             **container_extras,
+                            **({"resources": chosen.manifest()} if chosen is not None else {}),
                             "terminationMessagePolicy": "FallbackToLogsOnError",
                             "volumeMounts": [
                                 {"name": "experiment", "mountPath": EXPERIMENT_DIR, "readOnly": True},

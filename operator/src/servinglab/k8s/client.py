@@ -56,12 +56,23 @@ _PATHS = {
 }
 
 
+#: What the API server answers to a request it will refuse again however often it is sent: bad request,
+#: forbidden (RBAC, an admission policy, a quota), not found (a kind the cluster does not serve, a namespace
+#: being deleted), conflict, invalid.
+REFUSALS = frozenset({400, 403, 404, 409, 422})
+
+
 class KubeError(RuntimeError):
     """An API call failed; `status` is the HTTP status (0 when the server was not reached)."""
 
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.status = status
+
+    @property
+    def refusal(self) -> bool:
+        """Whether the API server refused the request itself (see REFUSALS), rather than failed to answer."""
+        return self.status in REFUSALS
 
 
 class NotFound(KubeError):
@@ -219,8 +230,13 @@ class Kube:
         except NotFound:
             return None
 
-    async def list(self, ref: Ref, label_selector: str = "", field_selector: str = "") -> list[dict[str, Any]]:
+    async def list(
+        self, ref: Ref, label_selector: str = "", field_selector: str = "", cached: bool = False
+    ) -> list[dict[str, Any]]:
+        """The objects selected; `cached`: from the API server's watch cache (resourceVersion 0), which
+        spares etcd a read of every object of the kind, and may be a moment old."""
         query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v]
+        query += [("resourceVersion", "0")] if cached else []
         result = await self._call("GET", ref.path(), f"list {ref.kind} in {ref.namespace}", query=query)
         items: list[dict[str, Any]] = result.get("items", [])
         return items

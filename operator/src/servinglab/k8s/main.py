@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,7 +29,7 @@ from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.client import Kube, KubeError, Ref
 from servinglab.k8s.experiment import snapshot
 from servinglab.k8s.experiment.admission import GpuQueue
-from servinglab.k8s.experiment.reconcile import reconcile
+from servinglab.k8s.experiment.reconcile import give_up, reconcile
 from servinglab.k8s.settings import Settings
 from servinglab.k8s.sweep.reconcile import reconcile_sweep
 
@@ -134,9 +135,15 @@ async def _drive(
     stopped: kopf.DaemonStopped,
     logger: kopf.Logger,
     queued: Callable[[], bool] = lambda: False,
+    give_up: Callable[[dict[str, Any], str], Awaitable[None]] | None = None,
 ) -> None:
     """Reconcile one object every poll until `step` says it has finished or it is gone. While `queued`
-    says so, the object is read from the GPU queue's cache and the next pass comes with a change there."""
+    says so, the object is read from the GPU queue's cache and the next pass comes with a change there.
+    A pass that fails is retried on the next poll; once passes have failed for `settings.failing_seconds`
+    in a row, `give_up(body, why)` ends the object (it is tried again on each later failure until it
+    succeeds)."""
+    failing_since: float | None = None
+    body: dict[str, Any] | None = None
     while not stopped:
         try:
             body = memo.queue.body(ref.namespace, ref.name) if queued() else None
@@ -145,9 +152,20 @@ async def _drive(
                 return
             if await step(body):
                 return
-        except KubeError as exc:
+            failing_since = None
+        except Exception as exc:  # every failure is retried, and bounded: none may stop the daemon
             opmetrics.RECONCILE_ERRORS.labels(reason=type(exc).__name__).inc()
-            logger.warning("Reconcile of %s failed, retrying: %s", ref, exc)
+            unexpected = not isinstance(exc, KubeError)
+            logger.warning("Reconcile of %s failed, retrying: %s", ref, exc, exc_info=unexpected)
+            failing_since = failing_since or time.monotonic()
+            failing = time.monotonic() - failing_since
+            if give_up is not None and body is not None and failing >= memo.settings.failing_seconds:
+                why = f"its reconcile passes kept failing for {failing:.0f} s; the last error: {exc}"
+                try:
+                    await give_up(body, why)
+                    return
+                except Exception as again:
+                    logger.warning("Ending %s after failed passes failed too, retrying: %s", ref, again)
         if queued():
             waits = [asyncio.ensure_future(stopped.wait(QUEUED_POLL_SECONDS)),
                      asyncio.ensure_future(memo.queue.changed(QUEUED_POLL_SECONDS))]  # fmt: skip
@@ -175,8 +193,11 @@ async def drive(
         queued = outcome is None and cached is not None and not (cached.get("status") or {}).get("startedAt")
         return outcome is True
 
+    async def end(body: dict[str, Any], why: str) -> None:
+        await give_up(memo.kube, body, memo.settings, why)
+
     with opmetrics.RUNNING.track_inprogress():
-        await _drive(ref, step, memo, stopped, logger, queued=lambda: queued)
+        await _drive(ref, step, memo, stopped, logger, queued=lambda: queued, give_up=end)
 
 
 @kopf.daemon(API_GROUP, API_VERSION, SWEEP_PLURAL, cancellation_timeout=5.0, when=_sweep_running)

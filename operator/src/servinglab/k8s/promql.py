@@ -7,7 +7,8 @@ successful inference. dcgm-exporter labels the workload as `pod`/`namespace`, or
 
 `query_text` builds the PromQL (pure); `GpuMetrics` runs it over HTTP (GET /api/v1/query, one instant
 query per figure and level, each within its timeout) and returns None for a figure Prometheus has no
-data for. The operator reports why when every figure is missing.
+data for. The operator reports why when every figure is missing. A sample that is not a number, or not a
+finite one (+Inf, NaN), is an error: no GPU figure is either, and a status holding one would be refused.
 
 The URL is the user's and the operator fetches it from inside the cluster, so what comes back is
 handled as hostile: redirects are not followed (a 3xx is reported as one, its Location never
@@ -138,7 +139,9 @@ class GpuMetrics:
             value = float(result[0]["value"][1])
         except (ValueError, TypeError, KeyError, IndexError, OverflowError):
             raise PrometheusError(f"{where}: HTTP {status}, not a Prometheus sample", "PrometheusQueryFailed") from None
-        return None if math.isnan(value) else value
+        if not math.isfinite(value):  # a GPU figure is never +Inf or NaN, and status (JSON) cannot hold one
+            raise PrometheusError(f"{where}: HTTP {status}, a sample that is not finite", "PrometheusQueryFailed")
+        return value
 
     async def window(
         self, namespace: str, pod: str, start: float, end: float, successful_requests: int

@@ -5,14 +5,22 @@ Read once at start-up by :mod:`servinglab.k8s.main` and handed to every reconcil
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from servinglab.api.kube import Resources
 from servinglab.k8s import credentials
 from servinglab.k8s.experiment.placement import resource_problem
 from servinglab.servers.base import GPU_RESOURCE
+
+#: A load pod's requests and limits unless the chart or the experiment says otherwise: the generator is one
+#: busy process (a core, with room for its threads); its raw samples grow with the requests it sends.
+LOAD_RESOURCES = Resources(requests={"cpu": "1", "memory": "512Mi"}, limits={"cpu": "2", "memory": "4Gi"})
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,15 @@ class Settings:
     gpu_resource: str = GPU_RESOURCE
     """The extended resource a server's GPUs are requested as and counted in (SERVINGLAB_GPU_RESOURCE; the
     chart's gpuResource): nvidia.com/gpu, a MIG profile such as nvidia.com/mig-1g.5gb, another vendor's."""
+    failing_seconds: float = 300.0
+    """How long an experiment's passes may keep failing (an error the API keeps answering, a bug) before it
+    fails with the error and its server is removed (SERVINGLAB_FAILING_SECONDS)."""
+    start_grace_seconds: float = 30.0
+    """How long a pod may keep failing to start (an image that cannot be pulled, a missing Secret, a pod the
+    API refuses to create, a missing payload) before the experiment fails (SERVINGLAB_START_GRACE_SECONDS)."""
+    load_resources: Resources = field(default_factory=lambda: LOAD_RESOURCES)
+    """Each load pod's requests and limits when the experiment gives none (SERVINGLAB_LOAD_RESOURCES, JSON
+    `{"requests": {...}, "limits": {...}}`; the chart's loadJob.resources)."""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -61,6 +78,9 @@ class Settings:
             model_cache_claim=env.get("SERVINGLAB_MODEL_CACHE_CLAIM") or None,
             model_credentials=credentials.parse(env.get(credentials.ENV, "")),
             gpu_resource=gpu_resource,
+            failing_seconds=float(env.get("SERVINGLAB_FAILING_SECONDS", cls.failing_seconds)),
+            start_grace_seconds=float(env.get("SERVINGLAB_START_GRACE_SECONDS", cls.start_grace_seconds)),
+            load_resources=_resources(env.get("SERVINGLAB_LOAD_RESOURCES", "")),
         )
 
 
@@ -77,3 +97,13 @@ def own_namespace(env: Mapping[str, str]) -> str:
         return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or Settings.lease_namespace
     except OSError:
         return Settings.lease_namespace
+
+
+def _resources(text: str) -> Resources:
+    """SERVINGLAB_LOAD_RESOURCES: the load pods' default resources; a bad value stops the operator at start."""
+    if not text.strip():
+        return LOAD_RESOURCES
+    try:
+        return Resources.model_validate(json.loads(text))
+    except (ValueError, ValidationError) as exc:
+        raise ValueError(f"SERVINGLAB_LOAD_RESOURCES: not requests and limits: {exc}") from None

@@ -298,6 +298,11 @@ class _Api:
         return status, detail
 
 
+#: How long the load Job keeps retrying its results write by default (SERVINGLAB_RESULTS_WRITE_SECONDS): the
+#: load Job's deadline leaves it this long after the load (:mod:`servinglab.k8s.deadline`).
+WRITE_SECONDS = 600.0
+
+
 def write_results(
     configmap: str,
     document: JsonObject,
@@ -309,7 +314,8 @@ def write_results(
     transient failures — a refused write, an unreachable API server — with backoff until the deadline
     (SERVINGLAB_RESULTS_WRITE_SECONDS, 600 s). A results ConfigMap that no longer exists (the
     experiment was deleted) ends it at once."""
-    deadline = time.monotonic() + (deadline_seconds or float(os.environ.get("SERVINGLAB_RESULTS_WRITE_SECONDS", "600")))
+    window = deadline_seconds or float(os.environ.get("SERVINGLAB_RESULTS_WRITE_SECONDS", WRITE_SECONDS))
+    deadline = time.monotonic() + window
     api = _Api(namespace)
     if owner := os.environ.get(OWNER_ENV):  # ties the results to this incarnation of the experiment
         document = {**document, "experimentUid": json.loads(owner)["uid"]}

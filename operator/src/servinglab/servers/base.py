@@ -31,6 +31,9 @@ Manifest = dict[str, Any]
 #: message is the model's description, or "<Reason>: <message>" when it cannot be served); `probe`
 #: counts a user's model (it loads it, so it sees nothing but the model store, read-only).
 MODEL_INIT, PROBE_INIT = "model", "probe"
+#: The reason a server's start failure carries when the model does not fit its device's memory (a sweep
+#: prunes every larger configuration on it: servinglab.sweep.search).
+OUT_OF_MEMORY = "OutOfMemory"
 
 
 class ServerError(RuntimeError):
@@ -207,5 +210,5 @@ class Server(Protocol):
 
     def start_failure(self, termination_message: str) -> tuple[str, str] | None:
         """(reason, message) when a server container's termination message says why the server gave up
-        (e.g. ModelLoadFailed), else None."""
+        (e.g. ModelLoadFailed; :data:`OUT_OF_MEMORY` when the model did not fit the GPU), else None."""
         ...

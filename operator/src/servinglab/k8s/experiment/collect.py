@@ -129,6 +129,9 @@ async def gpu_figures(
             )
     except PrometheusError as exc:
         return {}, (False, exc.reason, str(exc))
+    except ValueError as exc:  # figures GpuFigures refuses: the results stay, the GPU figures go
+        figure = str(exc).splitlines()[0]
+        return {}, (False, "PrometheusQueryFailed", f"{reader.shown}: unusable GPU figures ({figure})")
     if not any(value is not None for level in figures.values() for value in dict(level).values()):
         return figures, (False, "NoData", f"Prometheus at {reader.shown} has no DCGM metrics for pod {pod}")
     return figures, (True, "Measured", f"DCGM metrics of pod {pod} from {reader.shown}")

@@ -1,6 +1,8 @@
-"""Why a server pod is not serving, read from its status (pure functions): unschedulable, an init
+"""Why a server or load pod is not serving, read from its status (pure functions): unschedulable, an init
 container that could not put the model in place, a server that gave up on its model, a crash, a replaced
-pod; and what a valid spec cannot do on a cluster.
+pod; pods that never start (an image that cannot be pulled, a missing Secret, pods the API refuses to
+create, a missing payload), an eviction, an out-of-memory kill, a node that went away; and what a valid
+spec cannot do on a cluster.
 
 The server's own reasons (a container's termination message "<Reason>: <message>") are read through the
 seam (:meth:`~servinglab.servers.base.Server.start_failure`); the model init containers' protocol is every
@@ -10,11 +12,21 @@ server's (:data:`~servinglab.servers.base.MODEL_INIT`). Used by the experiment r
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from servinglab.api import ExperimentSpec
+from servinglab.api.conditions import epoch
 from servinglab.api.results import ModelDescription
 from servinglab.models.probe import checked
 from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, Server
+
+#: A failure: the Failed condition's reason and its message.
+Failure = tuple[str, str]
+#: Waiting reasons of a container whose image cannot be pulled; the first two never change on a retry.
+PULL_NEVER = ("InvalidImageName", "ErrImageNeverPull")
+PULL_FAILED = (*PULL_NEVER, "ErrImagePull", "ImagePullBackOff")
+#: The kubelet cannot build the container: a Secret or ConfigMap (or a key of one) it names is missing.
+CONFIG_MISSING = "CreateContainerConfigError"
 
 
 def unschedulable_reason(pods: list[Manifest]) -> str | None:
@@ -163,3 +175,109 @@ def replaced_server(pods: list[Manifest], serving: str) -> str | None:
     others = sorted(live)
     now = f"; now {', '.join(others)}" if others else ""
     return f"server pod {serving} was deleted during the load test{now}: its measurements are discarded"
+
+
+def _statuses(pod: Manifest) -> Iterator[Manifest]:
+    status = pod.get("status", {})
+    yield from status.get("initContainerStatuses") or []
+    yield from status.get("containerStatuses") or []
+
+
+def _age(pod: Manifest, now: float) -> float:
+    created = pod.get("metadata", {}).get("creationTimestamp")
+    return now - epoch(created) if created else 0.0
+
+
+def start_failure(pods: list[Manifest], what: str, grace_seconds: float, now: float) -> Failure | None:
+    """A pod of `what` ("server", "load") whose containers cannot start: ImagePullFailed (at once for a
+    name that can never be pulled, else once the pod is `grace_seconds` old: a registry can recover),
+    ConfigMissing (a Secret or key it needs is missing, once `grace_seconds` old: it may still be created)."""
+    for pod in pods:
+        patient = _age(pod, now) <= grace_seconds
+        for container in _statuses(pod):
+            waiting = container.get("state", {}).get("waiting") or {}
+            reason, message = waiting.get("reason"), str(waiting.get("message") or "").strip()
+            where = f"{what} pod {pod['metadata']['name']}, container {container.get('name')}"
+            if reason in PULL_FAILED and not (patient and reason not in PULL_NEVER):
+                image = container.get("image", "")
+                return "ImagePullFailed", f"{where}: image {image} cannot be pulled ({reason}): {message}".strip()
+            if reason == CONFIG_MISSING and not patient:
+                return "ConfigMissing", f"{where} cannot start: {message or reason}"
+    return None
+
+
+def evicted(pods: list[Manifest]) -> Failure | None:
+    """A server pod its node evicted (memory or disk pressure, a drain): ServerEvicted."""
+    for pod in pods:
+        status = pod.get("status", {})
+        if status.get("phase") == "Failed" and status.get("reason") == "Evicted":
+            message = str(status.get("message") or "").strip()
+            return "ServerEvicted", f"server pod {pod['metadata']['name']} was evicted by its node: {message}"
+    return None
+
+
+def out_of_memory(pods: list[Manifest]) -> Failure | None:
+    """A server container killed for its memory (OOMKilled, now or before a restart): OutOfMemory."""
+    for pod in pods:
+        for container in _statuses(pod):
+            if (_last_termination(container) or {}).get("reason") == "OOMKilled":
+                return "OutOfMemory", (
+                    f"server pod {pod['metadata']['name']}: container {container.get('name')} was killed for "
+                    "exceeding its memory (OOMKilled); raise server.resources.limits.memory or lower the batch "
+                    "size or workers"
+                )
+    return None
+
+
+def nodes_of(pods: list[Manifest]) -> list[str]:
+    """The nodes the live pods are bound to."""
+    names = {pod.get("spec", {}).get("nodeName") for pod in pods if not pod["metadata"].get("deletionTimestamp")}
+    return sorted(name for name in names if name)
+
+
+def lost_node(pods: list[Manifest], nodes: dict[str, Manifest | None]) -> Failure | None:
+    """A live server pod whose node is gone (deleted) or not Ready (its kubelet silent or unhealthy): ServerLost.
+    `nodes`: each name of :func:`nodes_of` and the Node read, None if there is none by that name."""
+    for pod in pods:
+        name = pod.get("spec", {}).get("nodeName")
+        if not name or name not in nodes or pod["metadata"].get("deletionTimestamp"):
+            continue
+        node, pod_name = nodes[name], pod["metadata"]["name"]
+        if node is None:
+            return "ServerLost", f"node {name} of server pod {pod_name} was deleted"
+        conditions: list[Manifest] = node.get("status", {}).get("conditions", [])
+        ready: Manifest = next((c for c in conditions if c.get("type") == "Ready"), {})
+        if ready.get("status") != "True":
+            said = ": ".join(str(ready[k]) for k in ("reason", "message") if ready.get(k))
+            return "ServerLost", (
+                f"node {name} of server pod {pod_name} is not Ready ({ready.get('status', 'Unknown')}"
+                f"{', ' + said if said else ''})"
+            )
+    return None
+
+
+def refused_pods(deployment: Manifest) -> str | None:
+    """Why the server's pods cannot be created (a quota, an admission policy), as the Deployment says."""
+    for condition in deployment.get("status", {}).get("conditions", []):
+        if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
+            return f"the server's pods are refused: {condition.get('message') or condition.get('reason')}"
+    return None
+
+
+def payload_missing(pods: list[Manifest], spec: ExperimentSpec) -> str | None:
+    """A load pod the scheduler cannot place because the payload's claim does not exist."""
+    claim = spec.load.payload.pvc
+    for pod in pods:
+        for condition in pod.get("status", {}).get("conditions", []):
+            message = str(condition.get("message") or "")
+            if condition.get("reason") == "Unschedulable" and claim is not None and claim.claim_name in message:
+                return f"load pod {pod['metadata']['name']} cannot be placed: {message}"
+    return None
+
+
+def stuck(pods: list[Manifest], grace_seconds: float, now: float) -> str | None:
+    """A load pod still not running `grace_seconds` after its creation (its volumes not mounted, say)."""
+    for pod in pods:
+        if pod.get("status", {}).get("phase", "Pending") == "Pending" and _age(pod, now) > grace_seconds:
+            return str(pod["metadata"]["name"])
+    return None

@@ -8,9 +8,11 @@ A pass reads the current state from the API and moves it on:
   `cleanedUpAt` (never touched again).
 
 Failures end the experiment with a Failed condition naming the cause: invalid spec (no children are
-created), credentials not allowed, unschedulable server (the scheduler's own message), a model that cannot
-be put in place or loaded, server not ready in time, server crashed or replaced during the load, load Job
-failed (its termination message), results missing. A restarted operator resumes from what the API holds:
+created), credentials not allowed, a child the API refuses (Rejected, with the API's message: retrying
+cannot help), unschedulable server (the scheduler's own message), a model that cannot be put in place or
+loaded, pods that never start (:mod:`.pods`), server not ready in time, server lost, evicted, out of
+memory, crashed or replaced during the load, load Job failed (its termination message), results missing;
+and passes that keep failing for another reason (:func:`give_up`). A restarted operator resumes from what the API holds:
 the same children, at most one Job, nothing lost. Children are recognised by their owner's uid, never by
 name alone, so a deleted and re-applied experiment never reads its predecessor's pods, Job or results.
 
@@ -30,8 +32,8 @@ from servinglab.api import KIND, ExperimentSpec, SpecError, parse_experiment
 from servinglab.api import conditions as cond
 from servinglab.api.status import ExperimentSummary, ResultsRef
 from servinglab.k8s import builders, credentials
-from servinglab.k8s.client import Forbidden, Kube, Ref
-from servinglab.k8s.experiment import diagnose, snapshot
+from servinglab.k8s.client import Forbidden, Kube, KubeError, Ref
+from servinglab.k8s.experiment import diagnose, pods, snapshot
 from servinglab.k8s.experiment.admission import GpuQueue, admitted
 from servinglab.k8s.experiment.collect import collect, job_message
 from servinglab.k8s.experiment.status import Experiment
@@ -39,6 +41,20 @@ from servinglab.k8s.settings import Settings
 from servinglab.k8s.sink import RESULTS_KEY
 from servinglab.loadgen import wire
 from servinglab.servers.base import Manifest, PodInputs, PodPlan
+
+
+class Refused(Exception):
+    """The API server refused to create or change a child (see :data:`~servinglab.k8s.client.REFUSALS`):
+    the same request would be refused again, so the experiment ends as Rejected with the API's message."""
+
+
+async def _apply(experiment: Experiment, manifest: Manifest) -> None:
+    try:
+        await experiment.kube.apply(manifest)
+    except KubeError as exc:
+        if exc.refusal:
+            raise Refused(str(exc)) from None
+        raise
 
 
 async def reconcile(
@@ -58,11 +74,25 @@ async def reconcile(
     """
     experiment = Experiment(kube, body, settings)
     if not cond.finished(experiment.conditions):
-        outcome = await _advance(experiment, body, queue, deploy, pinned or snapshot.Pinned())
+        try:
+            outcome = await _advance(experiment, body, queue, deploy, pinned or snapshot.Pinned())
+        except Refused as exc:
+            await experiment.fail("Rejected", f"the API server refused it: {exc}")
+            outcome = True
         if outcome is not True:
             return outcome
     await _clean_up(experiment)
     return True
+
+
+async def give_up(kube: Kube, body: Manifest, settings: Settings, why: str) -> None:
+    """After its passes kept failing for `settings.failing_seconds`: end the experiment as Failed with the
+    error (unless it has finished already) and remove its server (per spec.cleanup), as for any failure.
+    Raises if the API refuses that too: the daemon tries again on its next pass."""
+    experiment = Experiment(kube, body, settings)
+    if not cond.finished(experiment.conditions):
+        await experiment.fail("ReconcileFailed", why)
+    await _clean_up(experiment)
 
 
 def _plan(experiment: Experiment, spec: ExperimentSpec) -> PodPlan:
@@ -116,6 +146,13 @@ async def _advance(
     status = experiment.status
     if status.started_at is None and spec.server.gpus > 0 and not await admitted(experiment, queue):
         return True if cond.finished(experiment.conditions) else None
+    if experiment.status.started_at is None and (missing := await pods.payload_problem(experiment, spec)):
+        # before anything is deployed: a payload applied with the experiment gets a moment to arrive
+        created = (body.get("metadata") or {}).get("creationTimestamp")
+        if created is None or _elapsed(created) > experiment.settings.start_grace_seconds:
+            await experiment.fail("PayloadMissing", missing)
+            return True
+        return None
     if experiment.status.started_at is None:
         await experiment.set(
             cond.SERVER_READY, None, "Deploying", f"{servers.get(spec.server.kind).name} is being deployed",
@@ -169,13 +206,14 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -
         builders.load_service_account(owner),
         builders.load_role(owner),
         builders.load_role_binding(owner),
-        builders.deployment(owner, spec, plan),
         builders.service(owner, plan),
         *(
             [builders.load_service(owner), builders.load_network_policy(owner)]
             if builders.generator_count(spec) > 1
             else []
         ),
+        # last: once its pod runs it holds a GPU, so everything it needs must have been accepted first
+        builders.deployment(owner, spec, plan),
     )
     job = experiment.child("batch/v1", "Job", experiment.names.load)
     for ref in (*(Ref.of(manifest) for manifest in manifests), job):
@@ -199,13 +237,8 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -
             return True
         await experiment.patch(generator_key_secret=secret["metadata"]["name"])
     for manifest in manifests:
-        await experiment.kube.apply(manifest)
+        await _apply(experiment, manifest)
     return True
-
-
-async def _server_pods(experiment: Experiment) -> list[Manifest]:
-    selector = builders.pod_selector(experiment.owner, "server")
-    return await experiment.kube.list(experiment.child("v1", "Pod", ""), label_selector=selector)
 
 
 def _elapsed(since: str | None) -> float:
@@ -216,11 +249,11 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
     kube = experiment.kube
     server = servers.get(spec.server.kind)
     kind = server.name
-    deployment = await kube.get(experiment.child("apps/v1", "Deployment", experiment.names.server)) or {}
-    pods = await _server_pods(experiment)
+    deployment = await kube.get(experiment.child("apps/v1", "Deployment", experiment.names.server))
+    server_pods = await pods.listed(experiment, "server")
     elapsed = _elapsed(experiment.status.started_at)
-    if (deployment.get("status", {}).get("availableReplicas") or 0) >= 1:
-        ready = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+    if ((deployment or {}).get("status", {}).get("availableReplicas") or 0) >= 1:
+        ready = [p for p in server_pods if p.get("status", {}).get("phase") == "Running"]
         pod_name = ready[0]["metadata"]["name"] if ready else ""
         model = diagnose.model_description(ready[0]) if ready else None
         await experiment.set(
@@ -230,14 +263,18 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
         )  # fmt: skip
         await experiment.event("Normal", "ServerReady", f"{kind} ready after {elapsed:.1f} s")
         return False
-    failure = diagnose.model_init_failure(pods) or diagnose.server_start_failure(pods, server)
+    failure = (
+        diagnose.model_init_failure(server_pods)
+        or diagnose.server_start_failure(server_pods, server)
+        or await pods.server_failure(experiment, server_pods, deployment)
+    )
     if failure is not None:
         await experiment.fail(*failure)
         return True
-    if (crash := diagnose.crash_reason(pods)) is not None:
+    if (crash := diagnose.crash_reason(server_pods)) is not None:
         await experiment.fail("ServerCrashed", crash)
         return True
-    unschedulable = diagnose.unschedulable_reason(pods)
+    unschedulable = diagnose.unschedulable_reason(server_pods)
     # Admitted means some node can hold it: a GPU still held by a finishing server is a wait, not a failure.
     waiting_for_gpu = unschedulable is not None and f"Insufficient {experiment.settings.gpu_resource}" in unschedulable
     if unschedulable is not None and not waiting_for_gpu and elapsed > experiment.settings.unschedulable_grace_seconds:
@@ -261,9 +298,12 @@ def _job_finished(job: Manifest) -> bool:
 async def _run_load(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -> bool:
     kube = experiment.kube
     job_ref = experiment.child("batch/v1", "Job", experiment.names.load)
-    pods = await _server_pods(experiment)
+    server_pods = await pods.listed(experiment, "server")
+    if (failure := await pods.server_failure(experiment, server_pods, None)) is not None:
+        await experiment.fail(failure[0], f"during the load test: {failure[1]}")
+        return True
     serving = experiment.status.server_pod
-    if serving and (replaced := diagnose.replaced_server(pods, serving)) is not None:
+    if serving and (replaced := diagnose.replaced_server(server_pods, serving)) is not None:
         await experiment.fail("ServerRestarted", replaced)
         return True
     job = await kube.get(job_ref)
@@ -273,7 +313,8 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan)
         model = experiment.status.model
         flops = model.flops_per_inference if model is not None else None
         image, key_secret = experiment.settings.servinglab_image, experiment.status.generator_key_secret
-        await kube.apply(builders.load_job(experiment.owner, spec, plan, image, flops, key_secret))
+        resources = experiment.settings.load_resources
+        await _apply(experiment, builders.load_job(experiment.owner, spec, plan, image, flops, key_secret, resources))
         await experiment.set(
             cond.LOAD_TEST_COMPLETE, False, "Running",
             f"load ({spec.load.describe()}) running in Job {experiment.names.load}",
@@ -289,8 +330,11 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan)
     if "Complete" in job_conditions:
         await collect(experiment, spec)
         return True
-    if (crash := diagnose.crash_reason(pods)) is not None:
+    if (crash := diagnose.crash_reason(server_pods)) is not None:
         await experiment.fail("ServerCrashed", f"during the load test: {crash}")
+        return True
+    if (failure := await pods.load_failure(experiment, spec, job)) is not None:
+        await experiment.fail(*failure)
         return True
     return False
 

@@ -16,7 +16,14 @@ from servinglab.api import ExperimentSpec, ModelRef, Precision, ServerSpec
 from servinglab.api.results import ModelDescription, ServerBreakdown
 from servinglab.models import builtins
 from servinglab.models.catalogue import request_image_size
-from servinglab.servers.base import ModelError, PodInputs, PodPlan, ServedModel, container_resources
+from servinglab.servers.base import (
+    OUT_OF_MEMORY,
+    ModelError,
+    PodInputs,
+    PodPlan,
+    ServedModel,
+    container_resources,
+)
 from servinglab.servers.torchserve import archive, launcher, metrics, pod
 from servinglab.servers.torchserve.local import LocalTorchServe
 
@@ -97,9 +104,12 @@ class TorchServe:
         return pod.plan(spec, inputs, self.image(spec.server), resources)
 
     def start_failure(self, termination_message: str) -> tuple[str, str] | None:
-        """The launcher ends a container whose workers cannot load the model with "ModelLoadFailed: ..."."""
+        """The launcher ends a container whose workers cannot load the model with "ModelLoadFailed: ...";
+        when the handler's exception was CUDA's out-of-memory, the reason is OutOfMemory."""
         reason, _, message = termination_message.strip().partition(": ")
-        return (reason, message) if reason == launcher.MODEL_LOAD_FAILED else None
+        if reason != launcher.MODEL_LOAD_FAILED:
+            return None
+        return (OUT_OF_MEMORY if launcher.out_of_memory(message) else reason), message
 
     def image(self, server: ServerSpec) -> str:
         return server.image or DEFAULT_IMAGE

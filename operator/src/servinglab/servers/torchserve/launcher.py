@@ -21,6 +21,14 @@ WORKER_DIED = "Load model failed: {model}, error: Worker died."
 LOAD_ATTEMPTS = 2
 #: The exit code of a server container that gave up on its model.
 LOAD_FAILED_EXIT_CODE = 3
+#: What a worker's exception says when the model does not fit the GPU's memory (torch's OutOfMemoryError,
+#: a CUDA allocation failing), as it reaches the termination message.
+OUT_OF_MEMORY_SIGNS = ("CUDA out of memory", "OutOfMemoryError", "CUDA error: out of memory")
+
+
+def out_of_memory(cause: str) -> bool:
+    """Whether a worker's failure to load the model was the GPU running out of memory."""
+    return any(sign.lower() in cause.lower() for sign in OUT_OF_MEMORY_SIGNS)
 
 
 def server_launcher(

@@ -1,0 +1,86 @@
+"""Kubernetes' own rules for values a spec hands to the API: label keys and values, quantities, resources.
+
+The API server refuses a pod whose node selector, tolerations or resources break these rules; checked
+here, such a spec is refused when it is read (naming the field), instead of by the API server mid-run.
+Used by the server's spec (:mod:`servinglab.api.servers`) and the load's (:mod:`servinglab.api.load`).
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+from pydantic import Field, field_validator, model_validator
+
+from servinglab.api.meta import SpecModel
+
+_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_SCALE = {
+    "": Fraction(1), "m": Fraction(1, 1000),
+    **{suffix: Fraction(1000) ** (i + 1) for i, suffix in enumerate("kMGTPE")},
+    **{f"{suffix}i": Fraction(1024) ** (i + 1) for i, suffix in enumerate("KMGTPE")},
+}  # fmt: skip
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why `key` is not a label key (a qualified name: an optional DNS subdomain prefix and '/', then a
+    name of at most 63 characters), or None."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _SUBDOMAIN.match(prefix)):
+        return f"'{key}': the prefix before '/' must be a DNS subdomain (lowercase, at most 253 characters)"
+    if not name or len(name) > 63 or not _NAME.match(name):
+        return (
+            f"'{key}' is not a label key: a name of at most 63 letters, digits, '-', '_' and '.', starting and "
+            "ending with a letter or digit, optionally after a 'prefix/'"
+        )
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why `value` is not a label value (empty, or at most 63 letters, digits, '-', '_', '.'), or None."""
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        return (
+            f"'{value}' is not a label value: at most 63 letters, digits, '-', '_' and '.', starting and ending "
+            "with a letter or digit"
+        )
+    return None
+
+
+def quantity(text: str) -> Fraction:
+    """A Kubernetes quantity ("500m", "2", "1.5Gi") as an exact number; ValueError if it is not one."""
+    match = _QUANTITY.match(text)
+    if match is None:
+        raise ValueError(f"'{text}' is not a Kubernetes quantity")
+    return Fraction(match.group(1)) * _SCALE[match.group(3) or ""]
+
+
+class Resources(SpecModel):
+    """CPU/memory requests and limits of a container; each request at most its limit, as the API demands."""
+
+    requests: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _quantities(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, amount in value.items():
+            if name not in ("cpu", "memory", "ephemeral-storage"):
+                raise ValueError(f"'{name}' is not one of cpu, memory, ephemeral-storage")
+            if not _QUANTITY.match(str(amount)):
+                raise ValueError(f"{name}: '{amount}' is not a Kubernetes quantity")
+        return value
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        for name, request in self.requests.items():
+            limit = self.limits.get(name)
+            if limit is not None and quantity(request) > quantity(limit):
+                raise ValueError(f"requests.{name} '{request}' is above limits.{name} '{limit}'")
+        return self
+
+    def manifest(self) -> dict[str, dict[str, str]]:
+        """As a container's `resources` (only the parts given)."""
+        return {part: dict(values) for part, values in (("requests", self.requests), ("limits", self.limits)) if values}
