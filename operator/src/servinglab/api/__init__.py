@@ -46,7 +46,15 @@ from servinglab.api.meta import (
     read_document,
 )
 from servinglab.api.modelref import BUILTIN_MODELS, ModelFormat, ModelInput, ModelRef, ModelSource, SecretKeyRef
-from servinglab.api.servers import Precision, Resources, ServerKind, ServerSpec, Toleration
+from servinglab.api.servers import (
+    Precision,
+    RequestEncoding,
+    RequestProtocol,
+    Resources,
+    ServerKind,
+    ServerSpec,
+    Toleration,
+)
 from servinglab.api.sweep import (
     MAX_SPACE,
     ServingSweep,
@@ -66,7 +74,8 @@ __all__ = [
     "MAX_GENERATORS", "MAX_SPACE", "PLURAL", "SWEEP_KIND", "SWEEP_LABEL", "SWEEP_PLURAL",
     "BurstShape", "CeilingSpec", "CleanupSpec", "ExperimentSpec", "GeneratorLimits", "LoadSpec", "MetricsSpec",
     "ModelFormat", "ModelInput", "ModelRef", "ModelSource", "ObjectMeta", "PayloadFormat", "PayloadSpec",
-    "Precision", "RateSearchSpec", "Resources", "ResponseCheck", "SecretKeyRef", "ServerKind", "ServerSpec",
+    "Precision", "RateSearchSpec", "RequestEncoding", "RequestProtocol", "Resources", "ResponseCheck",
+    "SecretKeyRef", "ServerKind", "ServerSpec",
     "ServingExperiment", "ServingSweep", "ShapeSpec", "SloSpec", "SpecError", "SpecModel", "StabilitySpec",
     "StepShape", "SweepSpec", "Toleration", "TraceShape", "TrialConfig", "VolumePath",
     "axis_values", "grid", "load_experiment", "load_sweep", "parse_experiment", "parse_sweep", "read_document",
