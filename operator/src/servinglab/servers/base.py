@@ -19,6 +19,7 @@ The local runner, the load Job, the operator and the sweep reach a server only t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -83,6 +84,22 @@ def container_resources(server: ServerSpec) -> Manifest:
     if server.resources.requests:
         resources["requests"] = dict(server.resources.requests)
     return resources
+
+
+def restricted(read_only_root: bool = True) -> Manifest:
+    """A container security context of the `restricted` Pod Security Standard."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": read_only_root,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def size_limit(size: int) -> str:
+    """An emptyDir's sizeLimit for `size` bytes, in whole MiB."""
+    return f"{math.ceil(size / 2**20)}Mi"
 
 
 @dataclass(frozen=True)
