@@ -95,7 +95,8 @@ class TritonPythonModel:
                 images.append(decode_image(bytes(element[0]), self.input_size))
                 served.append(index)
             except BadInput as exc:
-                responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc)))
+                refused = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)  # an HTTP 400
+                responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=refused)
         if images:
             batch = to_batch(images, self.device, self.plan.dtype, self.channels_last)
             with torch.inference_mode():

@@ -78,9 +78,9 @@ class Triton:
         return TritonMetrics(model_name)
 
     def export_files(self, spec: ExperimentSpec) -> dict[str, str]:
-        """The model repository's configuration, as a pod serves it (model.py and the build come from
-        servinglab's handlers/ and `servinglab build-model NAME --into DIR --server triton`)."""
-        return {f"{spec.model.name}/{repository.CONFIG_FILE}": pod.config_pbtxt(spec)}
+        """The model's config.pbtxt, as a pod serves it: `<repository>/<model>/config.pbtxt` beside the entry
+        `servinglab build-model NAME --into <repository>/<model> --server triton` lays out."""
+        return {repository.CONFIG_FILE: pod.config_pbtxt(spec)}
 
     def pod(self, spec: ExperimentSpec, inputs: PodInputs) -> PodPlan:
         return pod.plan(spec, inputs, self.image(spec.server, inputs), container_resources(spec.server))
