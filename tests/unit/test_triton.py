@@ -144,7 +144,8 @@ def test_a_kserve_v2_answer_without_outputs_fails_the_json_check() -> None:
 def test_a_user_model_on_triton_is_refused_naming_the_field() -> None:
     document = {
         "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": "x"},
-        "spec": {"model": {"name": "mine", "source": {"url": "https://example.com/m.pt"}}, "server": {"kind": "triton"}},
+        "spec": {"model": {"name": "mine", "source": {"url": "https://example.com/m.pt"}},
+                 "server": {"kind": "triton"}},
     }  # fmt: skip
     with pytest.raises(SpecError, match=r"model.source: server.kind triton serves the built-in models"):
         parse_experiment(document)
