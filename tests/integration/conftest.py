@@ -12,9 +12,6 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from servinglab.servers.triton import env as triton_environment
-from servinglab.servers.triton.env import TritonEnv
-
 TORCHSERVE_MARKERS = ("org.pytorch.serve.ModelServer", "model_service_worker.py")
 TRITON_MARKERS = ("tritonserver", "triton_python_backend_stub")
 #: Every process this test session starts inherits this mark, so the leftover check and its clean-up see
@@ -55,9 +52,3 @@ def no_leftover_servers() -> Iterator[float]:
     for proc in left:  # do not let one failure poison the following tests
         proc.kill()
     assert not left, f"server processes left behind: {[p.pid for p in left]}"
-
-
-@pytest.fixture(scope="session")
-def triton_env() -> TritonEnv:
-    """The Triton environment (made once when missing: `make triton-env` does it before the tests)."""
-    return triton_environment.ensure()
