@@ -106,8 +106,8 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
     if variant == "default":
         assert kinds == sorted(
             ["CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding",
-             "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap", "ConfigMap", "ConfigMap", "Pod",
-             "NetworkPolicy"]
+             "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap", "ConfigMap", "ConfigMap",
+             "ConfigMap", "Pod", "NetworkPolicy"]
         )  # fmt: skip
         assert rbac["Role"]["metadata"]["namespace"] == namespace
         # the one cluster-scoped grant of a namespaced install: listing nodes (the GPU queue)
