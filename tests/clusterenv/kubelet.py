@@ -407,7 +407,7 @@ class LocalKubelet:
         for folder in mounts.values():
             config = folder / "config.pbtxt"
             if config.is_file():
-                text = re.sub(r"kind: KIND_GPU, gpus: \[[0-9, ]*\]", "kind: KIND_CPU", config.read_text())
+                text = re.sub(r"kind: KIND_GPU, gpus: \[[0-9]+\]", "kind: KIND_CPU", config.read_text())
                 config.write_text(text)
 
     def _report_server_if_exited(self, running: RunningPod) -> None:

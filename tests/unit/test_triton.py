@@ -90,7 +90,8 @@ def test_config_pbtxt_maps_batch_delay_instances_and_precision() -> None:
     assert 'name: "resnet50"' in text and 'backend: "python"' in text
     assert "max_batch_size: 16\n" in text
     assert "dynamic_batching { max_queue_delay_microseconds: 5000 }" in text
-    assert "instance_group [{ count: 3, kind: KIND_GPU, gpus: [0, 1] }]" in text
+    # three copies in all, spread over the two GPUs (Triton's count is per GPU listed)
+    assert "instance_group [{ count: 2, kind: KIND_GPU, gpus: [0] }, { count: 1, kind: KIND_GPU, gpus: [1] }]" in text
     assert 'key: "precision", value: { string_value: "fp16" }' in text
     # the closed loop never has more than 8 requests out: larger batches are not warmed up
     assert 'key: "warmup_batch_sizes", value: { string_value: "1,2,4,8" }' in text

@@ -5,7 +5,8 @@ The spec's knobs map onto Triton's model configuration:
 
 * batch size -> `max_batch_size`, with `dynamic_batching { max_queue_delay_microseconds }` from the max
   batch delay (a batch size of 1 is "no batching": the batcher never waits for a batch that is full);
-* workers -> `instance_group [{ count, kind }]`: KIND_GPU on the GPUs the server may use, else KIND_CPU;
+* workers -> `instance_group [{ count, kind }]`: KIND_CPU, or KIND_GPU with the copies spread over the GPUs
+  the server may use (one group per GPU: Triton's count is per GPU), so that workers is the total either way;
 * precision, warm-up and the top-k the answer lists -> `parameters`, which servinglab's Python model
   (`handlers/servinglab_triton_model.py`) reads when an instance starts.
 
@@ -61,8 +62,7 @@ def render_config(model_name: str, server: ServerSpec, gpus: int, load: LoadSpec
         "warmup_seconds": f"{server.warmup_seconds:g}",
         "top_k": str(TOP_K),
     }
-    kind = "KIND_GPU" if gpus > 0 else "KIND_CPU"
-    placement = f", gpus: [{', '.join(str(g) for g in range(gpus))}]" if gpus > 0 else ""
+    groups = _instance_groups(server.workers, gpus)
     lines = [
         f"name: {_quote(model_name)}",
         'backend: "python"',
@@ -73,10 +73,19 @@ def render_config(model_name: str, server: ServerSpec, gpus: int, load: LoadSpec
         f'  {{ name: "{OUTPUT_PROBABILITIES}", data_type: TYPE_FP32, dims: [{TOP_K}] }}',
         "]",
         f"dynamic_batching {{ max_queue_delay_microseconds: {server.max_batch_delay_ms * 1000} }}",
-        f"instance_group [{{ count: {server.workers}, kind: {kind}{placement} }}]",
+        f"instance_group [{', '.join(groups)}]",
         *(f"parameters {{ key: {_quote(k)}, value: {{ string_value: {_quote(v)} }} }}" for k, v in parameters.items()),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _instance_groups(workers: int, gpus: int) -> list[str]:
+    """`workers` model copies in all: on the CPU, or spread over the GPUs one by one (Triton's `count` is per
+    GPU listed, so each GPU gets a group of its own share)."""
+    if gpus == 0:
+        return [f"{{ count: {workers}, kind: KIND_CPU }}"]
+    shares = [workers // gpus + (1 if gpu < workers % gpus else 0) for gpu in range(gpus)]
+    return [f"{{ count: {share}, kind: KIND_GPU, gpus: [{gpu}] }}" for gpu, share in enumerate(shares) if share]
 
 
 @dataclass(frozen=True)
