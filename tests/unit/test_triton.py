@@ -17,7 +17,9 @@ from servinglab.api import (
     ResponseCheck,
     ServerSpec,
     SpecError,
+    load_sweep,
     parse_experiment,
+    trial_spec,
 )
 from servinglab.loadgen.payloads import CONTENT_TYPES, Payload, make_payloads
 from servinglab.loadgen.protocol import HEADER_LENGTH, answer_problem, encode
@@ -191,3 +193,14 @@ def test_the_launcher_ends_a_failed_load_with_triton_s_reason(tmp_path: Path) ->
     )
     assert run.returncode == 1 and "failed to load all models" in run.stdout  # Triton's output still shown
     assert termination.read_text() == "ModelLoadFailed: Triton could not load m: Internal: RuntimeError: bad weights"
+
+
+def test_the_seed_002_example_replays_the_tutorial_s_three_steps() -> None:
+    sweep = load_sweep(Path(__file__).resolve().parents[2] / "examples" / "sweep-triton-seed002.yaml")
+    specs = [trial_spec(sweep.spec, trial) for trial in sweep.spec.configurations]
+    assert all(spec.server.kind == "triton" for spec in specs)
+    assert specs[0].load.concurrency == list(range(2, 17, 2))  # perf_analyzer's --concurrency-range 2:16:2
+    configs = [config.render_config("resnet50", spec.server, gpus=1) for spec in specs]
+    assert "max_batch_size: 1\n" in configs[0] and "count: 1, kind: KIND_GPU" in configs[0]  # no batching
+    assert "max_batch_size: 8\n" in configs[1] and "count: 1, kind: KIND_GPU" in configs[1]  # dynamic batching
+    assert "max_batch_size: 8\n" in configs[2] and "count: 2, kind: KIND_GPU" in configs[2]  # two instances
