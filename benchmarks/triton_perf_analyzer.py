@@ -8,9 +8,10 @@ serves the model with batch 8, delay 5 ms, one instance, fp32. Per concurrency a
 closed loop (`servinglab loadtest`, the load Job's command, warm-up excluded) and `perf_analyzer -i http
 --concurrency-range N:N` (synchronous clients, its stabilised time windows) send the same JPEG as the one
 binary element of the model's BYTES input (the KServe v2 protocol with binary data). Prints the medians of
-throughput and p50/p99 per tool, their ranges, and the difference of the medians (goal: throughput and p50
-within 5 %). perf_analyzer's figures are its last three windows of `--seconds / 3` each, once they agree
-within 100 % (its default of 10 % is never met on a shared 2-core machine).
+throughput and p50/p99 per tool, their ranges, the difference of the medians and the median of the per-round
+ratios (goal: throughput and p50 within 5 %). perf_analyzer's figures are its last three windows of
+`--seconds / 3` each, once they agree within 100 % (its default of 10 % is never met on a shared 2-core
+machine).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import csv
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -111,12 +113,28 @@ def main() -> None:
                     else:
                         theirs.append(perf_analyzer(url, model, level, args.seconds, body, Path(folder)))
             rows += compare(level, ours, theirs)
+            rows += paired(level, ours, theirs)
     print(
         f"model {args.model} on Triton 2.51 (Python backend), batch 8, delay 5 ms, 1 instance, fp32, one "
         f"{len(body)}-byte JPEG; {args.rounds} alternating rounds of {args.seconds:g} s per tool and level "
         "(medians; range in brackets); one machine, 2 cores shared"
     )
     print(table(["concurrency", "figure", "servinglab", "perf_analyzer", "difference of medians"], rows))
+
+
+def paired(level: int, ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[list[Any]]:
+    """The median over rounds of servinglab's figure against perf_analyzer's in the same round: the two ran
+    back to back, so a slow stretch of the shared machine weighs on both sides of a ratio."""
+    rows = []
+    for name, label in (("throughputRps", "throughput, paired"), ("p50", "p50, paired")):
+        ratios = [
+            (a[name] if name == "throughputRps" else a["latencyMs"][name])
+            / (b[name] if name == "throughputRps" else b["latencyMs"][name])
+            for a, b in zip(ours, theirs, strict=True)
+        ]
+        rows.append([level, label, "-", "-", f"{statistics.median(ratios) - 1:+.1%} (rounds: "
+                     + ", ".join(f"{r - 1:+.0%}" for r in ratios) + ")"])  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":
