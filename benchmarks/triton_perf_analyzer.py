@@ -59,7 +59,7 @@ def triton(document: dict[str, Any]) -> Iterator[tuple[str, str]]:
 
 def perf_analyzer(url: str, model: str, level: int, seconds: float, body: bytes, folder: Path) -> dict[str, Any]:
     """perf_analyzer at concurrency `level` over HTTP with `body` as the BYTES element; its figures."""
-    found = triton_env.find()
+    found = triton_env.find_env()
     data, report = folder / "input.json", folder / "report.csv"
     # perf_analyzer takes a BYTES tensor's b64 content as serialized: each element length-prefixed
     serialized = len(body).to_bytes(4, "little") + body

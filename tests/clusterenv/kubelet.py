@@ -396,7 +396,7 @@ class LocalKubelet:
                 command[index] = f"{option.group(1)}={running.ports[int(option.group(2))]}"
         command += ["--http-address=127.0.0.1", "--metrics-address=127.0.0.1", "--allow-gpu-metrics=false",
                     f"--backend-config=python,shm-region-prefix-name=kl{running.ports[ports[0]]}_"]  # fmt: skip
-        launcher = triton_environment.find().launcher
+        launcher = triton_environment.find_env().launcher
         env = self._env(container, mounts, {"TMPDIR": str(mounts["/tmp"])})
         env["PATH"] = f"{launcher.parent}{os.pathsep}{env['PATH']}"
         return command, env

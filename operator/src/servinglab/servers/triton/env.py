@@ -95,7 +95,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "servinglab" / "triton"
 
 
-def find() -> TritonEnv:
+def find_env() -> TritonEnv:
     """The finished environment (SERVINGLAB_TRITON_HOME, else the cached one), or :class:`TritonEnvMissing`."""
     override = os.environ.get(HOME_ENV)
     root = Path(override) if override else cache_root() / key()
@@ -110,7 +110,7 @@ def find() -> TritonEnv:
 def ensure(quiet: bool = True) -> TritonEnv:
     """The cached environment, installed first when missing (pip, from the package index)."""
     try:
-        return find()
+        return find_env()
     except TritonEnvMissing:
         if os.environ.get(HOME_ENV):
             raise
@@ -130,7 +130,7 @@ def ensure(quiet: bool = True) -> TritonEnv:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return find()
+    return find_env()
 
 
 def _finish(env: TritonEnv) -> None:

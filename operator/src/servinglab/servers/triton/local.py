@@ -27,8 +27,8 @@ from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
 from servinglab.servers.process import free_ports, stop_group, visible_gpus
-from servinglab.servers.triton import env as triton_env
 from servinglab.servers.triton.config import AppliedConfig, read_applied, render_config
+from servinglab.servers.triton.env import TritonEnvMissing, find_env
 from servinglab.servers.triton.repository import CONFIG_FILE
 from servinglab.servers.triton.wire import MODEL_LOAD_FAILED, encode_body, request_path
 
@@ -69,8 +69,8 @@ class LocalTriton:
 
     def start(self) -> None:
         try:
-            found = triton_env.find()
-        except triton_env.TritonEnvMissing as exc:
+            found = find_env()
+        except TritonEnvMissing as exc:
             raise ServerError(str(exc)) from None
         self.prepare()
         environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
