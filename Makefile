@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke test lint typecheck unit integration k8s control-plane chart-crd images clean
+.PHONY: help setup demo smoke test lint typecheck unit integration k8s control-plane triton-env chart-crd images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -35,23 +35,26 @@ typecheck: setup ## mypy --strict on the servinglab package
 unit: setup ## fast tests (no TorchServe)
 	$(BIN)/pytest tests/unit
 
-integration: setup ## tests that start a real TorchServe
+integration: setup triton-env ## tests that start a real TorchServe or Triton
 	$(BIN)/pytest tests/integration
+
+triton-env: setup ## the Triton environment (tritonserver, its Python backend, perf_analyzer), cached by content
+	hack/triton-env.sh
 
 control-plane: ## build (or reuse the cached) Kubernetes binaries, etcd, KWOK and helm from Go modules
 	hack/build-control-plane.sh
 
-images: ## build the operator and servinglab images (docker, else podman; README "Images")
-	hack/images.sh
+images: ## build the operator, servinglab and Triton images (docker, else podman; README "Images")
+	TRITON=1 hack/images.sh
 
 chart-crd: setup ## regenerate the chart's CRD from the spec model
 	$(BIN)/servinglab crd > charts/serving/files/crd-servingexperiments.yaml
 	$(BIN)/servinglab crd --kind sweep > charts/serving/files/crd-servingsweeps.yaml
 
-k8s: setup control-plane ## tests against the local Kubernetes control plane
+k8s: setup control-plane triton-env ## tests against the local Kubernetes control plane
 	$(BIN)/pytest tests/k8s
 
-test: setup ## everything CI runs: lint, types, every test (slow parts side by side: hack/test.sh)
+test: setup triton-env ## everything CI runs: lint, types, every test (slow parts side by side: hack/test.sh)
 	hack/test.sh
 
 clean: ## remove build outputs (keeps .venv)

@@ -1,4 +1,5 @@
-"""Shared fixtures: paths of the examples, a tiny model archive built once per session, the images."""
+"""Shared fixtures: paths of the examples, a tiny model archive built once per session, the images, the
+Triton environment."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from servinglab.servers.triton import env as triton_environment
+from servinglab.servers.triton.env import TritonEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -68,3 +72,9 @@ def images() -> dict[str, str]:
     )
     assert built.returncode == 0, f"hack/images.sh failed:\n{built.stderr[-6000:]}"
     return {name.rsplit("/", 1)[1].split(":")[0]: name for name in built.stdout.split()}
+
+
+@pytest.fixture(scope="session")
+def triton_env() -> TritonEnv:
+    """The Triton environment (made once when missing: `make triton-env` does it before the tests)."""
+    return triton_environment.ensure()

@@ -46,6 +46,7 @@ from typing import Any
 from clusterenv import manifests
 from clusterenv.controlplane import Kubectl
 from servinglab.servers.process import free_ports
+from servinglab.servers.triton import env as triton_environment
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -89,6 +90,7 @@ class RunningPod:
     init_seconds: float = 0.0  # how long the init containers ran
     mounts: dict[str, Path] = field(default_factory=dict)  # the container's mount paths -> local folders
     dns: str = ""  # `<hostname>.<subdomain>` when the pod has both (the pods of an indexed Job)
+    container: tuple[str, str] = ("torchserve", "pytorch/torchserve:0.12.0-gpu")  # the server's name and image
 
 
 class LocalKubelet:
@@ -192,14 +194,15 @@ class LocalKubelet:
     def _report_server_terminated(self, pod: RunningPod, code: int, reason: str, message: str) -> None:
         """The server container's end, in the pod's status (KWOK's stages leave a Failed pod alone)."""
         terminated = {"exitCode": code, "reason": reason, "message": message}
+        name, image = pod.container
         status = {
             "status": {
                 "phase": "Failed",
-                "message": "container torchserve exited",
+                "message": f"container {name} exited",
                 "containerStatuses": [
                     {
-                        "name": "torchserve",
-                        "image": "pytorch/torchserve:0.12.0-gpu",
+                        "name": name,
+                        "image": image,
                         "ready": False,
                         "restartCount": 0,
                         "state": {"terminated": terminated},
@@ -472,6 +475,7 @@ class LocalKubelet:
         spec = pod["spec"]
         for init in spec.get("initContainers", []):
             mounts = self._mounts(pod, init, running.root)
+            self._instances_on_cpu(mounts)
             termination = running.root / f"init-{init['name']}.termination-log"
             mounts_and_log = {**mounts, "/dev/termination-log": termination}
             script = [self._translate(part, mounts_and_log, {}) for part in [*init["command"], *init.get("args", [])]]
@@ -490,7 +494,19 @@ class LocalKubelet:
                 self._annotate(running.name, {manifests.INIT_MESSAGE_ANNOTATION: message,
                                               manifests.init_message_annotation(init["name"]): message})  # fmt: skip
         container = spec["containers"][0]
+        running.container = (container["name"], container["image"])
         mounts = running.mounts = self._mounts(pod, container, running.root)
+        if "/etc/torchserve" in mounts:
+            command, env = self._torchserve(container, running, mounts)
+        else:
+            command, env = self._triton(container, running, mounts)
+        self._spawn(running, container["name"], command, env)
+        if self.on_server_started is not None:
+            self.on_server_started(running.name, running.ports[running.named_ports["metrics"]])
+
+    def _torchserve(
+        self, container: dict[str, Any], running: RunningPod, mounts: dict[str, Path]
+    ) -> tuple[list[str], dict[str, str]]:
         ports = [p["containerPort"] for p in container.get("ports", [])] + [8081, 7070, 7071]
         running.ports = dict(zip(ports, free_ports(len(ports)), strict=True))
         # config files the container reads are the ConfigMap's, with listen addresses made local
@@ -506,9 +522,34 @@ class LocalKubelet:
         properties.write_text(text)
         env = self._env(container, mounts, {"TMPDIR": str(mounts["/tmp"])})
         command = self._command(container, {**mounts, "/dev/termination-log": running.root / "termination-log"}, {})
-        self._spawn(running, container["name"], command, env)
-        if self.on_server_started is not None:
-            self.on_server_started(running.name, running.ports[8082])
+        return command, env
+
+    def _triton(
+        self, container: dict[str, Any], running: RunningPod, mounts: dict[str, Path]
+    ) -> tuple[list[str], dict[str, str]]:
+        """tritonserver from the Triton environment (the image's, here the cached one: its launcher on PATH),
+        its ports given as options made local and bound to loopback; the simulated node's GPU is not here."""
+        ports = [p["containerPort"] for p in container.get("ports", [])]
+        running.ports = dict(zip(ports, free_ports(len(ports)), strict=True))
+        command = self._command(container, {**mounts, "/dev/termination-log": running.root / "termination-log"}, {})
+        for index, part in enumerate(command):
+            if option := re.fullmatch(r"(--(?:http|metrics)-port)=(\d+)", part):
+                command[index] = f"{option.group(1)}={running.ports[int(option.group(2))]}"
+        command += ["--http-address=127.0.0.1", "--metrics-address=127.0.0.1", "--allow-gpu-metrics=false",
+                    f"--backend-config=python,shm-region-prefix-name=kl{running.ports[ports[0]]}_"]  # fmt: skip
+        launcher = triton_environment.find_env().launcher
+        env = self._env(container, mounts, {"TMPDIR": str(mounts["/tmp"])})
+        env["PATH"] = f"{launcher.parent}{os.pathsep}{env['PATH']}"
+        return command, env
+
+    @staticmethod
+    def _instances_on_cpu(mounts: dict[str, Path]) -> None:
+        """The simulated node's GPU is not on this machine: a Triton config.pbtxt's GPU instances run on the CPU."""
+        for folder in mounts.values():
+            config = folder / "config.pbtxt"
+            if config.is_file():
+                text = re.sub(r"kind: KIND_GPU, gpus: \[[0-9]+\]", "kind: KIND_CPU", config.read_text())
+                config.write_text(text)
 
     def _report_server_if_exited(self, running: RunningPod) -> None:
         """A server container that ended on its own (e.g. it gave up on its model), with its message."""

@@ -11,6 +11,7 @@ energy counter rising 60 000 mJ per second.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -150,3 +151,24 @@ class Prometheus:
 
     def stop(self) -> None:
         self.group.stop()
+
+
+# Grafana's built-in variables, as a 1 s scrape interval and a short run make them.
+GRAFANA_BUILTINS = {"$__rate_interval": "15s", "$__interval": "5s", "$__range": "60s"}
+
+
+def grafana_expression(expression: str) -> str:
+    """The query Grafana sends with every template variable set to All (its allValue `.*`)."""
+    for builtin, value in GRAFANA_BUILTINS.items():
+        expression = expression.replace(builtin, value)
+    return re.sub(r"\$\{?(\w+)\}?", ".*", expression)
+
+
+def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every query of a Grafana dashboard."""
+    return [
+        (panel["title"], target["expr"])
+        for panel in dashboard["panels"]
+        if panel["type"] != "row"
+        for target in panel["targets"]
+    ]

@@ -1,4 +1,5 @@
-"""Fixtures for tests that start a real TorchServe (Java frontend + Python workers) on loopback."""
+"""Fixtures for tests that start a real TorchServe (Java frontend + Python workers) or a real tritonserver
+(with its Python backend's stubs) on loopback."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import psutil
 import pytest
 
 TORCHSERVE_MARKERS = ("org.pytorch.serve.ModelServer", "model_service_worker.py")
+TRITON_MARKERS = ("tritonserver", "triton_python_backend_stub")
+SERVER_MARKERS = (*TORCHSERVE_MARKERS, *TRITON_MARKERS)
 #: Set by `no_leftover_servers` for the test's duration; every process the test starts inherits it (the
 #: launcher, the JVM and its workers too). Other tests, other sessions, may run TorchServe on the same
 #: machine at the same time: only processes carrying this test's mark are its own.
@@ -19,12 +22,14 @@ TEST_MARK = "SERVINGLAB_TEST_MARK"
 
 
 def torchserve_processes(since: float, mark: str | None = None) -> list[psutil.Process]:
-    """Running TorchServe frontends and workers created after `since`; with `mark`, only those whose
-    environment carries that TEST_MARK."""
+    """Running server processes (TorchServe frontends and workers, tritonserver and its stubs) created after
+    `since`; with `mark`, only those whose environment carries that TEST_MARK."""
     found = []
     for proc in psutil.process_iter(["cmdline", "create_time"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if proc.info["create_time"] < since - 1 or not any(m in cmdline for m in TORCHSERVE_MARKERS):
+        if proc.info["create_time"] < since - 1 or not any(
+            m in cmdline for m in (*TORCHSERVE_MARKERS, *TRITON_MARKERS)
+        ):
             continue
         if mark is not None:
             try:
@@ -38,7 +43,7 @@ def torchserve_processes(since: float, mark: str | None = None) -> list[psutil.P
 
 @pytest.fixture()
 def no_leftover_servers(monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
-    """Fails the test if any TorchServe process it started is still alive afterwards."""
+    """Fails the test if any server process it started is still alive afterwards."""
     mark = uuid.uuid4().hex
     monkeypatch.setenv(TEST_MARK, mark)
     started = time.time()
@@ -48,7 +53,7 @@ def no_leftover_servers(monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
         time.sleep(0.2)
     for proc in left:  # do not let one failure poison the following tests
         proc.kill()
-    assert not left, f"TorchServe processes left behind: {[p.pid for p in left]}"
+    assert not left, f"server processes left behind: {[p.pid for p in left]}"
 
 
 @pytest.fixture()

@@ -32,7 +32,7 @@ import yaml
 from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
-from clusterenv.monitoring import DcgmExporter, Prometheus
+from clusterenv.monitoring import DcgmExporter, Prometheus, grafana_expression, panel_queries
 from servinglab import servers
 from servinglab.api import parse_experiment
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest
@@ -116,7 +116,7 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
         assert kinds == sorted(
             ["CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding",
              "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap",
-             "ConfigMap", "ConfigMap", "Pod", "NetworkPolicy", "ValidatingAdmissionPolicy",
+             "ConfigMap", "ConfigMap", "ConfigMap", "Pod", "NetworkPolicy", "ValidatingAdmissionPolicy",
              "ValidatingAdmissionPolicyBinding"]
         )  # fmt: skip
         assert roles[(OPERATOR, namespace)]["metadata"]["namespace"] == namespace
@@ -306,6 +306,7 @@ def test_install_creates_the_operator_and_serves_the_crd(cluster: Cluster, insta
         ("Role", f"{OPERATOR}-leader-election"), ("RoleBinding", f"{OPERATOR}-leader-election"),
         ("Service", OPERATOR), ("ConfigMap", f"{RELEASE}-dashboard-torchserve"),
         ("ConfigMap", f"{RELEASE}-dashboard-gpu"), ("ConfigMap", f"{RELEASE}-dashboard-experiments"),
+        ("ConfigMap", f"{RELEASE}-dashboard-triton"),
     }  # fmt: skip
     deployment = cluster.kubectl.get("deployment", OPERATOR, "-n", ns)
     assert deployment["status"].get("readyReplicas") == 1, deployment["status"]
@@ -641,25 +642,8 @@ def test_pod_policy_allow_lists_limit_images_and_node_selectors(cluster: Cluster
 
 # -- dashboards --------------------------------------------------------------------------------------
 
-DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
-# Grafana's built-in variables, as a 1 s scrape interval and a short run make them.
-GRAFANA_BUILTINS = {"$__rate_interval": "15s", "$__interval": "5s", "$__range": "60s"}
-
-
-def grafana_expression(expression: str) -> str:
-    """The query Grafana sends with every template variable set to All (its allValue `.*`)."""
-    for builtin, value in GRAFANA_BUILTINS.items():
-        expression = expression.replace(builtin, value)
-    return re.sub(r"\$\{?(\w+)\}?", ".*", expression)
-
-
-def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
-    return [
-        (panel["title"], target["expr"])
-        for panel in dashboard["panels"]
-        if panel["type"] != "row"
-        for target in panel["targets"]
-    ]
+# The Triton dashboard's queries are evaluated against a Triton run in test_triton_on_cluster.py.
+DASHBOARDS = sorted(path for path in (CHART / "dashboards").glob("*.json") if path.stem != "triton")
 
 
 def finite_values(result: list[dict[str, Any]]) -> list[float]:

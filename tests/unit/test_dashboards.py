@@ -16,8 +16,8 @@ def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
     return [panel for panel in dashboard["panels"] if panel["type"] != "row"]
 
 
-def test_the_three_dashboards_ship() -> None:
-    assert [path.stem for path in DASHBOARDS] == ["experiments", "gpu", "torchserve"]
+def test_the_dashboards_ship() -> None:
+    assert [path.stem for path in DASHBOARDS] == ["experiments", "gpu", "torchserve", "triton"]
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=[path.stem for path in DASHBOARDS])
@@ -49,6 +49,8 @@ def test_dashboards_cover_what_the_issue_names() -> None:
         "gpu"
     ]
     assert {"GPU utilisation by pod", "Memory by pod", "Power by pod"} <= titles["gpu"]
+    assert {"Request rate", "Mean latency (server)", "Mean queue time", "Compute time per request",
+            "Mean batch size", "Failures by reason"} <= titles["triton"]  # fmt: skip
     assert {"Best configuration", "Throughput and p99 by configuration and level"} <= titles["experiments"]
     assert "Verdict by configuration and level" in titles["experiments"]  # why each level got what it did
     assert "Experiments finished by state" in titles["experiments"]

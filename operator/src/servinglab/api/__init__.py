@@ -48,7 +48,14 @@ from servinglab.api.meta import (
     read_document,
 )
 from servinglab.api.modelref import BUILTIN_MODELS, ModelFormat, ModelInput, ModelRef, ModelSource, SecretKeyRef
-from servinglab.api.servers import Precision, ServerKind, ServerSpec, Toleration
+from servinglab.api.servers import (
+    Precision,
+    RequestEncoding,
+    RequestProtocol,
+    ServerKind,
+    ServerSpec,
+    Toleration,
+)
 from servinglab.api.sweep import (
     MAX_SPACE,
     ServingSweep,
@@ -69,7 +76,8 @@ __all__ = [
     "BurstShape", "CeilingSpec", "CleanupSpec", "CompileMode", "DataPath", "Decode", "ExperimentSpec",
     "GeneratorLimits", "LoadSpec", "MetricsSpec",
     "ModelFormat", "ModelInput", "ModelRef", "ModelSource", "ObjectMeta", "PayloadFormat", "PayloadSpec",
-    "Precision", "RateSearchSpec", "Resources", "ResponseCheck", "SecretKeyRef", "ServerKind", "ServerSpec",
+    "Precision", "RateSearchSpec", "RequestEncoding", "RequestProtocol", "Resources", "ResponseCheck",
+    "SecretKeyRef", "ServerKind", "ServerSpec",
     "ServingExperiment", "ServingSweep", "ShapeSpec", "SloSpec", "SpecError", "SpecModel", "StabilitySpec",
     "StepShape", "SweepSpec", "Toleration", "TraceShape", "Transfer", "TrialConfig", "VolumePath",
     "axis_values", "grid", "load_experiment", "load_sweep", "parse_experiment", "parse_sweep", "read_document",

@@ -62,6 +62,15 @@ class ExperimentSpec(SpecModel):
             raise ValueError("load.rateSearch needs slo.p99LatencyMs (the latency the peak rate must meet)")
         return self
 
+    @model_validator(mode="after")
+    def _triton_serves_builtins(self) -> ExperimentSpec:
+        if self.server.kind == "triton" and self.model.source is not None:
+            raise ValueError(
+                "model.source: server.kind triton serves the built-in models (model.name without a source) so "
+                "far; serve your own model with server.kind torchserve"
+            )
+        return self
+
 
 class ServingExperiment(SpecModel):
     """A whole experiment document, as applied with kubectl or run with `servinglab run`."""

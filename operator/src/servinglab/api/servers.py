@@ -56,7 +56,26 @@ class Toleration(SpecModel):
 
 
 #: The model servers servinglab can put under test (each one a folder of :mod:`servinglab.servers`).
-ServerKind = Literal["torchserve"]
+ServerKind = Literal["torchserve", "triton"]
+
+
+class RequestEncoding(StrEnum):
+    """How a request body travels to a server: as it is (the payload is the POST body, with its content
+    type), or as the one element of a BYTES input tensor of the KServe v2 protocol with binary data (a JSON
+    header whose length `Inference-Header-Content-Length` gives, then the element, length-prefixed)."""
+
+    BODY = "body"
+    KSERVE_V2_BINARY = "kserve-v2-binary"
+
+
+class RequestProtocol(SpecModel):
+    """What a server kind says about its requests (:meth:`servinglab.servers.base.Server.request_protocol`):
+    how the load generator encodes each body (once per body, before any load) and reads the answer. It
+    travels to the load generators with their plan; no spec names it."""
+
+    encoding: RequestEncoding = RequestEncoding.BODY
+    #: The KServe v2 input tensor the body is the element of.
+    input_name: str = Field(default="INPUT", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
 
 
 class ServerSpec(SpecModel):

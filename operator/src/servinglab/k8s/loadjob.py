@@ -126,8 +126,9 @@ def _target(spec: ExperimentSpec, options: LoadJobOptions) -> levels.Target:
     payloads = request_payloads(load.payload, size, payload_dir)
     if load.shape is not None and load.shape.trace is not None:
         shapes.load_trace(load.shape.trace, payload_dir, len(payloads), load.stability.window_seconds)
-    path = servers.get(spec.server.kind).request_path(options.model_name)
-    return levels.Target(options.target.rstrip("/"), path, payloads, load.payload.check, payload_dir)
+    kind = servers.get(spec.server.kind)
+    path, protocol = kind.request_path(options.model_name), kind.request_protocol(options.model_name)
+    return levels.Target(options.target.rstrip("/"), path, payloads, load.payload.check, payload_dir, protocol)
 
 
 def _generator_key(spec: ExperimentSpec, listen: str | None, join: str | None) -> bytes | None:

@@ -23,7 +23,6 @@ from locust.env import Environment
 import contextlib
 import dataclasses
 import functools
-import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,10 +31,11 @@ from typing import Any
 import gevent
 from geventhttpclient import HTTPClient
 
-from servinglab.api import GeneratorLimits, ResponseCheck, StabilitySpec
+from servinglab.api import GeneratorLimits, RequestProtocol, ResponseCheck, StabilitySpec
 from servinglab.loadgen import shapes
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
+from servinglab.loadgen.protocol import Request, answer_problem, encode_all
 from servinglab.loadgen.stats import (
     CpuMeter,
     LevelStats,
@@ -60,6 +60,7 @@ class LoadPlan:
     check: ResponseCheck | None = None
     stability: StabilitySpec = field(default_factory=StabilitySpec)
     generator_limits: GeneratorLimits = field(default_factory=GeneratorLimits)
+    protocol: RequestProtocol = field(default_factory=RequestProtocol)  # the server kind's request encoding
     timing: LevelTiming = field(default_factory=LevelTiming)
     payload_offset: int = 0  # where this generator's users start in the payloads (several generators)
     locust_stats: bool = False  # also feed Locust's own statistics (its UI), at Locust's cost per request
@@ -68,6 +69,10 @@ class LoadPlan:
     in_flight: int = 0
     samples: list[Sample] = field(default_factory=list)
     send_gaps_ms: list[float] = field(default_factory=list)
+    requests: list[Request] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.requests = encode_all(self.protocol, self.payloads)  # once per body, not per request
 
     def record(self, sent_at: float, latency_ms: float, error: str | None) -> None:
         if self.measuring_since is not None and sent_at >= self.measuring_since:
@@ -96,33 +101,21 @@ def error_kind(status: int, exception: BaseException | None) -> str | None:
     return f"http_{status}"
 
 
-def check_answer(status: int, body: bytes, check: ResponseCheck | None) -> str | None:
-    """A 2xx answer that fails the response check: `unexpected_status_<n>` or `malformed_json`."""
-    if check is None:
-        return None
-    if status != check.status:
-        return f"unexpected_status_{status}"
-    if check.json_body:
-        try:
-            json.loads(body)
-        except ValueError:
-            return "malformed_json"
-    return None
-
-
-def exchange(client: HTTPClient, path: str, payload: Payload, check: ResponseCheck | None) -> tuple[int, str | None]:
-    """POST one request and read the whole answer: (status, error kind or None). The one exchange
+def exchange(
+    client: HTTPClient, path: str, request: Request, check: ResponseCheck | None, protocol: RequestProtocol
+) -> tuple[int, str | None]:
+    """POST one (encoded) request and read the whole answer: (status, error kind or None). The one exchange
     both loops make, on geventhttpclient directly (no per-request bookkeeping but servinglab's)."""
     try:
-        response = client.post(path, body=payload.body, headers={"Content-Type": payload.content_type})
+        response = client.post(path, body=request.body, headers=request.headers)
         try:
             answer = response.read()
         finally:
             response.release()
     except (OSError, gevent.Timeout) as exc:
         return 0, error_kind(0, exc)
-    return response.status_code, error_kind(response.status_code, None) or check_answer(
-        response.status_code, answer, check
+    return response.status_code, error_kind(response.status_code, None) or answer_problem(
+        protocol, response.status_code, answer, check
     )
 
 
@@ -159,7 +152,7 @@ class InferenceUser(User):
             gevent.sleep(0.01)
             self.free_since = None
             return
-        payload = plan.payloads[self.next_payload % len(plan.payloads)]
+        request = plan.requests[self.next_payload % len(plan.requests)]
         self.next_payload += 1
         plan.in_flight += 1
         sent_at = time.time()
@@ -167,7 +160,7 @@ class InferenceUser(User):
         if self.free_since is not None:
             plan.record_gap((started - self.free_since) * 1000.0)
         try:
-            status, error = exchange(self.http, plan.path, payload, plan.check)
+            status, error = exchange(self.http, plan.path, request, plan.check, plan.protocol)
         finally:
             self.free_since = time.perf_counter()
             plan.in_flight -= 1

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from servinglab.api import LoadSpec, ResponseCheck
+from servinglab.api import LoadSpec, RequestProtocol, ResponseCheck
 from servinglab.api.results import PeakRate
 from servinglab.loadgen import closed_loop, generators, open_loop, shapes, sharing, wire
 from servinglab.loadgen.hooks import LevelHooks
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.peak import search_peak_rate
+from servinglab.loadgen.protocol import encode
 from servinglab.loadgen.stats import LevelStats, combine_repeats
 
 
@@ -38,6 +39,7 @@ class Target:
     payloads: Sequence[Payload]
     check: ResponseCheck | None = None
     files_dir: Path | None = None  # where the payload files (and a trace) are; None: the working directory
+    protocol: RequestProtocol = field(default_factory=RequestProtocol)  # how the server kind takes a body
 
 
 #: The generator settings of a closed- or open-loop run.
@@ -66,14 +68,14 @@ def run_load(
         plan = closed_loop.LoadPlan(
             target=target.url, path=target.path, payloads=target.payloads, check=target.check,
             request_timeout_seconds=load.request_timeout_seconds, stability=load.stability,
-            generator_limits=load.generator,
+            generator_limits=load.generator, protocol=target.protocol,
         )  # fmt: skip
     else:
         plan = open_loop.OpenLoopPlan(
             target=target.url, path=target.path, payloads=target.payloads, check=target.check,
             request_timeout_seconds=load.request_timeout_seconds, arrival=load.arrival,
             max_in_flight=load.max_in_flight, seed=load.payload.seed, stability=load.stability,
-            generator_limits=load.generator,
+            generator_limits=load.generator, protocol=target.protocol,
         )  # fmt: skip
     local = 1 if remote else sharing.resolve_count(load.generators)
     if load.shape is not None:
@@ -164,12 +166,10 @@ def wait_until_serving(
     """
     deadline = time.monotonic() + deadline_seconds
     problem = "no attempt made"
+    first = encode(target.protocol, target.payloads[0])
     while time.monotonic() < deadline:
         request = urllib.request.Request(
-            target.url + target.path,
-            data=target.payloads[0].body,
-            headers={"Content-Type": target.payloads[0].content_type},
-            method="POST",
+            target.url + target.path, data=first.body, headers=first.headers, method="POST"
         )
         timeout = max(1.0, min(request_timeout_seconds, deadline - time.monotonic()))
         try:

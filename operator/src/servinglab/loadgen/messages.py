@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pydantic
 
-from servinglab.api import GeneratorLimits, ResponseCheck, StabilitySpec
+from servinglab.api import GeneratorLimits, RequestProtocol, ResponseCheck, StabilitySpec
 from servinglab.loadgen import shapes
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.stats import LevelStats, Sample
@@ -161,6 +161,7 @@ def plan_messages(loop: str, plan: LoadPlan | OpenLoopPlan) -> list[Message]:
         "kind": "plan", "loop": loop, "target": plan.target, "path": plan.path,
         "requestTimeoutSeconds": plan.request_timeout_seconds,
         "check": plan.check.model_dump(by_alias=True, mode="json") if plan.check is not None else None,
+        "protocol": plan.protocol.model_dump(by_alias=True, mode="json"),
         "stability": plan.stability.model_dump(by_alias=True, mode="json"),
         "generatorLimits": plan.generator_limits.model_dump(by_alias=True, mode="json"),
         "payloadOffset": plan.payload_offset, "payloadCount": len(plan.payloads),
@@ -206,6 +207,7 @@ def read_plan(header: Message, channel: Channel) -> tuple[str, LoadPlan | OpenLo
         "target": fields.get("target", str), "path": fields.get("path", str), "payloads": payloads,
         "request_timeout_seconds": fields.real("requestTimeoutSeconds"),
         "check": fields.model("check", ResponseCheck, optional=True),
+        "protocol": fields.model("protocol", RequestProtocol),
         "stability": fields.model("stability", StabilitySpec),
         "generator_limits": fields.model("generatorLimits", GeneratorLimits),
         "payload_offset": fields.get("payloadOffset", int),

@@ -27,12 +27,13 @@ import gevent
 import gevent.pool
 from geventhttpclient import HTTPClient
 
-from servinglab.api import GeneratorLimits, ResponseCheck, StabilitySpec
+from servinglab.api import GeneratorLimits, RequestProtocol, ResponseCheck, StabilitySpec
 from servinglab.loadgen import shapes
 from servinglab.loadgen.closed_loop import exchange
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.precise_sleep import PreciseSleeper
+from servinglab.loadgen.protocol import Request, encode_all
 from servinglab.loadgen.stats import (
     CpuMeter,
     LevelStats,
@@ -59,8 +60,13 @@ class OpenLoopPlan:
     seed: int = 0
     stability: StabilitySpec = field(default_factory=StabilitySpec)
     generator_limits: GeneratorLimits = field(default_factory=GeneratorLimits)
+    protocol: RequestProtocol = field(default_factory=RequestProtocol)  # the server kind's request encoding
     timing: LevelTiming = field(default_factory=LevelTiming)
     payload_offset: int = 0  # where this generator starts in the payloads (several generators)
+    requests: list[Request] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.requests = encode_all(self.protocol, self.payloads)  # once per body, not per request
 
 
 @dataclass
@@ -150,8 +156,8 @@ def _run_schedule(
                 else:
                     report("measure", elapsed - warmup_seconds, duration_seconds)
             chosen = schedule.payload_indices[number] if schedule.payload_indices is not None else number
-            payload = plan.payloads[(chosen + plan.payload_offset) % len(plan.payloads)]
-            _dispatch(client, plan, level, pool, scheduled, payload)
+            request = plan.requests[(chosen + plan.payload_offset) % len(plan.requests)]
+            _dispatch(client, plan, level, pool, scheduled, request)
         else:  # the schedule ended with the longest period allowed: its end is still judged (and told)
             _measure_on(plan, level)
     cpu_percent = cpu.percent() if cpu is not None else 0.0
@@ -191,7 +197,7 @@ def _measure_on(plan: OpenLoopPlan, level: _Level) -> bool:
 
 
 def _dispatch(
-    client: HTTPClient, plan: OpenLoopPlan, level: _Level, pool: gevent.pool.Group, scheduled: float, payload: Payload
+    client: HTTPClient, plan: OpenLoopPlan, level: _Level, pool: gevent.pool.Group, scheduled: float, request: Request
 ) -> None:
     """Send now (one greenlet per request), or count the send as dropped or late."""
     measured = scheduled >= level.measure_from
@@ -203,15 +209,15 @@ def _dispatch(
     if measured and (time.perf_counter() - scheduled) * 1000.0 > plan.generator_limits.max_send_gap_ms:
         level.late += 1
     level.in_flight += 1  # counted before the greenlet runs, so the limit holds within one tick
-    pool.spawn(_send, client, plan, level, scheduled, measured, payload)
+    pool.spawn(_send, client, plan, level, scheduled, measured, request)
 
 
 def _send(
-    client: HTTPClient, plan: OpenLoopPlan, level: _Level, scheduled: float, measured: bool, payload: Payload
+    client: HTTPClient, plan: OpenLoopPlan, level: _Level, scheduled: float, measured: bool, request: Request
 ) -> None:
     sent = time.perf_counter()
     try:
-        _, error = exchange(client, plan.path, payload, plan.check)
+        _, error = exchange(client, plan.path, request, plan.check, plan.protocol)
     finally:
         level.in_flight -= 1
     finished = time.perf_counter()

@@ -254,7 +254,8 @@ def _measure(
         return server.metrics_text()
 
     kind = servers.get(spec.server.kind)
-    target = Target(server.inference_url, server.request_path, payloads, spec.load.payload.check, Path.cwd())
+    target = Target(server.inference_url, server.request_path, payloads, spec.load.payload.check, Path.cwd(),
+                    kind.request_protocol(server.model_name))  # fmt: skip
     hooks.phase(f"Load: {spec.load.describe()}")
     telemetry = LocalTelemetry(server.worker_process_ids, server.gpus)
     windows = ServerWindows(fetch_metrics, kind.metrics(server.model_name), telemetry)

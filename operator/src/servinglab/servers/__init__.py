@@ -15,4 +15,8 @@ def get(kind: ServerKind = "torchserve") -> Server:
         from servinglab.servers.torchserve import TORCHSERVE
 
         return TORCHSERVE
+    if kind == "triton":
+        from servinglab.servers.triton import TRITON
+
+        return TRITON
     raise ValueError(f"unknown server kind {kind!r}")

@@ -3,7 +3,8 @@ places servinglab uses a server.
 
 A server kind (one folder of :mod:`servinglab.servers`) gives:
 
-* how requests reach it (:meth:`Server.request_path`, the load generator's protocol);
+* how requests reach it (:meth:`Server.request_path`) and how a body is encoded and its answer read
+  (:meth:`Server.request_protocol`: data the load generator acts on, knowing no server);
 * its model, packed (:meth:`Server.prepare_model`: the built-in models and the user's own);
 * a local server process (:meth:`Server.local` -> :class:`LocalServer`: start, ready when every worker
   has the model, reconfigure when the server can, stop, effective settings, metrics text, notes);
@@ -18,11 +19,12 @@ The local runner, the load Job, the operator and the sweep reach a server only t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from servinglab.api import ExperimentSpec, LoadSpec, ModelRef, Precision, ServerSpec
+from servinglab.api import ExperimentSpec, LoadSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.results import DataPathRun, EffectiveSettings, ModelDescription, ServerBreakdown, Warmup
 
 #: A Kubernetes object or a part of one (a container, a volume), as the API takes it.
@@ -89,6 +91,22 @@ def container_resources(server: ServerSpec, gpu_resource: str = GPU_RESOURCE) ->
     if server.resources.requests:
         resources["requests"] = dict(server.resources.requests)
     return resources
+
+
+def restricted(read_only_root: bool = True) -> Manifest:
+    """A container security context of the `restricted` Pod Security Standard."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": read_only_root,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def size_limit(size: int) -> str:
+    """An emptyDir's sizeLimit for `size` bytes, in whole MiB."""
+    return f"{math.ceil(size / 2**20)}Mi"
 
 
 @dataclass(frozen=True)
@@ -178,6 +196,10 @@ class Server(Protocol):
     reconfigurable: bool
 
     def request_path(self, model_name: str) -> str: ...
+
+    def request_protocol(self, model_name: str) -> RequestProtocol:
+        """How the load generator encodes a body for this server and reads its answer."""
+        ...
 
     def prepare_model(self, spec: ExperimentSpec, workdir: Path) -> ServedModel:
         """The experiment's model packed for this server (locally); raises :class:`ModelError` with its

@@ -1,13 +1,18 @@
-"""What every local server process needs from this machine: free loopback ports, and how many GPUs it
-may use. Used by the servers' local processes (and by the tests' stand-ins, which need free ports too).
+"""What every local server process needs from this machine: free loopback ports, how many GPUs it may use,
+and a clean stop of its whole process group. Used by the servers' local processes (and by the tests'
+stand-ins, which need free ports too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
+
+import psutil
 
 
 def free_ports(count: int) -> list[int]:
@@ -39,3 +44,42 @@ def visible_gpus() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return len(result.stdout.split())
+
+
+def stop_group(process: subprocess.Popen[bytes], grace_seconds: float) -> None:
+    """End a server started in its own process group (`start_new_session`): SIGTERM to the group, then
+    SIGKILL to whatever is left, and any descendant that left the group (setsid) is killed too."""
+    descendants: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig is signal.SIGTERM:
+            _, alive = psutil.wait_procs(descendants, timeout=grace_seconds)
+            if not alive:
+                break
+    for proc in descendants:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(descendants, timeout=5)
+
+
+def descendants_running(process: subprocess.Popen[bytes] | None, marker: str) -> list[int]:
+    """The processes under `process` (at any depth) whose command line has a part ending with `marker`: a
+    server's model workers, whose CPU (used or waited for) is the model's (the verdicts read it)."""
+    found: list[int] = []
+    if process is None:
+        return found
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(process.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if any(part.endswith(marker) for part in child.cmdline()):
+                    found.append(child.pid)
+    return found

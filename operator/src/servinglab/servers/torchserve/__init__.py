@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servinglab.api import ExperimentSpec, ModelRef, Precision, ServerSpec
+from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.results import ModelDescription, ServerBreakdown
 from servinglab.models import builtins
 from servinglab.models.catalogue import request_image_size
@@ -55,6 +55,10 @@ class TorchServe:
 
     def request_path(self, model_name: str) -> str:
         return f"/predictions/{model_name}"
+
+    def request_protocol(self, model_name: str) -> RequestProtocol:
+        """The payload is the POST body, as it is, with its content type."""
+        return RequestProtocol()
 
     def prepare_model(self, spec: ExperimentSpec, workdir: Path) -> ServedModel:
         """The built-in model laid out from its build (built once, in a child process), or the user's model

@@ -38,7 +38,7 @@ from servinglab import lifeline
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import DataPathRun, EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
-from servinglab.servers.process import free_ports, visible_gpus
+from servinglab.servers.process import descendants_running, free_ports, visible_gpus
 from servinglab.servers.torchserve.config import (
     Addresses,
     config_properties,
@@ -276,15 +276,7 @@ class LocalTorchServe:
 
     def worker_process_ids(self) -> list[int]:
         """The Python workers now running (model_service_worker.py, children of the Java frontend)."""
-        found: list[int] = []
-        if self.process is None:
-            return found
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(self.process.pid).children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    if any(part.endswith("model_service_worker.py") for part in child.cmdline()):
-                        found.append(child.pid)
-        return found
+        return descendants_running(self.process, "model_service_worker.py")
 
     def log_tail(self, lines: int = 20) -> str:
         log = self.workdir / "logs" / "ts_log.log"

@@ -16,11 +16,9 @@ node's disk. Inference and metrics listen on all interfaces, management on local
 
 from __future__ import annotations
 
-import math
-
 from servinglab.api import ExperimentSpec
 from servinglab.models.fetch import AUTHORIZATION_ENV
-from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, PodInputs, PodPlan
+from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, PodInputs, PodPlan, restricted, size_limit
 from servinglab.servers.torchserve.config import (
     Addresses,
     config_properties,
@@ -63,10 +61,6 @@ def model_bytes(spec: ExperimentSpec) -> int:
     return source.max_bytes if source is not None else BUILTIN_MODEL_BYTES
 
 
-def size_limit(size: int) -> str:
-    return f"{math.ceil(size / 2**20)}Mi"
-
-
 def model_store_bytes(spec: ExperimentSpec) -> int:
     """The model store's sizeLimit: twice the model (an archive and what it unpacks to are both there while
     it is unpacked; a download, before it is moved into place) and the margin."""
@@ -77,17 +71,6 @@ def tmp_bytes(spec: ExperimentSpec) -> int:
     """/tmp of the model init container and TorchServe: a built-in build without a cache claim, TorchServe's
     temporary files (which may hold a copy of the model)."""
     return model_bytes(spec) + _GI
-
-
-def restricted(read_only_root: bool = True) -> Manifest:
-    """A container security context of the `restricted` Pod Security Standard."""
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": read_only_root,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
 
 
 def pod_config_properties(model: str, spec: ExperimentSpec) -> str:

@@ -1,0 +1,126 @@
+"""Pure renderers of a Triton model's `config.pbtxt` from a validated spec, and the reading of the
+configuration Triton says it applied.
+
+The spec's knobs map onto Triton's model configuration:
+
+* batch size -> `max_batch_size`, with `dynamic_batching { max_queue_delay_microseconds }` from the max
+  batch delay (a batch size of 1 is "no batching": the batcher never waits for a batch that is full);
+* workers -> `instance_group [{ count, kind }]`: KIND_CPU, or KIND_GPU with the copies spread over the GPUs
+  the server may use (one group per GPU: Triton's count is per GPU), so that workers is the total either way;
+* precision, warm-up and the top-k the answer lists -> `parameters`, which servinglab's Python model
+  (`handlers/servinglab_triton_model.py`) reads when an instance starts.
+
+The input is one BYTES element per request (the encoded image, as the load generator sends it in the
+KServe v2 protocol); the outputs are the top-k classes and their probabilities. Used by the local Triton
+(:mod:`.local`), its pod (:mod:`.pod`) and the export of a winning configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from servinglab.api import LoadSpec, ServerSpec
+from servinglab.api.results import EffectiveSettings
+
+#: The model's input tensor (one BYTES element: an encoded image) and its outputs.
+INPUT_NAME = "INPUT"
+OUTPUT_CLASSES = "CLASSES"
+OUTPUT_PROBABILITIES = "PROBABILITIES"
+TOP_K = 5
+#: The one version servinglab serves of a model (Triton's repository layout: <model>/<version>/).
+VERSION = "1"
+
+
+def powers_of_two_up_to(largest: int) -> list[int]:
+    """1, 2, 4, ... below `largest`, and `largest` itself: the batch sizes an instance warms up."""
+    return sorted({min(2**i, largest) for i in range(largest.bit_length() + 1)})
+
+
+def warmup_batch_sizes(batch_size: int, load: LoadSpec | None) -> list[int]:
+    """Powers of two up to the largest batch the load can form (a closed loop never has more requests
+    outstanding than its largest concurrency)."""
+    largest = batch_size
+    if load is not None and load.mode == "closed":
+        largest = min(batch_size, max(load.concurrency))
+    return powers_of_two_up_to(largest)
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text)  # a protobuf text-format string is a JSON string for what is written here
+
+
+def render_config(model_name: str, server: ServerSpec, gpus: int, load: LoadSpec | None = None) -> str:
+    """config.pbtxt of `model_name` served by servinglab's Python model; `gpus` is how many GPUs the server
+    may use (0: the instances run on the CPU)."""
+    parameters = {
+        "precision": str(server.precision),
+        "warmup_batch_sizes": ",".join(map(str, warmup_batch_sizes(server.batch_size, load)))
+        if server.warmup_seconds > 0
+        else "",
+        "warmup_seconds": f"{server.warmup_seconds:g}",
+        "top_k": str(TOP_K),
+    }
+    groups = _instance_groups(server.workers, gpus)
+    lines = [
+        f"name: {_quote(model_name)}",
+        'backend: "python"',
+        f"max_batch_size: {server.batch_size}",
+        f'input [{{ name: "{INPUT_NAME}", data_type: TYPE_STRING, dims: [1] }}]',
+        "output [",
+        f'  {{ name: "{OUTPUT_CLASSES}", data_type: TYPE_INT64, dims: [{TOP_K}] }},',
+        f'  {{ name: "{OUTPUT_PROBABILITIES}", data_type: TYPE_FP32, dims: [{TOP_K}] }}',
+        "]",
+        f"dynamic_batching {{ max_queue_delay_microseconds: {server.max_batch_delay_ms * 1000} }}",
+        f"instance_group [{', '.join(groups)}]",
+        *(f"parameters {{ key: {_quote(k)}, value: {{ string_value: {_quote(v)} }} }}" for k, v in parameters.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _instance_groups(workers: int, gpus: int) -> list[str]:
+    """`workers` model copies in all: on the CPU, or spread over the GPUs one by one (Triton's `count` is per
+    GPU listed, so each GPU gets a group of its own share)."""
+    if gpus == 0:
+        return [f"{{ count: {workers}, kind: KIND_CPU }}"]
+    shares = [workers // gpus + (1 if gpu < workers % gpus else 0) for gpu in range(gpus)]
+    return [f"{{ count: {share}, kind: KIND_GPU, gpus: [{gpu}] }}" for gpu, share in enumerate(shares) if share]
+
+
+@dataclass(frozen=True)
+class AppliedConfig:
+    """What Triton's model configuration endpoint says it applied (GET /v2/models/<model>/config)."""
+
+    max_batch_size: int
+    max_queue_delay_us: int | None
+    instances: int
+    kinds: tuple[str, ...]
+    parameters: dict[str, str]
+
+    def effective(self, ready_instances: int) -> EffectiveSettings:
+        """The settings in effect: the batch Triton forms, its delay (in whole ms, as the spec has it), the
+        instance count it configured and how many of them are loaded."""
+        delay = None if self.max_queue_delay_us is None else self.max_queue_delay_us // 1000
+        return EffectiveSettings(
+            batch_size=max(1, self.max_batch_size), max_batch_delay_ms=delay, min_workers=self.instances,
+            max_workers=self.instances, ready_workers=ready_instances,
+        )  # fmt: skip
+
+
+def read_applied(config: dict[str, Any]) -> AppliedConfig:
+    """The parts of Triton's JSON model configuration servinglab checks (protobuf JSON: 64-bit integers may
+    come as strings)."""
+    batching = config.get("dynamic_batching")
+    delay = int(batching.get("max_queue_delay_microseconds", 0)) if isinstance(batching, dict) else None
+    groups = config.get("instance_group") or []
+    parameters = {
+        str(key): str(value.get("string_value", "")) for key, value in (config.get("parameters") or {}).items()
+    }
+    return AppliedConfig(
+        max_batch_size=int(config.get("max_batch_size", 0)),
+        max_queue_delay_us=delay,
+        instances=sum(int(group.get("count", 1)) for group in groups),
+        kinds=tuple(str(group.get("kind", "")) for group in groups),
+        parameters=parameters,
+    )

@@ -1,0 +1,159 @@
+"""Triton in a pod: config.pbtxt in the experiment's ConfigMap, the init container that lays the model's
+repository entry out, the server container with its launcher and readiness, and the volumes (pure).
+
+The init container (`model`, the servinglab image) builds the built-in model from its seeded code (`servinglab
+build-model NAME --into /models/NAME --server triton`: the build is copied, checked against its digests and
+laid out beside servinglab's Python model) and drops in the experiment's config.pbtxt; with a model cache
+claim it keeps builds there (mounted into it alone). The server container (the Triton image hack/images.sh
+builds) runs `servinglab-tritonserver`, the Triton environment's launcher, over the read-only repository:
+HTTP and metrics on all interfaces, gRPC off, the model loaded explicitly (the repository API stays inside
+the pod: nothing but the inference and metrics ports is exposed by the Service). It is ready when Triton
+says the model is READY (every instance loaded); a model Triton cannot load ends the container with the
+termination message "ModelLoadFailed: <Triton's reason>". Non-root, read-only root file system, every
+emptyDir bounded.
+"""
+
+from __future__ import annotations
+
+from servinglab.api import ExperimentSpec
+from servinglab.servers.base import MODEL_INIT, Manifest, PodInputs, PodPlan, restricted, size_limit
+from servinglab.servers.triton.config import render_config
+from servinglab.servers.triton.repository import CONFIG_FILE
+from servinglab.servers.triton.wire import MODEL_LOAD_FAILED
+
+INFERENCE_PORT = 8000
+METRICS_PORT = 8002
+REPOSITORY = "/models"
+CONFIG_DIR = "/etc/triton"
+MODEL_CACHE_DIR = "/model-cache"
+#: The launcher's copy of Triton's output, read when Triton ends (on the /tmp emptyDir).
+SERVER_LOG = "/tmp/tritonserver.log"
+#: uid of the servinglab images' user
+TRITON_UID = 65532
+
+_GI = 2**30
+#: What a built-in model's repository entry may take (resnet50's build is about 100 MB).
+MODEL_BYTES = _GI
+#: /tmp: the launcher's copy of the log, the stubs' scratch.
+TMP_BYTES = _GI
+#: /dev/shm: the Python backend's stubs exchange every batch's tensors with Triton there.
+SHM_BYTES = 2 * _GI
+
+
+def config_pbtxt(spec: ExperimentSpec) -> str:
+    return render_config(spec.model.name, spec.server, spec.server.gpus, spec.load)
+
+
+def model_init_container(spec: ExperimentSpec, inputs: PodInputs) -> Manifest:
+    """The init container that lays the model's repository entry out and puts the config beside it."""
+    model = spec.model.name
+    cached = inputs.model_cache_claim is not None
+    mounts: list[Manifest] = [
+        {"name": "models", "mountPath": REPOSITORY},
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if cached:
+        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
+    builds = f"{MODEL_CACHE_DIR if cached else '/tmp/model-cache'}/builtin"
+    script = (
+        f"servinglab build-model {model} --build-dir {builds} --into {REPOSITORY}/{model} --server triton --quiet"
+        " --termination-log /dev/termination-log\n"
+        f"cp {CONFIG_DIR}/{CONFIG_FILE} {REPOSITORY}/{model}/{CONFIG_FILE}\n"
+    )
+    return {
+        "name": MODEL_INIT,
+        "image": inputs.servinglab_image,
+        "command": ["sh", "-ec"],
+        "args": [script],
+        "volumeMounts": mounts,
+        "securityContext": restricted(),
+    }
+
+
+def server_launcher(model: str, log: str = SERVER_LOG, termination_log: str = "/dev/termination-log") -> str:
+    """A POSIX sh script for the server container: runs `"$0" "$@"` (the launcher and Triton's options), its
+    output both to the container's log and to `log`; when Triton ends with an error because it cannot load
+    the model, the termination message is "ModelLoadFailed: <the reason Triton logged>". As PID 1 it passes
+    SIGTERM on to the whole process group."""
+    return f"""\
+stop() {{ trap '' TERM INT; kill -TERM 0; wait; }}
+trap 'stop; exit 143' TERM INT
+rm -f '{log}.code'
+{{ "$0" "$@" 2>&1; echo $? > '{log}.code'; }} | tee '{log}' &
+wait $!
+code=$(cat '{log}.code' 2>/dev/null || echo 1)
+if [ "$code" -ne 0 ]; then
+  cause=$(grep -m 1 "failed to load '{model}'" '{log}' | sed 's/.*failed to load [^:]*: //; s/\\\\n.*//; s/"$//')
+  [ -n "$cause" ] && printf '{MODEL_LOAD_FAILED}: Triton could not load {model}: %s' "$cause" > '{termination_log}'
+fi
+exit "$code"
+"""
+
+
+def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> Manifest:
+    model, gpus = spec.model.name, spec.server.gpus
+    return {
+        "name": "triton",
+        "image": image,
+        "command": ["sh", "-c", server_launcher(model)],
+        "args": [
+            "servinglab-tritonserver",
+            f"--model-repository={REPOSITORY}",
+            "--model-control-mode=explicit",
+            f"--load-model={model}",
+            "--strict-readiness=true",
+            "--disable-auto-complete-config",
+            f"--http-port={INFERENCE_PORT}",
+            "--allow-grpc=false",
+            f"--metrics-port={METRICS_PORT}",
+            f"--allow-gpu-metrics={'true' if gpus else 'false'}",
+            *([] if gpus else ["--pinned-memory-pool-byte-size=0"]),
+            "--exit-timeout-secs=10",
+        ],  # fmt: skip
+        "env": [{"name": "TMPDIR", "value": "/tmp"}],
+        "ports": [
+            {"name": "inference", "containerPort": INFERENCE_PORT},
+            {"name": "metrics", "containerPort": METRICS_PORT},
+        ],
+        # READY once every instance has loaded the model (strict readiness)
+        "readinessProbe": {
+            "httpGet": {"path": f"/v2/models/{model}/ready", "port": "inference"},
+            "periodSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/v2/health/live", "port": "inference"},
+            "initialDelaySeconds": 30,
+            "periodSeconds": 10,
+        },  # fmt: skip
+        "resources": resources,
+        "volumeMounts": [
+            {"name": "models", "mountPath": REPOSITORY, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+        "securityContext": restricted(),
+    }
+
+
+def plan(spec: ExperimentSpec, inputs: PodInputs, image: str, resources: Manifest) -> PodPlan:
+    volumes: list[Manifest] = [
+        {"name": "config", "configMap": {"name": inputs.config_map}},
+        {"name": "models", "emptyDir": {"sizeLimit": size_limit(2 * MODEL_BYTES)}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": size_limit(TMP_BYTES + MODEL_BYTES)}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": size_limit(SHM_BYTES)}},
+    ]
+    if inputs.model_cache_claim:
+        volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": inputs.model_cache_claim}})
+    return PodPlan(
+        config_files={CONFIG_FILE: config_pbtxt(spec)},
+        config_dir=CONFIG_DIR,
+        init_containers=[model_init_container(spec, inputs)],
+        containers=[server_container(spec, image, resources)],
+        volumes=volumes,
+        run_as_user=TRITON_UID,
+        inference_port=INFERENCE_PORT,
+        metrics_port=METRICS_PORT,
+        metrics_path="/metrics",
+    )

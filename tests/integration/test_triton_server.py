@@ -1,0 +1,154 @@
+"""A real tritonserver configured from the spec: an experiment end to end through `servinglab run`, the
+settings Triton reports are the requested ones and batches really form, a model Triton cannot load ends
+the start with Triton's reason, and a sweep's trials reconfigure one server through the repository API."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from servinglab.api import ExperimentSpec, PayloadFormat, ServerSpec
+from servinglab.loadgen.payloads import make_payloads
+from servinglab.servers import get
+from servinglab.servers.base import ServerError
+from servinglab.servers.triton import metrics as triton_metrics
+from servinglab.servers.triton.env import TritonEnv
+from servinglab.servers.triton.local import LocalTriton
+
+pytestmark = pytest.mark.triton
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def tiny_entry(tmp_path_factory: pytest.TempPathFactory, triton_env: TritonEnv) -> Path:
+    """The tiny model laid out as a Triton repository entry, as the local runner prepares it."""
+    spec = ExperimentSpec.model_validate({"model": {"name": "tiny"}, "server": {"kind": "triton"}})
+    return get("triton").prepare_model(spec, tmp_path_factory.mktemp("triton-model")).directory
+
+
+def serve(entry: Path, workdir: Path, **settings: Any) -> LocalTriton:
+    return LocalTriton("tiny", entry, ServerSpec.model_validate({"kind": "triton", "gpus": 0, **settings}), workdir)
+
+
+def experiment(tmp_path: Path, name: str, server: dict[str, Any], concurrency: list[int]) -> Path:
+    document = yaml.safe_load((EXAMPLES / "experiment-smoke.yaml").read_text())
+    document["metadata"]["name"] = name
+    document["spec"]["server"].update(kind="triton", **server)
+    document["spec"]["load"].update(concurrency=concurrency, warmupSeconds=0.5, durationSeconds=2)
+    document["spec"]["ceiling"] = {"enabled": False}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_an_experiment_on_triton_reports_every_level_with_triton_s_breakdown(
+    servinglab_cmd: list[str], triton_env: TritonEnv, tmp_path: Path, no_leftover_servers: float
+) -> None:
+    path = experiment(tmp_path, "tiny-triton", {"batchSize": 8, "maxBatchDelayMs": 20, "workers": 2}, [1, 16])
+    run = subprocess.run([*servinglab_cmd, "run", str(path), "--output", str(tmp_path / "out.json")],
+                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((tmp_path / "out.json").read_text())
+    effective = results["server"]["effective"]
+    assert (effective["batchSize"], effective["maxBatchDelayMs"], effective["readyWorkers"]) == (8, 20, 2)
+    assert results["server"]["kind"] == "triton"
+    assert results["runtime"]["precisionNote"].startswith("fp32")
+    assert results["runtime"]["warmup"]["batchSizes"] == [1, 2, 4, 8]
+    levels = {level["concurrency"]: level for level in results["results"]}
+    assert set(levels) == {1, 16}
+    for level in levels.values():
+        assert level["errors"] == 0 and level["requests"] > 0
+        # Triton counted what the generator sent in the window, and says where the time went
+        assert level["server"]["serverRequests"] == pytest.approx(level["requests"], abs=16)
+        assert 0 < level["server"]["inferenceMsPerBatch"] < level["latencyMs"]["max"]
+    assert levels[1]["server"]["meanBatchSize"] == pytest.approx(1.0)
+    assert levels[16]["server"]["meanBatchSize"] > 2
+
+
+def test_triton_applies_the_requested_settings_and_forms_batches(
+    tiny_entry: Path, tmp_path: Path, no_leftover_servers: float
+) -> None:
+    with serve(tiny_entry, tmp_path, batchSize=4, maxBatchDelayMs=300, workers=2, precision="bf16") as server:
+        cold_start = server.wait_ready(120)
+        assert cold_start > 0
+        applied = server.applied()
+        assert (applied.max_batch_size, applied.max_queue_delay_us, applied.instances) == (4, 300_000, 2)
+        assert applied.kinds == ("KIND_CPU",) and applied.parameters["precision"] == "bf16"
+        effective = server.effective()
+        assert (effective.batch_size, effective.max_batch_delay_ms, effective.ready_workers) == (4, 300, 2)
+
+        body = make_payloads(PayloadFormat.PNG, 32, 1, seed=0)[0]
+        before = triton_metrics.parse(server.metrics_text(), "tiny")
+        # 16 simultaneous requests, 2 instances, batch 4, 300 ms delay: batches must fill up
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            answers = list(pool.map(lambda _: server.predict(body, "image/png"), range(16)))
+        after = triton_metrics.parse(server.metrics_text(), "tiny")
+        code, refused = server.predict(b"\x00" * 100, "application/octet-stream")
+        notes = server.notes()
+    assert all(code == 200 for code, _ in answers), answers[0]
+    outputs = {output["name"]: output for output in answers[0][1]["outputs"]}
+    assert outputs["CLASSES"]["shape"] == [1, 5] and outputs["PROBABILITIES"]["datatype"] == "FP32"
+    breakdown = triton_metrics.breakdown(before, after)
+    assert breakdown.server_requests == 16
+    assert breakdown.mean_batch_size is not None and breakdown.mean_batch_size > 1.5
+    assert code == 400 and "neither JPEG, PNG" in refused["error"]  # one bad image, its own error
+    assert notes.precision_note is not None and notes.precision_note.startswith("bf16")
+
+
+def test_a_model_triton_cannot_load_ends_the_start_with_triton_s_reason(
+    tiny_entry: Path, tmp_path: Path, no_leftover_servers: float
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_entry, broken, symlinks=True)
+    weights = broken / "1" / "build" / "weights.pt"
+    weights.unlink()
+    weights.write_bytes(b"not a state dict")
+    started = time.monotonic()
+    with serve(broken, tmp_path / "work") as server, pytest.raises(ServerError) as failed:
+        server.wait_ready(300)
+    message = str(failed.value)
+    assert message.startswith("ModelLoadFailed: Triton could not load tiny:")
+    assert "weights.pt" in message or "pickle" in message.lower() or "zip" in message.lower(), message
+    assert time.monotonic() - started < 120  # told at once, not after the start-up timeout
+
+
+def test_a_sweep_reconfigures_one_triton_through_the_repository_api(
+    servinglab_cmd: list[str], triton_env: TritonEnv, tmp_path: Path, no_leftover_servers: float
+) -> None:
+    document = yaml.safe_load((EXAMPLES / "sweep-smoke.yaml").read_text())
+    document["metadata"]["name"] = "tiny-triton"
+    template = document["spec"]["template"]
+    template["server"]["kind"] = "triton"
+    template["load"].update(warmupSeconds=0.5, durationSeconds=2)
+    template["ceiling"] = {"enabled": False}
+    configs = [{"batchSize": 1, "maxBatchDelayMs": 1, "workers": 1, "precision": "fp32"},
+               {"batchSize": 8, "maxBatchDelayMs": 10, "workers": 1, "precision": "fp32"},
+               {"batchSize": 8, "maxBatchDelayMs": 10, "workers": 2, "precision": "bf16"}]  # fmt: skip
+    document["spec"].update(strategy="list", configurations=configs, space={})
+    document["spec"].pop("stop", None)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(document))
+    run = subprocess.run([*servinglab_cmd, "sweep", str(path), "--output", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    trials = sorted(
+        (json.loads(p.read_text()) for p in (tmp_path / "out" / "trials").glob("*.json")), key=lambda t: t["order"]
+    )
+    assert [t["reconfigured"] for t in trials] == [False, True, True]  # one tritonserver for the sweep
+    for trial in trials:
+        effective, config = trial["results"]["server"]["effective"], trial["config"]
+        assert (effective["batchSize"], effective["maxBatchDelayMs"], effective["readyWorkers"]) == (
+            config["batchSize"], config["maxBatchDelayMs"], config["workers"],
+        )  # fmt: skip
+        assert trial["results"]["runtime"]["precisionNote"].startswith(config["precision"])
+    assert trials[0]["results"]["coldStartSeconds"] > 0
+    assert all(t["results"]["reconfiguredSeconds"] > 0 for t in trials[1:])

@@ -1,0 +1,65 @@
+"""A Triton experiment on the test cluster: the operator deploys Triton's pod through the seam (its init
+container lays out the repository entry, the server container runs the Triton environment's launcher), the
+stand-in kubelet runs it as local processes, readiness is Triton's own word, and the load Job speaks the
+KServe v2 protocol and reads Triton's metrics through the Service; the chart's Triton dashboard shows the run."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from clusterenv.controlplane import Cluster
+from clusterenv.experiments import condition, experiment, wait_finished
+from clusterenv.kubelet import LocalKubelet
+from clusterenv.monitoring import DcgmExporter, Prometheus, grafana_expression, panel_queries
+from clusterenv.operatorproc import Operator
+from servinglab.servers.triton.env import TritonEnv
+
+pytestmark = [pytest.mark.k8s, pytest.mark.triton]
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "serving" / "dashboards" / "triton.json"
+
+
+def test_a_triton_experiment_succeeds_with_triton_s_breakdown_and_its_dashboard_shows_it(
+    cluster: Cluster,
+    namespace: str,
+    operator: Operator,
+    kubelet_factory: Callable[..., LocalKubelet],
+    monitoring: tuple[DcgmExporter, Prometheus],
+    triton_env: TritonEnv,
+) -> None:
+    kubelet = kubelet_factory()
+    document = experiment("tiny-triton", kind="triton", batchSize=4, maxBatchDelayMs=20, workers=2)
+    cluster.kubectl.apply(document, namespace=namespace)
+    body = wait_finished(cluster, namespace, "tiny-triton", operator.log)
+    status = body["status"]
+    assert condition(body, "Succeeded")["status"] == "True", (status, operator.log(), kubelet.errors)
+    assert condition(body, "ServerReady")["status"] == "True"
+
+    assert status["coldStartSeconds"] > 0
+    stored = cluster.kubectl.get("configmap", status["resultsRef"]["name"], "-n", namespace)
+    levels = json.loads(stored["data"]["results.json"])["results"]
+    assert [level["concurrency"] for level in levels] == [1, 4]
+    for level in levels:
+        assert level["errors"] == 0 and level["requests"] > 0
+        assert level["server"]["serverRequests"] >= level["requests"]  # Triton's own count, through the Service
+        assert level["server"]["meanBatchSize"] >= 1
+
+    # every query of the chart's Triton dashboard has data from this run (Prometheus scraped the pod)
+    _, prometheus = monitoring
+    dashboard = json.loads(DASHBOARD.read_text())
+    at = float(levels[-1]["windowEnd"])
+    missing = [
+        title
+        for title, query in panel_queries(dashboard)
+        if not [s for s in prometheus.query(grafana_expression(query), at) if math.isfinite(float(s["value"][1]))]
+    ]
+    assert not missing, missing
+    for variable in (v for v in dashboard["templating"]["list"] if v["type"] == "query"):
+        metric, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable["query"]["query"]).groups()
+        assert any(label in labels for labels in prometheus.series(grafana_expression(metric))), variable["name"]
