@@ -1,4 +1,5 @@
-"""TorchServe entry point: one batched handler for every model servinglab packs.
+"""TorchServe entry point: one batched handler for every model servinglab packs, and the model runner
+LitServe's entry point (`servinglab_litserve_api.py`) drives.
 
 It serves the built-in image classifiers (a `model.py` with `build_model()` and a state dict) and the
 user's own TorchScript files and exported programs (`model.pt` / `model.pt2`, with the input declared
@@ -11,10 +12,12 @@ and hides model loading; here the model comes from the archive's `build_model()`
 and the precision is applied exactly as the experiment's model-config.yaml asks
 (`handler: {precision, channelsLast, warmupBatchSizes, warmupSeconds, topK}`).
 
-Per batch it records timings as TorchServe metrics (declared in the metrics.yaml the runner renders):
-counters of milliseconds spent in preprocess / inference / postprocess, batches and batched
-requests (so the server-side breakdown and the mean batch size are exact over any window), and a
-gauge with the last batch size.
+`load()` and `run()` are the server-neutral halves (a model folder and settings in; rows of request
+bodies in, answers, rejections and stage timings out); `initialize()` and `handle()` adapt them to
+TorchServe's context. Per batch, under TorchServe, it records timings as TorchServe metrics (declared in
+the metrics.yaml the runner renders): counters of milliseconds spent in preprocess / inference /
+postprocess, batches and batched requests (so the server-side breakdown and the mean batch size are
+exact over any window), and a gauge with the last batch size.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import importlib.util
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,16 @@ INPUT_FILE = "servinglab-input.json"
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class BatchRun:
+    """One batch's answers (JSON, one per row), the rows rejected (index -> why: answered 400 alone), and
+    the perf_counter instants at its start, after preprocess, after inference and at its end."""
+
+    responses: list[str]
+    rejected: dict[int, str]
+    timings: tuple[float, float, float, float]
+
+
 class ServinglabImageHandler:
     """initialize() once per worker; handle() once per batch."""
 
@@ -63,27 +77,39 @@ class ServinglabImageHandler:
         self.input: dict[str, Any] = {"kind": "image"}
         self.top_k = 5
         self.channels_last = False
+        self.warmup_report: dict[str, Any] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def initialize(self, context: Any) -> None:
+        """TorchServe's: the model folder, GPU and batch size from its context, the settings from the
+        experiment's model-config.yaml."""
         properties = context.system_properties
-        model_dir = Path(properties["model_dir"])
-        gpu_id = properties.get("gpu_id")
+        settings = (getattr(context, "model_yaml_config", None) or {}).get("handler", {}) or {}
+        manifest_model = context.manifest["model"]
+        self.load(
+            Path(properties["model_dir"]), manifest_model["serializedFile"], manifest_model.get("modelFile"),
+            settings, properties.get("gpu_id"), int(properties.get("batch_size") or 1),
+        )  # fmt: skip
+
+    def load(
+        self, model_dir: Path, serialized_file: str, model_file: str | None, settings: dict[str, Any],
+        gpu_id: int | None, batch_size: int,
+    ) -> None:  # fmt: skip
+        """Any server's: load the model (a built-in's `model_file` and state dict, or the user's serialized
+        model with its declared input), apply the precision and warm up, on GPU `gpu_id` if CUDA is there."""
         if torch.cuda.is_available() and gpu_id is not None:
             self.device = torch.device(f"cuda:{int(gpu_id)}")
             torch.cuda.set_device(self.device)
-        settings = (getattr(context, "model_yaml_config", None) or {}).get("handler", {}) or {}
         self.top_k = int(settings.get("topK", 5))
         # channels_last pays off with cuDNN/oneDNN convolutions on GPUs; default on there only.
         self.channels_last = bool(settings.get("channelsLast", self.device.type == "cuda"))
         self.plan = plan_precision(str(settings.get("precision", "fp32")), self.device)
         logger.info("servinglab precision: %s", self.plan.note)
 
-        manifest_model = context.manifest["model"]
-        serialized = model_dir / manifest_model["serializedFile"]
-        if manifest_model.get("modelFile"):  # a built-in: its definition and seeded weights
-            module = _import_file(model_dir / manifest_model["modelFile"], "servinglab_model_definition")
+        serialized = model_dir / serialized_file
+        if model_file:  # a built-in: its definition and seeded weights
+            module = _import_file(model_dir / model_file, "servinglab_model_definition")
             self.input_size = int(getattr(module, "INPUT_SIZE", 224))
             model = module.build_model()
             model.load_state_dict(torch.load(serialized, map_location="cpu", weights_only=True))
@@ -97,9 +123,9 @@ class ServinglabImageHandler:
         self.model = apply_precision(model, self.plan, self.channels_last)
         sizes = settings.get("warmupBatchSizes")
         if sizes is None:  # an archive rendered without the list: every power of two up to batch_size
-            batch_size = int(properties.get("batch_size") or 1)
             sizes = sorted({min(2**i, batch_size) for i in range(batch_size.bit_length() + 1)})
         report = warm_up(self._forward_zeros, [int(s) for s in sizes], float(settings.get("warmupSeconds", 60.0)))
+        self.warmup_report = report
         logger.info("servinglab warm-up: %s", json.dumps(report))
         self.initialized = True
 
@@ -125,10 +151,20 @@ class ServinglabImageHandler:
     # -- per batch -------------------------------------------------------------------------------
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[str]:
+        """TorchServe's: one batch, a rejected request answered 400 alone, the timings as its metrics."""
+        ran = self.run(data)
+        for index, message in ran.rejected.items():
+            context.set_response_status(400, message, idx=index)
+        self._record(context.metrics, len(data), *ran.timings)
+        return ran.responses
+
+    def run(self, data: list[dict[str, Any]]) -> BatchRun:
+        """Any server's: one batch of request rows ({"body": ...}) -> one JSON answer per row."""
         started = time.perf_counter()
         samples: list[Any] = []
         valid: list[int] = []
         responses: list[str] = [""] * len(data)
+        rejected: dict[int, str] = {}
         tensor_input = self.input["kind"] == "tensor"
         for index, row in enumerate(data):
             try:
@@ -140,7 +176,7 @@ class ServinglabImageHandler:
                 valid.append(index)
             except BadInput as exc:
                 responses[index] = error_response(str(exc))
-                context.set_response_status(400, str(exc), idx=index)
+                rejected[index] = str(exc)
         batch = None
         if samples:
             batch = (
@@ -165,9 +201,7 @@ class ServinglabImageHandler:
             for index, predictions in zip(valid, top_k(logits, self.top_k), strict=True):
                 responses[index] = json_response(predictions)
         finished = time.perf_counter()
-
-        self._record(context.metrics, len(data), started, preprocessed, inferred, finished)
-        return responses
+        return BatchRun(responses, rejected, (started, preprocessed, inferred, finished))
 
     @staticmethod
     def _record(metrics: Any, size: int, t0: float, t1: float, t2: float, t3: float) -> None:

@@ -59,7 +59,7 @@ class Resources(SpecModel):
 
 
 #: The model servers servinglab can put under test (each one a folder of :mod:`servinglab.servers`).
-ServerKind = Literal["torchserve"]
+ServerKind = Literal["torchserve", "litserve"]
 
 
 class ServerSpec(SpecModel):

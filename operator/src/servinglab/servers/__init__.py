@@ -15,4 +15,8 @@ def get(kind: ServerKind = "torchserve") -> Server:
         from servinglab.servers.torchserve import TORCHSERVE
 
         return TORCHSERVE
+    if kind == "litserve":
+        from servinglab.servers.litserve import LITSERVE
+
+        return LITSERVE
     raise ValueError(f"unknown server kind {kind!r}")

@@ -1,13 +1,22 @@
-"""What every local server process needs from this machine: free loopback ports, and how many GPUs it
-may use. Used by the servers' local processes (and by the tests' stand-ins, which need free ports too).
+"""What every local server process needs from this machine: free loopback ports, how many GPUs it may
+use, one request to it, and stopping it with everything it started. Used by the servers' local processes
+(and by the tests' stand-ins, which need free ports too).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import urllib.error
+import urllib.request
+from typing import Any
+
+import psutil
 
 
 def free_ports(count: int) -> list[int]:
@@ -39,3 +48,38 @@ def visible_gpus() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return len(result.stdout.split())
+
+
+def stop_group(process: subprocess.Popen[bytes], grace_seconds: float = 15.0) -> None:
+    """Terminate a server started in its own session (its process group), then kill any survivor, the
+    descendants that left the group included."""
+    descendants: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig is signal.SIGTERM:
+            _, alive = psutil.wait_procs(descendants, timeout=grace_seconds)
+            if not alive:
+                break
+    for proc in descendants:  # anything that left the group (setsid) still goes
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(descendants, timeout=5)
+
+
+def post(url: str, body: bytes, content_type: str, timeout: float) -> tuple[int, Any]:
+    """One request to a local server: (HTTP status, the answer's JSON)."""
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")

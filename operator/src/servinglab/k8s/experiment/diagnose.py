@@ -55,6 +55,7 @@ MODEL_REASONS = (
     "ModelNotRecognized",
     "ModelTooLarge",
     "PrecisionNotSupported",
+    "ModelNotSupported",
 )
 
 

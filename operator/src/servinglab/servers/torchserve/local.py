@@ -8,11 +8,9 @@ group (Java frontend and Python workers) and then kills whatever is left, so not
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,12 +23,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import psutil
-
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
-from servinglab.servers.process import free_ports, visible_gpus
+from servinglab.servers.process import free_ports, post, stop_group, visible_gpus
 from servinglab.servers.torchserve.config import (
     Addresses,
     config_properties,
@@ -257,26 +253,7 @@ class LocalTorchServe:
         """Terminate the process group, then kill any survivor; idempotent."""
         if self.process is None:
             return
-        descendants: list[psutil.Process] = []
-        with contextlib.suppress(psutil.Error):
-            descendants = psutil.Process(self.process.pid).children(recursive=True)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(timeout=grace_seconds)
-            except subprocess.TimeoutExpired:
-                continue
-            if sig is signal.SIGTERM:
-                _, alive = psutil.wait_procs(descendants, timeout=grace_seconds)
-                if not alive:
-                    break
-        for proc in descendants:  # anything that left the group (setsid) still goes
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(descendants, timeout=5)
+        stop_group(self.process, grace_seconds)
         self.process = None
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
@@ -337,17 +314,7 @@ class LocalTorchServe:
 
     def predict(self, body: bytes, content_type: str, timeout: float = 60.0) -> tuple[int, Any]:
         """One inference request (used by tests and the runner's sanity check)."""
-        request = urllib.request.Request(
-            self.addresses.inference + self.request_path,
-            data=body,
-            headers={"Content-Type": content_type},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+        return post(self.addresses.inference + self.request_path, body, content_type, timeout)
 
 
 def _worker_statements(logs: Path, marker: str) -> list[str]:
