@@ -54,6 +54,7 @@ from servinglab.api.sweep import (
     TrialConfig,
     axis_values,
     grid,
+    kinds,
     load_sweep,
     parse_sweep,
     space_size,
@@ -69,6 +70,6 @@ __all__ = [
     "Precision", "RateSearchSpec", "Resources", "ResponseCheck", "SecretKeyRef", "ServerKind", "ServerSpec",
     "ServingExperiment", "ServingSweep", "ShapeSpec", "SloSpec", "SpecError", "SpecModel", "StabilitySpec",
     "StepShape", "SweepSpec", "Toleration", "TraceShape", "TrialConfig", "VolumePath",
-    "axis_values", "grid", "load_experiment", "load_sweep", "parse_experiment", "parse_sweep", "read_document",
+    "axis_values", "grid", "kinds", "load_experiment", "load_sweep", "parse_experiment", "parse_sweep", "read_document",
     "space_size", "trial_name", "trial_spec",
 ]  # fmt: skip

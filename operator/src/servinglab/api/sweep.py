@@ -1,11 +1,16 @@
 """The ServingSweep v1alpha1 spec: many configurations of one experiment, searched for the best.
 
 A sweep is a `template` experiment spec plus the server settings to vary: a `space` of axes
-(batch size, max batch delay, workers, precision) searched by `grid` (every combination) or by
-`search` (far fewer trials, :mod:`servinglab.sweep.search`), or an explicit list of
+(batch size, max batch delay, workers, precision, and the server `kind`) searched by `grid` (every
+combination) or by `search` (far fewer trials, :mod:`servinglab.sweep.search`), or an explicit list of
 `configurations`. Every trial is the template with one configuration applied; the objective is the
 highest throughput that meets the template's SLO. Validation names every bad field like the
 experiment's (:func:`parse_sweep`), including values of an axis that the experiment would refuse.
+
+The `kind` axis is not one more dimension of one lattice: the other knobs mean different things on each
+server (LitServe's batch timeout runs from when its worker starts collecting, TorchServe's delay from the
+first request; LitServe's workers each bring an API process along), so each kind is a space of its own —
+the shared axes, or its own ones under `space.perKind.<kind>` — searched on its own to its own best.
 
 Used by `servinglab sweep` (local), the sweep reconciler (cluster) and the CRD generator.
 """
@@ -22,12 +27,12 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from servinglab.api.experiment import ExperimentSpec
 from servinglab.api.meta import ObjectMeta, SpecModel, describe_error, parse_document, read_document
-from servinglab.api.servers import Precision, ServerSpec
+from servinglab.api.servers import Precision, ServerKind, ServerSpec
 
 #: A space larger than this is refused: at a minute or more per trial it would run for days.
 MAX_SPACE = 512
 
-AXES = ("batchSize", "maxBatchDelayMs", "workers", "precision")
+AXES = ("batchSize", "maxBatchDelayMs", "workers", "precision", "kind")
 
 
 class IntAxis(SpecModel):
@@ -67,8 +72,8 @@ class PrecisionAxis(SpecModel):
     values: list[Precision] = Field(min_length=1, max_length=4)
 
 
-class SweepSpace(SpecModel):
-    """The axes to vary; an axis left out keeps the template's value."""
+class KnobSpace(SpecModel):
+    """The server knobs to vary; a knob left out keeps the template's value."""
 
     batch_size: IntAxis | None = None
     max_batch_delay_ms: IntAxis | None = None
@@ -76,20 +81,55 @@ class SweepSpace(SpecModel):
     precision: PrecisionAxis | None = None
 
 
+class KindAxis(SpecModel):
+    """The servers to compare, each searched to its own best configuration."""
+
+    values: list[ServerKind] = Field(min_length=1, max_length=8)
+
+    @field_validator("values")
+    @classmethod
+    def _distinct(cls, value: list[ServerKind]) -> list[ServerKind]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"values {value} repeat a server")
+        return value
+
+
+class SweepSpace(KnobSpace):
+    """The axes to vary; an axis left out keeps the template's value. With `kind`, each server is a space of
+    its own: the axes here, or those of `perKind.<server>` (knob by knob) where a knob's useful values
+    differ on that server."""
+
+    kind: KindAxis | None = None
+    per_kind: dict[str, KnobSpace] = Field(
+        default_factory=dict, description="Knob axes for one server of the kind axis, replacing the shared ones."
+    )
+
+    @model_validator(mode="after")
+    def _kinds_known(self) -> SweepSpace:
+        kinds = self.kind.values if self.kind is not None else []
+        for name in self.per_kind:
+            if name not in kinds:
+                raise ValueError(f"perKind.{name}: not a server of the kind axis ({', '.join(kinds) or 'none'})")
+        return self
+
+
 class TrialConfig(SpecModel):
     """One configuration: the server settings a trial applies to the template."""
 
+    kind: ServerKind | None = Field(default=None, description="The server; unset: the template's.")
     batch_size: int = Field(ge=1, le=4096)
     max_batch_delay_ms: int = Field(ge=1, le=60_000)
     workers: int = Field(ge=1, le=64)
     precision: Precision
 
-    def key(self) -> tuple[int, int, int, str]:
-        return (self.batch_size, self.max_batch_delay_ms, self.workers, str(self.precision))
+    def key(self) -> tuple[int, int, int, str, str]:
+        return (self.batch_size, self.max_batch_delay_ms, self.workers, str(self.precision), self.kind or "")
 
     def label(self) -> str:
-        """Short, unique and DNS-safe: b8-d5-w1-fp32."""
-        return f"b{self.batch_size}-d{self.max_batch_delay_ms}-w{self.workers}-{self.precision}"
+        """Short, unique and DNS-safe: b8-d5-w1-fp32, and the server first when the trial names one
+        (litserve-b8-d5-w1-fp32)."""
+        knobs = f"b{self.batch_size}-d{self.max_batch_delay_ms}-w{self.workers}-{self.precision}"
+        return f"{self.kind}-{knobs}" if self.kind else knobs
 
 
 class StopSpec(SpecModel):
@@ -132,17 +172,17 @@ class SweepSpec(SpecModel):
         if self.strategy != "list" and self.configurations:
             raise ValueError("configurations need strategy: list")
         if self.strategy != "list" and not any(getattr(self.space, f) for f in SweepSpace.model_fields):
-            raise ValueError("space: vary at least one of batchSize, maxBatchDelayMs, workers, precision")
-        size = len(axis_values(self)[0]) if self.strategy == "list" else space_size(self)
+            raise ValueError("space: vary at least one of batchSize, maxBatchDelayMs, workers, precision, kind")
+        size = len(self.configurations) if self.strategy == "list" else space_size(self)
         if size > MAX_SPACE:
-            counts = " x ".join(str(len(v)) for v in axis_values(self))
+            counts = " + ".join(" x ".join(str(len(v)) for v in axis_values(self, kind)) for kind in kinds(self))
             raise ValueError(f"space: {size} configurations ({counts}) is more than the {MAX_SPACE} a sweep may have")
         return self
 
     @field_validator("configurations")
     @classmethod
     def _distinct(cls, value: list[TrialConfig]) -> list[TrialConfig]:
-        seen: set[tuple[int, int, int, str]] = set()
+        seen: set[tuple[int, int, int, str, str]] = set()
         for config in value:
             if config.key() in seen:
                 raise ValueError(f"configuration {config.label()} appears twice")
@@ -150,25 +190,41 @@ class SweepSpec(SpecModel):
         return value
 
 
-def axis_values(sweep: SweepSpec) -> list[list[Any]]:
-    """Per axis (batch, delay, workers, precision), its values ascending; the template's where not varied.
-    For strategy list: one list, the configurations."""
+def kinds(sweep: SweepSpec) -> list[ServerKind | None]:
+    """The servers a sweep compares, in the order given; [None] without a kind axis (the template's)."""
+    space = sweep.space
+    return list(space.kind.values) if sweep.strategy != "list" and space.kind is not None else [None]
+
+
+def axis_values(sweep: SweepSpec, kind: ServerKind | None = None) -> list[list[Any]]:
+    """Per axis (batch, delay, workers, precision), its values ascending on server `kind` (its own axes
+    where perKind gives them); the template's where not varied. For strategy list: one list, the
+    configurations."""
     if sweep.strategy == "list":
         return [list(sweep.configurations)]
-    server, space = sweep.template.server, sweep.space
+    server, shared = sweep.template.server, sweep.space
+    own = shared.per_kind.get(kind or "") or KnobSpace()
+    batch = own.batch_size or shared.batch_size
+    delay = own.max_batch_delay_ms or shared.max_batch_delay_ms
+    workers = own.workers or shared.workers
+    precision = own.precision or shared.precision
     return [
-        space.batch_size.expand() if space.batch_size else [server.batch_size],
-        space.max_batch_delay_ms.expand() if space.max_batch_delay_ms else [server.max_batch_delay_ms],
-        space.workers.expand() if space.workers else [server.workers],
-        [Precision(p) for p in space.precision.values] if space.precision else [server.precision],
+        batch.expand() if batch else [server.batch_size],
+        delay.expand() if delay else [server.max_batch_delay_ms],
+        workers.expand() if workers else [server.workers],
+        [Precision(p) for p in precision.values] if precision else [server.precision],
     ]
 
 
 def space_size(sweep: SweepSpec) -> int:
-    size = 1
-    for values in axis_values(sweep):
-        size *= len(values)
-    return size
+    """How many configurations there are: on each server of the kind axis, the product of its axes."""
+    total = 0
+    for kind in kinds(sweep):
+        size = 1
+        for values in axis_values(sweep, kind):
+            size *= len(values)
+        total += size
+    return total
 
 
 #: A trial is a ServingExperiment: its name must fit the experiment's 52 characters.
@@ -186,15 +242,19 @@ def trial_name(sweep_name: str, config: TrialConfig) -> str:
     return f"{sweep_name}-{label}"
 
 
-def grid(sweep: SweepSpec) -> list[TrialConfig]:
-    """Every configuration, precision outermost and batch size innermost (or the explicit list)."""
+def grid(sweep: SweepSpec, kind: ServerKind | None = None, every_kind: bool = True) -> list[TrialConfig]:
+    """Every configuration, server outermost (in the kind axis' order), then precision, batch size
+    innermost (or the explicit list); only server `kind`'s with `every_kind` False."""
     if sweep.strategy == "list":
         return list(sweep.configurations)
-    batches, delays, workers, precisions = axis_values(sweep)
-    return [
-        TrialConfig(batch_size=b, max_batch_delay_ms=d, workers=w, precision=p)
-        for p, w, d, b in itertools.product(precisions, workers, delays, batches)
-    ]
+    found = []
+    for server in kinds(sweep) if every_kind else [kind]:
+        batches, delays, workers, precisions = axis_values(sweep, server)
+        found += [
+            TrialConfig(kind=server, batch_size=b, max_batch_delay_ms=d, workers=w, precision=p)
+            for p, w, d, b in itertools.product(precisions, workers, delays, batches)
+        ]
+    return found
 
 
 def trial_spec(sweep: SweepSpec, config: TrialConfig) -> ExperimentSpec:
@@ -206,6 +266,8 @@ def trial_spec(sweep: SweepSpec, config: TrialConfig) -> ExperimentSpec:
         workers=config.workers,
         precision=str(config.precision),
     )
+    if config.kind is not None:
+        server["kind"] = config.kind
     document = sweep.template.model_dump(by_alias=True, exclude_none=True, mode="json")
     document["server"] = server
     return ExperimentSpec.model_validate(document)
@@ -221,23 +283,29 @@ class ServingSweep(SpecModel):
 
 
 def _axis_bounds(document: Mapping[str, Any]) -> list[str]:
-    """Axis values the experiment would refuse, named at their place in the sweep document."""
+    """Axis values the experiment would refuse, named at their place in the sweep document (the shared
+    axes and each server's own)."""
     problems: list[str] = []
     space = ((document.get("spec") or {}).get("space")) or {}
     if not isinstance(space, Mapping):
         return problems
-    for axis in ("batchSize", "maxBatchDelayMs", "workers"):
-        form = space.get(axis)
-        if not isinstance(form, Mapping):
-            continue
-        values = form.get("values")
-        places = [(f"values[{i}]", v) for i, v in enumerate(values)] if isinstance(values, list) else []
-        places += [(end, form[end]) for end in ("min", "max") if end in form]
-        for place, value in places:
-            try:
-                ServerSpec.model_validate({axis: value})
-            except ValidationError as exc:
-                problems += [f"spec.space.{axis}.{place}: {describe_error(e)}" for e in exc.errors()]
+    spaces = [("spec.space", space)]
+    per_kind = space.get("perKind")
+    if isinstance(per_kind, Mapping):
+        spaces += [(f"spec.space.perKind.{name}", own) for name, own in per_kind.items() if isinstance(own, Mapping)]
+    for where, knobs in spaces:
+        for axis in ("batchSize", "maxBatchDelayMs", "workers"):
+            form = knobs.get(axis)
+            if not isinstance(form, Mapping):
+                continue
+            values = form.get("values")
+            places = [(f"values[{i}]", v) for i, v in enumerate(values)] if isinstance(values, list) else []
+            places += [(end, form[end]) for end in ("min", "max") if end in form]
+            for place, value in places:
+                try:
+                    ServerSpec.model_validate({axis: value})
+                except ValidationError as exc:
+                    problems += [f"{where}.{axis}.{place}: {describe_error(e)}" for e in exc.errors()]
     return problems
 
 

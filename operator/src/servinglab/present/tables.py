@@ -11,6 +11,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from servinglab.api import TrialConfig
 from servinglab.api.results import Ceiling, ExperimentResults, PeakRate
 from servinglab.api.trials import SweepResults, TrialRecord
 from servinglab.measure.trust import trust_checks
@@ -117,20 +118,28 @@ def ceiling_note(ceiling: Ceiling) -> str:
     return ", ".join(parts)
 
 
+def server_of(config: TrialConfig, document: SweepResults) -> str:
+    """The server a trial ran on: its own kind, or the template's (the document's)."""
+    return config.kind or document.server_kind or "-"
+
+
 def print_sweep(document: SweepResults) -> None:
-    """One row per trial, then the best configuration, the front and why the sweep stopped."""
+    """One row per trial (server and configuration), then the best configuration (each server's, when the
+    sweep compared servers), the front and why the sweep stopped."""
     slo = document.objective.p99_latency_ms
     title = f"{document.sweep}: {document.model}, {document.strategy}" + (f", p99 <= {slo:g} ms" if slo else "")
     table = Table(title=title, title_justify="left")
-    for column in ("#", "batch", "delay", "workers", "precision", "state", "capacity rps", "p99 ms", "at", "ready s"):
-        table.add_column(column, justify="right" if column not in ("precision", "state", "at") else "left")
+    columns = ("#", "server", "batch", "delay", "workers", "precision", "state", "capacity rps", "p99 ms", "at",
+               "ready s")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right" if column not in ("server", "precision", "state", "at") else "left")
     best = document.best.trial if document.best is not None else None
     for trial in document.trials:
         config = trial.config
         state = trial.state if not trial.reason else f"{trial.state} ({trial.reason})"
         ready = trial.ready_seconds
         table.add_row(
-            str(trial.order + 1) + (" *" if trial.name == best else ""),
+            str(trial.order + 1) + (" *" if trial.name == best else ""), server_of(config, document),
             str(config.batch_size), str(config.max_batch_delay_ms), str(config.workers), str(config.precision),
             state, num(trial.capacity_rps, 1), ms(trial.p99_latency_ms), trial.level or "-",
             "-" if ready is None else f"{ready:.1f}" + (" (reconfigured)" if trial.reconfigured else ""),
@@ -138,13 +147,14 @@ def print_sweep(document: SweepResults) -> None:
     stdout.print(table)
     counts = document.counts
     found = [f"{counts.run} trials run of {document.grid_size} configurations ({counts.pruned} pruned)"]
-    if document.best is not None:
-        top, config = document.best, document.best.config
+    for top in document.best_per_kind or ([document.best] if document.best is not None else []):
+        config = top.config
         found.append(
-            f"best: batch {config.batch_size}, delay {config.max_batch_delay_ms} ms, {config.workers} worker(s), "
-            f"{config.precision} at {top.capacity_rps:.1f} rps (p99 {ms(top.p99_latency_ms)} ms, {top.level})"
+            f"best on {server_of(config, document)}: batch {config.batch_size}, delay {config.max_batch_delay_ms} ms, "
+            f"{config.workers} worker(s), {config.precision} at {top.capacity_rps:.1f} rps "
+            f"(p99 {ms(top.p99_latency_ms)} ms, {top.level})"
         )
-    else:
+    if document.best is None:
         found.append("no configuration met the objective")
     found.append(f"Pareto front: {len(document.front)} points")
     found.append(f"stopped: {document.stop_reason or 'not finished'}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servinglab.api import ServingSweep, TrialConfig, axis_values, grid, space_size
+from servinglab.api import ServerKind, ServingSweep, SweepSpec, TrialConfig, axis_values, grid, kinds, space_size
 from servinglab.api.conditions import now
 from servinglab.api.results import ExperimentResults, LevelResult
 from servinglab.api.trials import (
@@ -134,6 +134,25 @@ def pareto_front(candidates: Sequence[SweepPoint]) -> list[SweepPoint]:
     return front
 
 
+def _best(records: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The record with the highest capacity within the objective (the earliest among equals)."""
+    scored = [record for record in records if record.capacity_rps is not None]
+    return max(scored, key=lambda record: record.capacity_rps or 0.0) if scored else None
+
+
+def _best_of(record: TrialRecord) -> SweepBest:
+    return SweepBest(
+        trial=record.name, config=record.config, capacity_rps=record.capacity_rps or 0.0,
+        p99_latency_ms=record.p99_latency_ms, level=record.level,
+    )  # fmt: skip
+
+
+def _space(spec: SweepSpec, kind: ServerKind | None) -> SweepSpace:
+    batches, delays, workers, precisions = axis_values(spec, kind)
+    return SweepSpace(batch_size=batches, max_batch_delay_ms=delays, workers=workers,
+                      precision=[str(p) for p in precisions])  # fmt: skip
+
+
 def document(
     sweep: ServingSweep, records: Sequence[TrialRecord], stop_reason: str | None, started_at: str
 ) -> SweepResults:
@@ -148,19 +167,22 @@ def document(
         for config in grid(spec)
         if config.key() not in done and (why := pruned_by(history, config))
     ]
-    scored = [record for record in ordered if record.capacity_rps is not None]
-    top = max(scored, key=lambda record: record.capacity_rps or 0.0) if scored else None
+    top = _best(ordered)
+    servers = kinds(spec)
+    tops = [found for server in servers if (found := _best([r for r in ordered if r.config.kind == server]))]
     if spec.strategy == "list":
         space = SweepSpace(configurations=len(spec.configurations))
     else:
-        batches, delays, workers, precisions = axis_values(spec)
-        space = SweepSpace(batch_size=batches, max_batch_delay_ms=delays, workers=workers,
-                           precision=[str(p) for p in precisions])  # fmt: skip
+        space = _space(spec, None)
+        if servers != [None]:
+            own = {str(server): _space(spec, server) for server in servers}
+            space = space.model_copy(update={"kind": list(own), "per_kind": own})
     every = points(ordered)
     return SweepResults(
         api_version=sweep.api_version,
         sweep=sweep.metadata.name,
         model=spec.template.model.name,
+        server_kind=spec.template.server.kind,
         strategy=spec.strategy,
         space=space,
         grid_size=space_size(spec) if spec.strategy != "list" else len(spec.configurations),
@@ -175,15 +197,10 @@ def document(
             run=len(ordered),
         ),  # fmt: skip
         pruned=pruned,
-        best=None
-        if top is None
-        else SweepBest(
-            trial=top.name,
-            config=top.config,
-            capacity_rps=top.capacity_rps or 0.0,
-            p99_latency_ms=top.p99_latency_ms,
-            level=top.level,
-        ),  # fmt: skip
+        best=_best_of(top) if top is not None else None,
+        best_per_kind=[_best_of(found) for found in sorted(tops, key=lambda r: -(r.capacity_rps or 0.0))]
+        if servers != [None]
+        else None,
         points=every,
         front=pareto_front(every),
         stop_reason=stop_reason,
