@@ -26,7 +26,6 @@ import importlib.util
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ import torch
 
 from servinglab_imaging import (
     BadInput,
+    BatchRun,
     apply_precision,
     decode_image,
     decode_tensor,
@@ -54,16 +54,6 @@ from servinglab_imaging import (
 INPUT_FILE = "servinglab-input.json"
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchRun:
-    """One batch's answers (JSON, one per row), the rows rejected (index -> why: answered 400 alone), and
-    the perf_counter instants at its start, after preprocess, after inference and at its end."""
-
-    responses: list[str]
-    rejected: dict[int, str]
-    timings: tuple[float, float, float, float]
 
 
 class ServinglabImageHandler:
