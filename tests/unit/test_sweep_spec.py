@@ -126,3 +126,28 @@ def test_the_rollup_counts_trials_prunes_after_an_oom_and_picks_the_best() -> No
     assert result["best"]["config"]["batchSize"] == 8 and result["best"]["capacityRps"] == 400
     assert result["trials"][1]["reason"] == "OutOfMemory" and "results" not in result["trials"][0]
     assert result["front"] == [{**result["front"][0], "throughputRps": 400, "p99LatencyMs": 80}]
+
+
+def test_a_sweep_over_servers_rolls_up_each_servers_best_and_exports_the_winners_own_files() -> None:
+    from servinglab.sweep.export import best_files
+
+    sweep = parse_sweep(document(space={"kind": {"values": ["torchserve", "litserve"]},
+                                        "batchSize": {"values": [1, 8]}}))  # fmt: skip
+    configs = grid(sweep.spec)
+    assert [c.kind for c in configs] == ["torchserve", "torchserve", "litserve", "litserve"]
+    assert trial_spec(sweep.spec, configs[2]).server.kind == "litserve"
+    assert trial_name("resnet50-t4", configs[3]) == "resnet50-t4-litserve-b8-d50-w1-fp32"
+    measured = [(configs[0], 300.0), (configs[1], 450.0), (configs[2], 200.0), (configs[3], 500.0)]
+    records = [rollup.record(sweep, trial_name("resnet50-t4", c), i, c, results(level(8, rps, 50)), None)
+               for i, (c, rps) in enumerate(measured)]  # fmt: skip
+    rolled = rollup.document(sweep, records, "done", "2026-11-22T00:00:00Z")
+    assert rolled.best is not None and rolled.best.config == configs[3]
+    assert [(b.config.kind, b.capacity_rps) for b in rolled.best_per_kind or []] == [
+        ("litserve", 500.0), ("torchserve", 450.0)]  # fmt: skip
+    assert rolled.space.kind == ["torchserve", "litserve"] and rolled.server_kind == "torchserve"
+    winner = best_files(sweep, rolled.best.config)
+    assert set(winner) == {"experiment.yaml", "server.py"}, "a LitServe winner exports its own script"
+    compile(winner["server.py"], "server.py", "exec")
+    assert "max_batch_size=8," in winner["server.py"] and "kind: litserve" in winner["experiment.yaml"]
+    runner_up = best_files(sweep, configs[1])
+    assert {"config.properties", "model-config.yaml"} <= set(runner_up)

@@ -5,8 +5,8 @@ servinglab's axes map onto LitServe 0.2's own knobs:
 * batchSize -> `LitAPI(max_batch_size=...)`;
 * maxBatchDelayMs -> `LitAPI(batch_timeout=...)`, in seconds. LitServe's worker waits that long for the
   batch to fill from the moment it starts collecting, where TorchServe waits from the first request;
-* workers -> `LitServer(workers_per_device=...)` on each of the devices (the CPU, or the GPUs), so on a
-  GPU pod the workers must divide among the GPUs (the spec refuses them otherwise). LitServe also starts
+* workers -> `LitServer(workers_per_device=...)` on each of the devices (the CPU, or the GPUs: as many of
+  them as the workers divide among, since LitServe runs the same number on each). LitServe also starts
   one API process per worker (its default `num_api_servers`), so its front end grows with the workers;
 * precision (and the handler's other settings) -> servinglab's LitAPI, which runs the same handler code
   as TorchServe (:mod:`servinglab.servers.handler`);
@@ -52,9 +52,9 @@ class Knobs:
 
 
 def knobs(server: ServerSpec, gpus: int) -> Knobs:
-    """The knobs on `gpus` GPUs (0: the CPU). The spec guarantees the workers divide among its GPUs; a
-    local server picks the GPUs it uses so that they do (:func:`local_devices`)."""
-    devices = max(gpus, 1)
+    """The knobs with `gpus` GPUs at hand (0: the CPU): LitServe runs the same number of workers on each
+    device, so it uses as many of them as the workers divide among (:func:`devices_for`)."""
+    devices = max(devices_for(server.workers, gpus), 1)
     return Knobs(
         max_batch_size=server.batch_size,
         batch_timeout_seconds=server.max_batch_delay_ms / 1000.0,
@@ -65,9 +65,10 @@ def knobs(server: ServerSpec, gpus: int) -> Knobs:
     )
 
 
-def local_devices(workers: int, visible_gpus: int) -> int:
-    """How many of this machine's GPUs a local LitServe uses: the most that the workers divide among."""
-    return max((d for d in range(1, visible_gpus + 1) if workers % d == 0), default=0)
+def devices_for(workers: int, gpus: int) -> int:
+    """How many of `gpus` GPUs LitServe uses: the most that the workers divide among (3 workers on 2 GPUs
+    run on one; TorchServe would spread them 2 + 1)."""
+    return max((d for d in range(1, gpus + 1) if workers % d == 0), default=0)
 
 
 _TEMPLATE = '''\

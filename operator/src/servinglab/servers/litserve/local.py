@@ -23,7 +23,7 @@ from servinglab.api import ExperimentSpec, LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
 from servinglab.servers.litserve import metrics
-from servinglab.servers.litserve.config import API_PATH, METRICS_DIR_ENV, SCRIPT, local_devices, render_script
+from servinglab.servers.litserve.config import API_PATH, METRICS_DIR_ENV, SCRIPT, render_script
 from servinglab.servers.process import free_ports, post, stop_group, visible_gpus
 
 #: What a worker's handler says of how it runs (a line each in the server's log).
@@ -41,7 +41,7 @@ class LocalLitServe:
         inference, metrics_port = free_ports(2)
         self.inference = f"http://127.0.0.1:{inference}"
         self.metrics_address = f"127.0.0.1:{metrics_port}"
-        self.gpus = local_devices(spec.server.workers, visible_gpus())
+        self.gpus = visible_gpus()
         self.process: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
 
@@ -102,7 +102,6 @@ class LocalLitServe:
         began = time.monotonic()
         self.stop()
         self.spec = self.spec.model_copy(update={"server": server, "load": load or self.spec.load})
-        self.gpus = local_devices(server.workers, visible_gpus())
         self.start()
         self.wait_ready(server.startup_timeout_seconds)
         return time.monotonic() - began
