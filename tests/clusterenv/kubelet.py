@@ -13,8 +13,10 @@ KWOK turns into pod status, a server container that ended as a terminated contai
 
 Container paths are mapped into a per-pod folder, container ports onto free loopback ports (listen
 addresses and port numbers in args and env follow), and Service DNS names (`http://<service>:<port>`)
-onto the ports of the pods the Service selects; that is all that is translated. The operator and
-the load Job run with a real token of their ServiceAccount, so their RBAC is exercised too.
+onto the ports of the pods the Service selects. The simulated GPU nodes' GPUs are not on this machine:
+a server's own configuration is told so (TorchServe's `number_of_gpu=0`, LitServe's script on the CPU);
+that is all that is translated. The operator and the load Job run with a real token of their
+ServiceAccount, so their RBAC is exercised too.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class RunningPod:
     init_seconds: float = 0.0  # how long the init containers ran
     mounts: dict[str, Path] = field(default_factory=dict)  # the container's mount paths -> local folders
     dns: str = ""  # `<hostname>.<subdomain>` when the pod has both (the pods of an indexed Job)
+    container: dict[str, Any] = field(default_factory=dict)  # the (first) container's spec
 
 
 class LocalKubelet:
@@ -123,14 +126,15 @@ class LocalKubelet:
     def _report_server_terminated(self, pod: RunningPod, code: int, reason: str, message: str) -> None:
         """The server container's end, in the pod's status (KWOK's stages leave a Failed pod alone)."""
         terminated = {"exitCode": code, "reason": reason, "message": message}
+        name = pod.container.get("name", "server")
         status = {
             "status": {
                 "phase": "Failed",
-                "message": "container torchserve exited",
+                "message": f"container {name} exited",
                 "containerStatuses": [
                     {
-                        "name": "torchserve",
-                        "image": "pytorch/torchserve:0.12.0-gpu",
+                        "name": name,
+                        "image": pod.container.get("image", ""),
                         "ready": False,
                         "restartCount": 0,
                         "state": {"terminated": terminated},
@@ -186,7 +190,7 @@ class LocalKubelet:
                 # a short root: TorchServe puts unix sockets under the pod's /tmp (108-byte limit)
                 running = RunningPod(name, Path(tempfile.mkdtemp(prefix="kl-", dir=self.workdir)))
                 running.labels = pod["metadata"].get("labels", {})
-                container = pod["spec"]["containers"][0]
+                container = running.container = pod["spec"]["containers"][0]
                 running.named_ports = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
                 try:
                     starters[component](pod, running)
@@ -350,24 +354,34 @@ class LocalKubelet:
                                               manifests.init_message_annotation(init["name"]): message})  # fmt: skip
         container = spec["containers"][0]
         mounts = running.mounts = self._mounts(pod, container, running.root)
-        ports = [p["containerPort"] for p in container.get("ports", [])] + [8081, 7070, 7071]
+        ports = [p["containerPort"] for p in container.get("ports", [])]
+        if "/etc/torchserve" in mounts:
+            ports += [8081, 7070, 7071]  # TorchServe's management and gRPC ports, named in its config only
         running.ports = dict(zip(ports, free_ports(len(ports)), strict=True))
-        # config files the container reads are the ConfigMap's, with listen addresses made local
-        config_dir = mounts["/etc/torchserve"]
-        properties = config_dir / "config.properties"
+        if "/etc/torchserve" in mounts:
+            self._local_torchserve_config(mounts, running.ports)
+        if "/etc/litserve" in mounts:  # the simulated node's GPU is not on this machine
+            script = mounts["/etc/litserve"] / "server.py"
+            script.write_text(script.read_text().replace("accelerator='cuda'", "accelerator='cpu'"))
+        env = self._env(container, mounts, {"TMPDIR": str(mounts["/tmp"])})
+        listen = {f"0.0.0.0:{remote}": f"127.0.0.1:{local}" for remote, local in running.ports.items()}
+        mounts_and_log = {**mounts, "/dev/termination-log": running.root / "termination-log"}
+        command = self._command(container, mounts_and_log, listen)
+        self._spawn(running, container["name"], command, env)
+        if self.on_server_started is not None:
+            self.on_server_started(running.name, running.ports[running.named_ports["metrics"]])
+
+    def _local_torchserve_config(self, mounts: dict[str, Path], ports: dict[int, int]) -> None:
+        """TorchServe's config.properties as the ConfigMap has it, with listen addresses made local."""
+        properties = mounts["/etc/torchserve"] / "config.properties"
         text = self._translate(properties.read_text(), mounts, {})
-        for remote, local in running.ports.items():
+        for remote, local in ports.items():
             text = re.sub(rf"(//[0-9.]+):{remote}\b", rf"\g<1>:{local}", text)
             text = re.sub(rf"^(grpc_\w+_port)={remote}$", rf"\g<1>={local}", text, flags=re.MULTILINE)
         text = text.replace("0.0.0.0", "127.0.0.1")
         # the simulated node's GPU is not on this machine
         text = re.sub(r"^number_of_gpu=.*$", "number_of_gpu=0", text, flags=re.MULTILINE)
         properties.write_text(text)
-        env = self._env(container, mounts, {"TMPDIR": str(mounts["/tmp"])})
-        command = self._command(container, {**mounts, "/dev/termination-log": running.root / "termination-log"}, {})
-        self._spawn(running, container["name"], command, env)
-        if self.on_server_started is not None:
-            self.on_server_started(running.name, running.ports[8082])
 
     def _report_server_if_exited(self, running: RunningPod) -> None:
         """A server container that ended on its own (e.g. it gave up on its model), with its message."""

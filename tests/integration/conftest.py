@@ -1,4 +1,5 @@
-"""Fixtures for tests that start a real TorchServe (Java frontend + Python workers) on loopback."""
+"""Fixtures for tests that start a real server on loopback: TorchServe (Java frontend + Python workers) or
+LitServe (the rendered script, its API processes and its spawned workers)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import psutil
 import pytest
 
 TORCHSERVE_MARKERS = ("org.pytorch.serve.ModelServer", "model_service_worker.py")
+LITSERVE_MARKERS = ("litserve/server.py", "multiprocessing.spawn")
 #: Every process this test session starts inherits this mark, so the leftover check and its clean-up see
 #: this session's servers only (another session on the same machine may be serving meanwhile).
 SESSION_MARK = "SERVINGLAB_TEST_SESSION"
@@ -25,18 +27,20 @@ def _ours(proc: psutil.Process) -> bool:
 
 
 def torchserve_processes(since: float) -> list[psutil.Process]:
-    """This session's TorchServe frontends and workers created after `since` (tests run one server at a time)."""
+    """This session's server processes (TorchServe's, LitServe's) created after `since` (tests run one server
+    at a time)."""
     found = []
+    markers = TORCHSERVE_MARKERS + LITSERVE_MARKERS
     for proc in psutil.process_iter(["cmdline", "create_time"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if proc.info["create_time"] >= since - 1 and any(m in cmdline for m in TORCHSERVE_MARKERS) and _ours(proc):
+        if proc.info["create_time"] >= since - 1 and any(m in cmdline for m in markers) and _ours(proc):
             found.append(proc)
     return found
 
 
 @pytest.fixture()
 def no_leftover_servers() -> Iterator[float]:
-    """Fails the test if any TorchServe process it started is still alive afterwards."""
+    """Fails the test if any server process it started is still alive afterwards."""
     started = time.time()
     yield started
     deadline = time.monotonic() + 10
@@ -44,4 +48,4 @@ def no_leftover_servers() -> Iterator[float]:
         time.sleep(0.2)
     for proc in left:  # do not let one failure poison the following tests
         proc.kill()
-    assert not left, f"TorchServe processes left behind: {[p.pid for p in left]}"
+    assert not left, f"server processes left behind: {[p.pid for p in left]}"

@@ -13,7 +13,7 @@ import pytest
 
 from servinglab import servers
 from servinglab.api import ExperimentSpec
-from servinglab.servers.base import ModelError, PodInputs, not_applied
+from servinglab.servers.base import ModelError, PodInputs, not_applied, reported
 from servinglab.servers.litserve import config, layout, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,3 +156,15 @@ def test_a_users_own_model_is_refused_before_anything_starts(tmp_path: Path) -> 
 def test_the_rendered_script_is_for_the_litserve_the_project_pins() -> None:
     pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert f"litserve=={config.LITSERVE_VERSION}" in pins
+
+
+def test_what_the_workers_report_is_checked_before_load_and_torchserve_reports_nothing() -> None:
+    """What the load Job checks on the cluster before it sends load (a mismatch ends it with exit code 8)."""
+    said = COUNTERS.format(batches=1, batched=1, queue=1, pre=1, infer=1, ok=1, server=1)  # batch 8, 5 ms, 2 ready
+    litserve = servers.get("litserve").metrics("tiny")
+    effective, differs = reported(spec(batchSize=8, maxBatchDelayMs=5, workers=2).server, litserve, said)
+    assert differs is None and effective is not None and effective.ready_workers == 2
+    _, differs = reported(spec(batchSize=16, maxBatchDelayMs=5, workers=2).server, litserve, said)
+    assert differs is not None and "requested (16, 5, 2), in effect (8, 5, 2)" in differs
+    # a server whose metrics do not say (TorchServe's) is measured as before
+    assert reported(spec(batchSize=16).server, servers.get("torchserve").metrics("tiny"), said) == (None, None)

@@ -31,7 +31,7 @@ from servinglab.measure.ceiling import ceiling_of
 from servinglab.measure.driver import ServerWindows, measure_load
 from servinglab.measure.windows import http_fetcher
 from servinglab.models.catalogue import request_image_size
-from servinglab.servers.base import not_applied
+from servinglab.servers.base import reported
 
 
 @dataclass(frozen=True)
@@ -123,12 +123,10 @@ def _applied(spec: ExperimentSpec, windows: ServerWindows | None) -> tuple[Effec
     if windows is None:
         return None, None
     try:
-        effective = windows.metrics.effective(windows.fetch())
+        effective, differs = reported(spec.server, windows.metrics, windows.fetch())
     except OSError as exc:
         return None, Ending(ExitCode.METRICS_UNREADABLE, f"reading the server's metrics failed: {exc}")
-    if effective is not None and (differs := not_applied(spec.server, effective)) is not None:
-        return effective, Ending(ExitCode.SETTINGS_NOT_APPLIED, differs)
-    return effective, None
+    return effective, Ending(ExitCode.SETTINGS_NOT_APPLIED, differs) if differs is not None else None
 
 
 def _target(spec: ExperimentSpec, options: LoadJobOptions) -> levels.Target:

@@ -118,6 +118,13 @@ class ServerMetrics(Protocol):
         ...
 
 
+def reported(server: ServerSpec, metrics: ServerMetrics, text: str) -> tuple[EffectiveSettings | None, str | None]:
+    """What the server says in its metrics `text` that it applied (None where they do not say), and why that
+    is not what the spec asked for (None when it is, or when nothing is said)."""
+    effective = metrics.effective(text)
+    return effective, not_applied(server, effective) if effective is not None else None
+
+
 def not_applied(server: ServerSpec, effective: EffectiveSettings) -> str | None:
     """Why the server's own report differs from what the spec asked for (batch size, delay, ready
     workers), or None: checked before any load is sent, locally and in the load Job."""
