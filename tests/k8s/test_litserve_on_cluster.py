@@ -31,7 +31,9 @@ def test_a_litserve_experiment_succeeds_with_the_settings_its_workers_report(
     _, prometheus = monitoring
     kubelet = kubelet_factory()
     applied = time.monotonic()
-    cluster.kubectl.apply(experiment("tiny-litserve", prometheus.url, kind="litserve", batchSize=4, workers=2))
+    cluster.kubectl.apply(
+        experiment("tiny-litserve", prometheus.url, kind="litserve", batchSize=4, workers=2), namespace=namespace
+    )
     body = wait_finished(cluster, namespace, "tiny-litserve", operator.log, timeout=300)
     status = body["status"]
     assert condition(body, "Succeeded")["status"] == "True", (status, operator.log()[-3000:], kubelet.errors)
