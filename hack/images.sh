@@ -2,6 +2,7 @@
 # Build servinglab's images with docker when there is one, else podman, and print their names:
 #   servinglab/operator:<version>     operator/Dockerfile          (the Helm chart's operator)
 #   servinglab/servinglab:<version>   loadtests/Dockerfile         (load Job, model-builder init container)
+#   servinglab/litserve:<version>     hack/images/litserve/        (LitServe servers: the servinglab image + litserve)
 #   pytorch/torchserve:0.12.0-gpu     hack/images/torchserve/      (a stand-in; only with STANDIN=1)
 #   servinglab/pause:1                hack/images/pause/           (pod sandboxes; only with STANDIN=1)
 # An image whose inputs (its files, build arguments and base) are unchanged is not rebuilt: each
@@ -92,9 +93,11 @@ build "servinglab/operator:$version" operator/Dockerfile "$base_id" "${base_args
 servinglab=$(build "servinglab/servinglab:$version" loadtests/Dockerfile "$base_id" "${base_args[@]}" "${torch_args[@]}" -- \
   "${common[@]}" handlers model-store loadtests)
 echo "$servinglab"
+local_only=()
+[[ $engine == podman ]] && local_only=(--pull=never)
+build "servinglab/litserve:$version" hack/images/litserve/Dockerfile "$(image_id "$servinglab")" \
+  --build-arg "SERVINGLAB_IMAGE=$servinglab" "${local_only[@]}" -- hack/images/litserve
 if [[ ${STANDIN:-0} == 1 ]]; then
-  local_only=()
-  [[ $engine == podman ]] && local_only=(--pull=never)
   build pytorch/torchserve:0.12.0-gpu hack/images/torchserve/Dockerfile "$(image_id "$servinglab")" \
     --build-arg "SERVINGLAB_IMAGE=$servinglab" "${local_only[@]}" -- hack/images/torchserve
   build servinglab/pause:1 hack/images/pause/Dockerfile "$base_id" "${base_args[@]}" -- hack/images/pause

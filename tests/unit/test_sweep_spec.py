@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from servinglab.api import MAX_SPACE, SpecError, TrialConfig, grid, parse_sweep, space_size, trial_name, trial_spec
+from servinglab.api import (
+    MAX_SPACE,
+    SpecError,
+    TrialConfig,
+    grid,
+    load_sweep,
+    parse_sweep,
+    space_size,
+    trial_name,
+    trial_spec,
+)  # fmt: skip
 from servinglab.api.results import ExperimentResults, to_json
 from servinglab.api.trials import SweepPoint
 from servinglab.sweep import rollup
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def document(**spec: Any) -> dict[str, Any]:
@@ -151,3 +164,9 @@ def test_a_sweep_over_servers_rolls_up_each_servers_best_and_exports_the_winners
     assert "max_batch_size=8," in winner["server.py"] and "kind: litserve" in winner["experiment.yaml"]
     runner_up = best_files(sweep, configs[1])
     assert {"config.properties", "model-config.yaml"} <= set(runner_up)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("sweep-*.yaml")), ids=lambda path: path.name)
+def test_every_sweep_example_is_valid(path: Path) -> None:
+    sweep = load_sweep(path)
+    assert grid(sweep.spec), path
