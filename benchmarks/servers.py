@@ -1,9 +1,9 @@
 """Which server for this model: TorchServe against LitServe, each at its own best configuration of one sweep.
 
-    .venv/bin/python benchmarks/servers.py [--model resnet50] [--seconds 15] [--slo 2000] [--gpus 0]
+    .venv/bin/python benchmarks/servers.py [--model resnet50] [--users 16] [--seconds 15] [--slo 2000] [--gpus 0]
 
 One `servinglab sweep` with a `kind` axis (grid: batch 1/4/16 x 1/2 workers on each server, delay
-10 ms, fp32), closed loop at 16 users, the model alone measured for the ceiling. Printed per server: its
+10 ms, fp32), closed loop at `--users`, the model alone measured for the ceiling. Printed per server: its
 best configuration and capacity within the p99 SLO, the p99 there, served/raw (the model alone at the
 batch size that formed), and what a trial costs — the wall time of a trial, and what applying its
 configuration took: TorchServe reconfigured in place through its management API, LitServe (no
@@ -25,7 +25,7 @@ import yaml
 from common import SERVINGLAB, table
 
 
-def sweep_document(model: str, seconds: float, slo_ms: float, gpus: int) -> dict[str, Any]:
+def sweep_document(model: str, users: int, seconds: float, slo_ms: float, gpus: int) -> dict[str, Any]:
     return {
         "apiVersion": "servinglab.dev/v1alpha1",
         "kind": "ServingSweep",
@@ -34,7 +34,7 @@ def sweep_document(model: str, seconds: float, slo_ms: float, gpus: int) -> dict
             "template": {
                 "model": {"name": model},
                 "server": {"gpus": gpus, "maxBatchDelayMs": 10, "warmupSeconds": 30},
-                "load": {"concurrency": [16], "warmupSeconds": 5, "durationSeconds": seconds,
+                "load": {"concurrency": [users], "warmupSeconds": 5, "durationSeconds": seconds,
                          "payload": {"format": "jpeg"}},
                 "slo": {"p99LatencyMs": slo_ms},
                 "ceiling": {"rawSeconds": 5},
@@ -57,12 +57,13 @@ def fmt(value: float | None, digits: int = 1) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--users", type=int, default=16, help="closed-loop concurrency")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--slo", type=float, default=2000.0, help="p99 latency SLO in ms")
     parser.add_argument("--gpus", type=int, default=0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        document = sweep_document(args.model, args.seconds, args.slo, args.gpus)
+        document = sweep_document(args.model, args.users, args.seconds, args.slo, args.gpus)
         spec_file, output = Path(folder) / "servers.yaml", Path(folder) / "out"
         spec_file.write_text(yaml.safe_dump(document))
         started = time.monotonic()
@@ -89,7 +90,7 @@ def main() -> None:
                                                                      else " (restart)"),
             fmt(statistics.median(r["wallSeconds"] for r in mine)),
         ])  # fmt: skip
-    print(f"{args.model}, {args.gpus} GPU(s), closed loop at 16 users, p99 <= {args.slo:g} ms, "
+    print(f"{args.model}, {args.gpus} GPU(s), closed loop at {args.users} users, p99 <= {args.slo:g} ms, "
           f"{args.seconds:g} s per level; sweep wall {wall:.0f} s, stopped: {swept.get('stopReason')}")  # fmt: skip
     print(table(["server", "best configuration", "capacity rps", "p99 ms", "served/raw", "first start s",
                  "apply a configuration, median s", "trial wall, median s"], rows))  # fmt: skip

@@ -22,8 +22,9 @@ from typing import Any
 from servinglab.api import ExperimentSpec, LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
-from servinglab.servers.litserve import metrics
 from servinglab.servers.litserve.config import API_PATH, METRICS_DIR_ENV, SCRIPT, render_script
+from servinglab.servers.litserve.metrics import effective as reported_settings
+from servinglab.servers.litserve.metrics import parse
 from servinglab.servers.process import free_ports, post, stop_group, visible_gpus
 
 #: What a worker's handler says of how it runs (a line each in the server's log).
@@ -152,7 +153,7 @@ class LocalLitServe:
 
     def effective(self) -> EffectiveSettings:
         """What the workers report they run with (their gauges), with how many have loaded the model."""
-        return metrics.effective(metrics.parse(self.metrics_text()))
+        return reported_settings(parse(self.metrics_text()))
 
     def notes(self) -> RuntimeNotes:
         """What the workers' handlers said: the precision's realisation and the slowest warm-up."""
