@@ -170,3 +170,16 @@ def test_a_sweep_over_servers_rolls_up_each_servers_best_and_exports_the_winners
 def test_every_sweep_example_is_valid(path: Path) -> None:
     sweep = load_sweep(path)
     assert grid(sweep.spec), path
+
+
+def test_a_cluster_trial_keeps_its_server_in_a_label_and_reads_it_back() -> None:
+    from servinglab.k8s.sweep.reconcile import config_of, trial_manifest
+
+    servers = parse_sweep(document(space={"kind": {"values": ["torchserve", "litserve"]}, "workers": {"values": [1]}}))
+    plain = parse_sweep(document())
+    for sweep in (servers, plain):
+        for config in grid(sweep.spec)[:2] + grid(sweep.spec)[-2:]:
+            child = trial_manifest(sweep, "uid-1", "bench", config, 0)
+            assert config_of(child) == config, config
+            assert child["spec"]["server"]["kind"] == (config.kind or "torchserve")
+            assert (child["metadata"]["labels"].get("servinglab.dev/server-kind") is None) == (config.kind is None)
