@@ -77,9 +77,9 @@ _TEMPLATE = '''\
     python {script} --model-dir DIR [--listen HOST:PORT] [--metrics-listen HOST:PORT]
 
 DIR is the model folder servinglab lays out for LitServe (`servinglab build-model {model} --into DIR
---server litserve`, or `servinglab prepare-model` for your own model): the model, servinglab's handler
-files and {api_file}. Needs litserve=={version}, torch and prometheus-client. Predictions: POST the
-image (or tensor) as the body to {api_path}; /health answers 200 once every worker has loaded the model.
+--server litserve`): the model, servinglab's handler files and {api_file}.
+Needs litserve=={version}, torch and prometheus-client. Predictions: POST the image as the body to
+{api_path}; /health answers 200 once every worker has loaded the model.
 """
 
 import argparse
