@@ -45,7 +45,7 @@ control-plane: ## build (or reuse the cached) Kubernetes binaries, etcd, KWOK an
 	hack/build-control-plane.sh
 
 images: ## build the operator, servinglab and Triton images (docker, else podman; README "Images")
-	TRITON=1 hack/images.sh
+	SERVER_IMAGES=1 hack/images.sh
 
 chart-crd: setup ## regenerate the chart's CRD from the spec model
 	$(BIN)/servinglab crd > charts/serving/files/crd-servingexperiments.yaml

@@ -2,8 +2,9 @@
 # Build servinglab's images with docker when there is one, else podman, and print their names:
 #   servinglab/operator:<version>     operator/Dockerfile          (the Helm chart's operator)
 #   servinglab/servinglab:<version>   loadtests/Dockerfile         (load Job, model-builder init container)
-#   servinglab/triton:<version>       hack/images/triton/          (Triton pods: the servinglab image + tritonserver;
-#                                                                  only with TRITON=1, as `make images` sets)
+#   servinglab/triton:<version>       hack/images/triton/          (Triton pods: the servinglab image + tritonserver)
+#   servinglab/litserve:<version>     hack/images/litserve/        (LitServe servers: the servinglab image + litserve)
+#                                     (these two only with SERVER_IMAGES=1, as `make images` sets)
 #   pytorch/torchserve:0.12.0-gpu     hack/images/torchserve/      (a stand-in; only with STANDIN=1)
 #   servinglab/pause:1                hack/images/pause/           (pod sandboxes; only with STANDIN=1)
 # An image whose inputs (its files, build arguments and base) are unchanged is not rebuilt: each
@@ -102,10 +103,13 @@ servinglab=$(build "servinglab/servinglab:$version" loadtests/Dockerfile "$base_
 echo "$servinglab"
 local_only=()
 [[ $engine == podman ]] && local_only=(--pull=never)
-if [[ ${TRITON:-0} == 1 ]]; then  # the tests run Triton pods on the stand-in kubelet, not from this image
+# The other servers' images: the tests run Triton and LitServe pods on the stand-in kubelet, not from these
+if [[ ${SERVER_IMAGES:-0} == 1 ]]; then
   build "servinglab/triton:$version" hack/images/triton/Dockerfile "$(image_id "$servinglab")" \
     --build-arg "SERVINGLAB_IMAGE=$servinglab" "${local_only[@]}" -- hack/images/triton \
     operator/src/servinglab/servers/triton/requirements.txt
+  build "servinglab/litserve:$version" hack/images/litserve/Dockerfile "$(image_id "$servinglab")" \
+    --build-arg "SERVINGLAB_IMAGE=$servinglab" "${local_only[@]}" -- hack/images/litserve
 fi
 if [[ ${STANDIN:-0} == 1 ]]; then
   build pytorch/torchserve:0.12.0-gpu hack/images/torchserve/Dockerfile "$(image_id "$servinglab")" \

@@ -1,4 +1,5 @@
-"""TorchServe entry point: one batched handler for every model servinglab packs.
+"""TorchServe entry point: one batched handler for every model servinglab packs, and the model runner
+LitServe's entry point (`servinglab_litserve_api.py`) drives.
 
 It serves the built-in image classifiers (a `model.py` with `build_model()` and a state dict) and the
 user's own TorchScript files and exported programs (`model.pt` / `model.pt2`, with the input declared
@@ -13,10 +14,12 @@ and the precision is applied exactly as the experiment's model-config.yaml asks
 (`handler: {precision, dataPath, warmupBatchSizes, warmupSeconds, topK}`); it logs how the precision
 and the data path were realised ("servinglab precision: ...", "servinglab data path: {json}").
 
-Per batch it records timings as TorchServe metrics (declared in the metrics.yaml the runner renders):
-counters of milliseconds spent in preprocess / inference / postprocess, batches and batched
-requests (so the server-side breakdown and the mean batch size are exact over any window), and a
-gauge with the last batch size.
+`load()` and `run()` are the server-neutral halves (a model folder and settings in; rows of request
+bodies in, answers, rejections and stage timings out); `initialize()` and `handle()` adapt them to
+TorchServe's context. Per batch, under TorchServe, it records timings as TorchServe metrics (declared in
+the metrics.yaml the runner renders): counters of milliseconds spent in preprocess / inference /
+postprocess, batches and batched requests (so the server-side breakdown and the mean batch size are
+exact over any window), and a gauge with the last batch size.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch
 from servinglab_datapath import BatchMaker, compile_model, plan_data_path
 from servinglab_imaging import (
     BadInput,
+    BatchRun,
     apply_precision,
     error_response,
     json_response,
@@ -63,26 +67,37 @@ class ServinglabImageHandler:
         self.input: dict[str, Any] = {"kind": "image"}
         self.top_k = 5
         self.batches: BatchMaker | None = None
+        self.warmup_report: dict[str, Any] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def initialize(self, context: Any) -> None:
+        """TorchServe's: the model folder, GPU and batch size from its context, the settings from the
+        experiment's model-config.yaml."""
         properties = context.system_properties
-        model_dir = Path(properties["model_dir"])
-        gpu_id = properties.get("gpu_id")
+        settings = (getattr(context, "model_yaml_config", None) or {}).get("handler", {}) or {}
+        manifest_model = context.manifest["model"]
+        self.load(
+            Path(properties["model_dir"]), manifest_model["serializedFile"], manifest_model.get("modelFile"),
+            settings, properties.get("gpu_id"), int(properties.get("batch_size") or 1),
+        )  # fmt: skip
+
+    def load(
+        self, model_dir: Path, serialized_file: str, model_file: str | None, settings: dict[str, Any],
+        gpu_id: int | None, batch_size: int,
+    ) -> None:  # fmt: skip
+        """Any server's: load the model (a built-in's `model_file` and state dict, or the user's serialized
+        model with its declared input), apply the precision and warm up, on GPU `gpu_id` if CUDA is there."""
         if torch.cuda.is_available() and gpu_id is not None:
             self.device = torch.device(f"cuda:{int(gpu_id)}")
             torch.cuda.set_device(self.device)
-        settings = (getattr(context, "model_yaml_config", None) or {}).get("handler", {}) or {}
         self.top_k = int(settings.get("topK", 5))
         self.plan = plan_precision(str(settings.get("precision", "fp32")), self.device)
         logger.info("servinglab precision: %s", self.plan.note)
-        batch_size = int(properties.get("batch_size") or 1)
 
-        manifest_model = context.manifest["model"]
-        serialized = model_dir / manifest_model["serializedFile"]
-        if manifest_model.get("modelFile"):  # a built-in: its definition and seeded weights
-            module = _import_file(model_dir / manifest_model["modelFile"], "servinglab_model_definition")
+        serialized = model_dir / serialized_file
+        if model_file:  # a built-in: its definition and seeded weights
+            module = _import_file(model_dir / model_file, "servinglab_model_definition")
             self.input_size = int(getattr(module, "INPUT_SIZE", 224))
             model = module.build_model()
             model.load_state_dict(torch.load(serialized, map_location="cpu", weights_only=True))
@@ -100,6 +115,7 @@ class ServinglabImageHandler:
         if sizes is None:  # an archive rendered without the list: every power of two up to batch_size
             sizes = sorted({min(2**i, batch_size) for i in range(batch_size.bit_length() + 1)})
         report = warm_up(self._forward_zeros, [int(s) for s in sizes], float(settings.get("warmupSeconds", 60.0)))
+        self.warmup_report = report
         logger.info("servinglab warm-up: %s", json.dumps(report))
         self.initialized = True
 
@@ -125,9 +141,19 @@ class ServinglabImageHandler:
     # -- per batch -------------------------------------------------------------------------------
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[str]:
+        """TorchServe's: one batch, a rejected request answered 400 alone, the timings as its metrics."""
+        ran = self.run(data)
+        for index, message in ran.rejected.items():
+            context.set_response_status(400, message, idx=index)
+        self._record(context.metrics, len(data), *ran.timings)
+        return ran.responses
+
+    def run(self, data: list[dict[str, Any]]) -> BatchRun:
+        """Any server's: one batch of request rows ({"body": ...}) -> one JSON answer per row."""
         assert self.model is not None and self.batches is not None
         started = time.perf_counter()
         responses: list[str] = [""] * len(data)
+        rejected: dict[int, str] = {}
         tensor_input = self.input["kind"] == "tensor"
         rows: list[int] = []  # which request each body came from
         bodies: list[bytes] = []
@@ -136,10 +162,12 @@ class ServinglabImageHandler:
                 bodies.append(request_body(row))
                 rows.append(index)
             except BadInput as exc:
-                self._refuse(context, responses, index, str(exc))
+                responses[index] = error_response(str(exc))
+                rejected[index] = str(exc)
         made = self.batches.make(bodies)
         for position, message in made.errors.items():
-            self._refuse(context, responses, rows[position], message)
+            responses[rows[position]] = error_response(message)
+            rejected[rows[position]] = message
         valid = [rows[position] for position in made.valid]
         self._synchronize()  # the copies and conversion count as preprocessing, not inference
         preprocessed = time.perf_counter()
@@ -157,14 +185,7 @@ class ServinglabImageHandler:
             for index, predictions in zip(valid, top_k(logits, self.top_k), strict=True):
                 responses[index] = json_response(predictions)
         finished = time.perf_counter()
-
-        self._record(context.metrics, len(data), started, preprocessed, inferred, finished)
-        return responses
-
-    @staticmethod
-    def _refuse(context: Any, responses: list[str], index: int, message: str) -> None:
-        responses[index] = error_response(message)
-        context.set_response_status(400, message, idx=index)
+        return BatchRun(responses, rejected, (started, preprocessed, inferred, finished))
 
     @staticmethod
     def _record(metrics: Any, size: int, t0: float, t1: float, t2: float, t3: float) -> None:

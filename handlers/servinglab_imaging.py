@@ -33,6 +33,17 @@ class BadInput(ValueError):
     """A request body that cannot be turned into an image; reported per request, not per batch."""
 
 
+@dataclass(frozen=True)
+class BatchRun:
+    """One batch's answers (JSON, one per row), the rows rejected (index -> why: answered 400 alone), and
+    the perf_counter instants at its start, after preprocess, after inference and at its end. (Here, not
+    in the handler's file: TorchServe wants exactly one class there.)"""
+
+    responses: list[str]
+    rejected: dict[int, str]
+    timings: tuple[float, float, float, float]
+
+
 def request_body(row: dict[str, Any]) -> bytes:
     """The payload of one TorchServe request row: raw body, or the first multipart file field."""
     for key in ("body", "data", "file", "image"):

@@ -20,8 +20,10 @@ have it killed for memory (`oom_kill_server`).
 
 Container paths are mapped into a per-pod folder, container ports onto free loopback ports (listen
 addresses and port numbers in args and env follow), and Service DNS names (`http://<service>:<port>`)
-onto the ports of the pods the Service selects; that is all that is translated. The operator and
-the load Job run with a real token of their ServiceAccount, so their RBAC is exercised too.
+onto the ports of the pods the Service selects. The simulated GPU nodes' GPUs are not on this machine:
+a server's own configuration is told so (TorchServe's `number_of_gpu=0`, LitServe's script on the CPU);
+that is all that is translated. The operator and the load Job run with a real token of their
+ServiceAccount, so their RBAC is exercised too.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class RunningPod:
     init_seconds: float = 0.0  # how long the init containers ran
     mounts: dict[str, Path] = field(default_factory=dict)  # the container's mount paths -> local folders
     dns: str = ""  # `<hostname>.<subdomain>` when the pod has both (the pods of an indexed Job)
-    container: tuple[str, str] = ("torchserve", "pytorch/torchserve:0.12.0-gpu")  # the server's name and image
+    container: dict[str, Any] = field(default_factory=dict)  # the (first) container's spec
 
 
 class LocalKubelet:
@@ -194,7 +196,7 @@ class LocalKubelet:
     def _report_server_terminated(self, pod: RunningPod, code: int, reason: str, message: str) -> None:
         """The server container's end, in the pod's status (KWOK's stages leave a Failed pod alone)."""
         terminated = {"exitCode": code, "reason": reason, "message": message}
-        name, image = pod.container
+        name = pod.container.get("name", "server")
         status = {
             "status": {
                 "phase": "Failed",
@@ -202,7 +204,7 @@ class LocalKubelet:
                 "containerStatuses": [
                     {
                         "name": name,
-                        "image": image,
+                        "image": pod.container.get("image", ""),
                         "ready": False,
                         "restartCount": 0,
                         "state": {"terminated": terminated},
@@ -258,7 +260,7 @@ class LocalKubelet:
                 # a short root: TorchServe puts unix sockets under the pod's /tmp (108-byte limit)
                 running = RunningPod(name, Path(tempfile.mkdtemp(prefix="kl-", dir=self.workdir)))
                 running.labels = pod["metadata"].get("labels", {})
-                container = pod["spec"]["containers"][0]
+                container = running.container = pod["spec"]["containers"][0]
                 running.named_ports = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
                 if component in ("server", "load") and (problem := self._cannot_start(pod)) is not None:
                     self._report_waiting(pod, problem)
@@ -494,10 +496,11 @@ class LocalKubelet:
                 self._annotate(running.name, {manifests.INIT_MESSAGE_ANNOTATION: message,
                                               manifests.init_message_annotation(init["name"]): message})  # fmt: skip
         container = spec["containers"][0]
-        running.container = (container["name"], container["image"])
         mounts = running.mounts = self._mounts(pod, container, running.root)
         if "/etc/torchserve" in mounts:
             command, env = self._torchserve(container, running, mounts)
+        elif "/etc/litserve" in mounts:
+            command, env = self._litserve(container, running, mounts)
         else:
             command, env = self._triton(container, running, mounts)
         self._spawn(running, container["name"], command, env)
@@ -507,22 +510,39 @@ class LocalKubelet:
     def _torchserve(
         self, container: dict[str, Any], running: RunningPod, mounts: dict[str, Path]
     ) -> tuple[list[str], dict[str, str]]:
+        # TorchServe's management and gRPC ports are named in its config only
         ports = [p["containerPort"] for p in container.get("ports", [])] + [8081, 7070, 7071]
         running.ports = dict(zip(ports, free_ports(len(ports)), strict=True))
-        # config files the container reads are the ConfigMap's, with listen addresses made local
-        config_dir = mounts["/etc/torchserve"]
-        properties = config_dir / "config.properties"
+        self._local_torchserve_config(mounts, running.ports)
+        env = self._env(container, mounts, {"TMPDIR": str(mounts["/tmp"])})
+        command = self._command(container, {**mounts, "/dev/termination-log": running.root / "termination-log"}, {})
+        return command, env
+
+    def _litserve(
+        self, container: dict[str, Any], running: RunningPod, mounts: dict[str, Path]
+    ) -> tuple[list[str], dict[str, str]]:
+        """LitServe's rendered script, on the CPU (the simulated node's GPU is not here), its listen
+        addresses made local."""
+        ports = [p["containerPort"] for p in container.get("ports", [])]
+        running.ports = dict(zip(ports, free_ports(len(ports)), strict=True))
+        script = mounts["/etc/litserve"] / "server.py"
+        script.write_text(script.read_text().replace("accelerator='cuda'", "accelerator='cpu'"))
+        env = self._env(container, mounts, {"TMPDIR": str(mounts["/tmp"])})
+        listen = {f"0.0.0.0:{remote}": f"127.0.0.1:{local}" for remote, local in running.ports.items()}
+        mounts_and_log = {**mounts, "/dev/termination-log": running.root / "termination-log"}
+        return self._command(container, mounts_and_log, listen), env
+
+    def _local_torchserve_config(self, mounts: dict[str, Path], ports: dict[int, int]) -> None:
+        """TorchServe's config.properties as the ConfigMap has it, with listen addresses made local."""
+        properties = mounts["/etc/torchserve"] / "config.properties"
         text = self._translate(properties.read_text(), mounts, {})
-        for remote, local in running.ports.items():
+        for remote, local in ports.items():
             text = re.sub(rf"(//[0-9.]+):{remote}\b", rf"\g<1>:{local}", text)
             text = re.sub(rf"^(grpc_\w+_port)={remote}$", rf"\g<1>={local}", text, flags=re.MULTILINE)
         text = text.replace("0.0.0.0", "127.0.0.1")
         # the simulated node's GPU is not on this machine
         text = re.sub(r"^number_of_gpu=.*$", "number_of_gpu=0", text, flags=re.MULTILINE)
         properties.write_text(text)
-        env = self._env(container, mounts, {"TMPDIR": str(mounts["/tmp"])})
-        command = self._command(container, {**mounts, "/dev/termination-log": running.root / "termination-log"}, {})
-        return command, env
 
     def _triton(
         self, container: dict[str, Any], running: RunningPod, mounts: dict[str, Path]

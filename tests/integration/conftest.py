@@ -1,5 +1,6 @@
-"""Fixtures for tests that start a real TorchServe (Java frontend + Python workers) or a real tritonserver
-(with its Python backend's stubs) on loopback."""
+"""Fixtures for tests that start a real server on loopback: TorchServe (Java frontend + Python workers),
+LitServe (the rendered script, its API processes and its spawned workers) or tritonserver (with its Python
+backend's stubs)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import psutil
 import pytest
 
 TORCHSERVE_MARKERS = ("org.pytorch.serve.ModelServer", "model_service_worker.py")
+LITSERVE_MARKERS = ("litserve/server.py", "multiprocessing.spawn")
 TRITON_MARKERS = ("tritonserver", "triton_python_backend_stub")
-SERVER_MARKERS = (*TORCHSERVE_MARKERS, *TRITON_MARKERS)
+SERVER_MARKERS = (*TORCHSERVE_MARKERS, *LITSERVE_MARKERS, *TRITON_MARKERS)
 #: Set by `no_leftover_servers` for the test's duration; every process the test starts inherits it (the
 #: launcher, the JVM and its workers too). Other tests, other sessions, may run TorchServe on the same
 #: machine at the same time: only processes carrying this test's mark are its own.
@@ -22,14 +24,12 @@ TEST_MARK = "SERVINGLAB_TEST_MARK"
 
 
 def torchserve_processes(since: float, mark: str | None = None) -> list[psutil.Process]:
-    """Running server processes (TorchServe frontends and workers, tritonserver and its stubs) created after
+    """Running server processes (TorchServe's, LitServe's, Triton's) created after
     `since`; with `mark`, only those whose environment carries that TEST_MARK."""
     found = []
     for proc in psutil.process_iter(["cmdline", "create_time"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if proc.info["create_time"] < since - 1 or not any(
-            m in cmdline for m in (*TORCHSERVE_MARKERS, *TRITON_MARKERS)
-        ):
+        if proc.info["create_time"] < since - 1 or not any(m in cmdline for m in SERVER_MARKERS):
             continue
         if mark is not None:
             try:

@@ -483,6 +483,9 @@ def finished(cluster: Cluster, installed: Installed) -> dict[str, Any]:
     }  # fmt: skip
     cluster.kubectl.apply(experiment("chart-e2e"), namespace=ns)
     cluster.kubectl.apply(one_trial, namespace=ns)
+    # and LitServe on the CPU node, for its dashboard (awaited by `finished_litserve`)
+    on_cpu = {"kind": "litserve", "gpus": 0, "nodeSelector": {}, "tolerations": []}
+    cluster.kubectl.apply(experiment("chart-litserve", **on_cpu), namespace=ns)
     body = wait_finished(cluster, ns, "chart-e2e", lambda: operator_log(installed))
     assert condition(body, "Succeeded")["status"] == "True", (body["status"], operator_log(installed))
     cluster.kubectl.wait_for(
@@ -495,6 +498,14 @@ def finished(cluster: Cluster, installed: Installed) -> dict[str, Any]:
         trials = cluster.kubectl.get("sx", "-n", ns, "-l", "servinglab.dev/sweep=chart-sweep")["items"]
         outcomes = [(trial["metadata"]["name"], trial.get("status", {}).get("conditions")) for trial in trials]
         pytest.fail(f"the sweep measured nothing: {sweep['status']}\ntrials: {outcomes}\n{operator_log(installed)}")
+    return body
+
+
+@pytest.fixture(scope="module")
+def finished_litserve(cluster: Cluster, installed: Installed, finished: dict[str, Any]) -> dict[str, Any]:
+    """The LitServe experiment `finished` applied beside the TorchServe one."""
+    body = wait_finished(cluster, installed.namespace, "chart-litserve", lambda: operator_log(installed))
+    assert condition(body, "Succeeded")["status"] == "True", (body["status"], operator_log(installed))
     return body
 
 
@@ -652,11 +663,12 @@ def finite_values(result: list[dict[str, Any]]) -> list[float]:
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=[path.stem for path in DASHBOARDS])
 def test_every_dashboard_query_returns_data_from_a_real_run(
-    cluster: Cluster, installed: Installed, finished: dict[str, Any], path: Path
+    cluster: Cluster, installed: Installed, finished: dict[str, Any], finished_litserve: dict[str, Any], path: Path
 ) -> None:
     dashboard = json.loads(path.read_text())
     prometheus = installed.prometheus
-    results = cluster.kubectl.get("configmap", finished["status"]["resultsRef"]["name"], "-n", installed.namespace)
+    run = finished_litserve if path.stem == "litserve" else finished  # each server's dashboard, its own run
+    results = cluster.kubectl.get("configmap", run["status"]["resultsRef"]["name"], "-n", installed.namespace)
     levels = json.loads(results["data"]["results.json"])["results"]
     # Live panels (TorchServe, GPU) are read as of the end of the load; results panels once written.
     at = float(levels[-1]["windowEnd"]) if path.stem != "experiments" else None

@@ -36,7 +36,10 @@ def crd_installed(cluster: Cluster) -> None:
     )
 
 
-@pytest.mark.parametrize("example", ["experiment-halfp.yaml", "experiment-smoke.yaml", "experiment-demo.yaml"])
+@pytest.mark.parametrize(
+    "example",
+    ["experiment-halfp.yaml", "experiment-smoke.yaml", "experiment-demo.yaml", "experiment-litserve-smoke.yaml"],
+)
 def test_examples_are_accepted(cluster: Cluster, namespace: str, crd_installed: None, example: str) -> None:
     document = yaml.safe_load((EXAMPLES / example).read_text())
     cluster.kubectl.apply(document, namespace=namespace)
@@ -47,7 +50,16 @@ def test_examples_are_accepted(cluster: Cluster, namespace: str, crd_installed: 
     assert parse_experiment(stored).spec == parse_experiment(document).spec
 
 
-@pytest.mark.parametrize("example", ["sweep-smoke.yaml", "sweep-t4.yaml", "sweep-litserve-writeup.yaml"])
+@pytest.mark.parametrize(
+    "example",
+    [
+        "sweep-smoke.yaml",
+        "sweep-t4.yaml",
+        "sweep-litserve-writeup.yaml",
+        "sweep-litserve-writeup-cpu.yaml",
+        "sweep-servers.yaml",
+    ],
+)
 def test_sweep_examples_are_accepted_with_the_same_meaning(
     cluster: Cluster, namespace: str, crd_installed: None, example: str
 ) -> None:

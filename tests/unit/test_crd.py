@@ -47,7 +47,19 @@ def test_crd_names_columns_and_status_subresource() -> None:
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Model", "Batch", "Delay", "Workers", "Precision", "RPS", "P99", "State", "Verdict", "Age"]
+    assert columns == [
+        "Model",
+        "Server",
+        "Batch",
+        "Delay",
+        "Workers",
+        "Precision",
+        "RPS",
+        "P99",
+        "State",
+        "Verdict",
+        "Age",
+    ]
 
 
 def test_the_sweep_crd_is_generated_from_the_sweep_spec_with_its_own_short_name_and_columns() -> None:

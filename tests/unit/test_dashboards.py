@@ -17,7 +17,7 @@ def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_the_dashboards_ship() -> None:
-    assert [path.stem for path in DASHBOARDS] == ["experiments", "gpu", "torchserve", "triton"]
+    assert [path.stem for path in DASHBOARDS] == ["experiments", "gpu", "litserve", "torchserve", "triton"]
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=[path.stem for path in DASHBOARDS])
@@ -45,6 +45,17 @@ def test_dashboards_cover_what_the_issue_names() -> None:
     assert {"Request rate", "Mean latency (server)", "Mean queue time", "Responses by class", "Workers"} <= titles[
         "torchserve"
     ]
+    assert {
+        "Request rate",
+        "Mean latency (server)",
+        "Mean queue time",
+        "Responses by class",
+        "Workers",
+        "Mean batch size",
+        "Handler time per batch",
+        "Max batch size",
+        "Batch timeout",
+    } <= titles["litserve"]
     assert {"GPU utilisation", "SM activity", "Framebuffer memory used", "Power", "Energy in the time range"} <= titles[
         "gpu"
     ]

@@ -162,3 +162,15 @@ def test_warm_up_runs_the_sizes_in_order_within_its_time_budget() -> None:
     assert ran == [1, 2, 4, 8, 16] == report["batchSizes"]
     assert report["skipped"] == [32, 64] and report["seconds"] <= 0.1
     assert warm_up(forward, [1, 2], budget_seconds=0, clock=lambda: now[0])["skipped"] == [1, 2]
+
+
+def test_the_handler_file_defines_exactly_one_class_as_torchserve_requires() -> None:
+    """TorchServe refuses a handler module with more than one class (its workers die at load): the
+    server-neutral types live in servinglab_imaging.py."""
+    import inspect
+
+    import servinglab_image_handler
+
+    defined = [obj for _, obj in inspect.getmembers(servinglab_image_handler, inspect.isclass)
+               if obj.__module__ == servinglab_image_handler.__name__]  # fmt: skip
+    assert defined == [ServinglabImageHandler]

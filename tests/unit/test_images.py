@@ -51,7 +51,23 @@ def test_every_image_takes_its_base_as_a_build_argument(dockerfile: Path) -> Non
 
 
 def test_no_build_secret_or_certificate_is_copied_into_an_image() -> None:
-    for dockerfile in [*DOCKERFILES, ROOT / "hack/images/torchserve/Dockerfile"]:
+    for dockerfile in [
+        *DOCKERFILES,
+        ROOT / "hack/images/torchserve/Dockerfile",
+        ROOT / "hack/images/litserve/Dockerfile",
+    ]:
         text = dockerfile.read_text()
         assert not re.search(r"^(COPY|ADD)\s.*(\.crt|\.pem|ca-certificates)", text, flags=re.MULTILINE), dockerfile
         assert "PIP_CERT=/run/secrets/ca-bundle" in text or "pip install" not in text, dockerfile
+
+
+def test_the_litserve_image_is_the_one_litserve_pods_default_to_with_the_pinned_litserve() -> None:
+    from servinglab.servers.litserve import DEFAULT_IMAGE
+
+    version = PROJECT["project"]["version"]
+    assert f"servinglab/litserve:{version}" == DEFAULT_IMAGE
+    assert (
+        'build "servinglab/litserve:$version" hack/images/litserve/Dockerfile' in (ROOT / "hack/images.sh").read_text()
+    )
+    litserve = pins([r for r in PROJECT["project"]["dependencies"] if r.startswith("litserve==")])["litserve"]
+    assert f"pip install litserve=={litserve}" in (ROOT / "hack/images/litserve/Dockerfile").read_text()

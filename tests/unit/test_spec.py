@@ -41,7 +41,7 @@ def problems(document: dict[str, Any]) -> list[str]:
     return info.value.problems
 
 
-@pytest.mark.parametrize("name", ["experiment-smoke.yaml", "experiment-halfp.yaml"])
+@pytest.mark.parametrize("name", ["experiment-smoke.yaml", "experiment-halfp.yaml", "experiment-litserve-smoke.yaml"])
 def test_examples_are_valid(name: str) -> None:
     experiment = load_experiment(EXAMPLES / name)
     assert experiment.spec.load.concurrency

@@ -136,3 +136,91 @@ def test_a_list_sweep_runs_exactly_its_configurations_in_order() -> None:
     history, stop = run(spec, monotone)
     assert [o.config.label() for o in history] == ["b1-d10-w1-fp32", "b64-d10-w4-fp16"]
     assert stop == "every configuration was tried"
+
+
+# -- a kind axis: each server its own space -------------------------------------------------------------
+
+
+def two_servers(strategy: str = "search", **extra: object) -> SweepSpec:
+    return SweepSpec.model_validate({
+        "template": {"model": {"name": "tiny"}, "slo": {"p99LatencyMs": 100}},
+        "strategy": strategy,
+        "space": {
+            "kind": {"values": ["torchserve", "litserve"]},
+            "batchSize": {"min": 1, "max": 64},
+            "maxBatchDelayMs": {"values": [1, 5, 20]},
+            "workers": {"values": [1, 2]},
+            "precision": {"values": ["fp32", "fp16"]},
+            "perKind": {"litserve": {"workers": {"values": [1, 2, 4]}}},
+        },
+        **extra,
+    })  # fmt: skip
+
+
+def servers_surface(config: TrialConfig) -> Outcome:
+    """Two servers whose knobs peak in different places, one far slower than the other everywhere: TorchServe
+    peaks at batch 16 / 2 workers, LitServe (a third of its speed) at batch 64 / 4 workers."""
+    if config.kind == "torchserve":
+        rps = 3000 * SPEED[config.precision] * math.exp(-((math.log2(config.batch_size) - 4) ** 2) / 4)
+        return Outcome(config, rps * {1: 0.8, 2: 1.0}[config.workers])
+    rps = 1000 * SPEED[config.precision] * math.exp(-((math.log2(config.batch_size) - 6) ** 2) / 8)
+    return Outcome(config, rps * {1: 0.5, 2: 0.8, 4: 1.0}[config.workers])
+
+
+def test_a_kind_axis_searches_each_server_to_its_own_best_even_the_slower_one() -> None:
+    spec = two_servers(stop={"patience": 6})
+    history, reason = run(spec, servers_surface)
+    every = [servers_surface(config) for config in grid(spec)]
+    for server in ("torchserve", "litserve"):
+        mine = [o for o in history if o.config.kind == server]
+        found, truth = best(mine), best([o for o in every if o.config.kind == server])
+        assert found is not None and truth is not None
+        # the slower server is climbed to its own best although it never beats the faster one
+        assert found.score is not None and truth.score is not None and found.score >= 0.95 * truth.score, server
+    assert [o.config.kind for o in history] == sorted((o.config.kind for o in history), key=["torchserve",
+            "litserve"].index), "servers run one after the other, in the axis' order"  # fmt: skip
+    assert reason.startswith("torchserve: ") and "; litserve: " in reason
+    assert len(history) < 0.5 * len(every)
+
+
+def test_each_server_has_its_own_axes_labels_and_share_of_max_trials() -> None:
+    spec = two_servers("grid", maxTrials=9)
+    configs = grid(spec)
+    assert {c.workers for c in configs if c.kind == "litserve"} == {1, 2, 4}
+    assert {c.workers for c in configs if c.kind == "torchserve"} == {1, 2}
+    assert len(configs) == 7 * 3 * 2 * 2 + 7 * 3 * 3 * 2
+    assert configs[0].label() == "torchserve-b1-d1-w1-fp32" and configs[-1].label() == "litserve-b64-d20-w4-fp16"
+    history, reason = run(spec, servers_surface)
+    assert [o.config.kind for o in history].count("torchserve") == 5  # 9 trials: 5 and 4
+    assert [o.config.kind for o in history].count("litserve") == 4
+    assert "its share of maxTrials (5) reached" in reason and "its share of maxTrials (4) reached" in reason
+
+
+def test_an_out_of_memory_prunes_only_on_the_server_that_ran_out() -> None:
+    spec = two_servers("grid")
+    oom = Outcome(TrialConfig(kind="litserve", batch_size=8, max_batch_delay_ms=1, workers=1, precision="fp32"),
+                  None, feasible=False, reason=OUT_OF_MEMORY)  # fmt: skip
+    larger = {"batch_size": 16, "max_batch_delay_ms": 1, "workers": 2, "precision": "fp32"}
+    assert pruned_by([oom], TrialConfig(kind="litserve", **larger)) is not None
+    assert pruned_by([oom], TrialConfig(kind="torchserve", **larger)) is None
+    assert not any(c.kind == "torchserve" and pruned_by([oom], c) for c in grid(spec))
+
+
+def test_a_kind_axis_is_validated_with_the_rest_of_the_space() -> None:
+    from servinglab.api import SpecError, parse_sweep
+
+    document = {
+        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingSweep", "metadata": {"name": "s"},
+        "spec": {"template": {"model": {"name": "tiny"}}, "space": {
+            "kind": {"values": ["litserve", "litserve"]},
+            "perKind": {"tensorrt": {"workers": {"values": [1]}}, "litserve": {"workers": {"values": [0]}}},
+        }},
+    }  # fmt: skip
+    with pytest.raises(SpecError) as raised:
+        parse_sweep(document)
+    message = str(raised.value)
+    assert "spec.space.perKind.litserve.workers.values[0]" in message
+    assert "repeat a server" in message
+    document["spec"]["space"] = {"kind": {"values": ["litserve"]}, "perKind": {"torchserve": {}}}  # type: ignore[index]
+    with pytest.raises(SpecError, match="perKind.torchserve: not a server of the kind axis"):
+        parse_sweep(document)

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from servinglab.api import MAX_SPACE, SpecError, TrialConfig, grid, parse_sweep, space_size, trial_name, trial_spec
+from servinglab.api import (
+    MAX_SPACE,
+    SpecError,
+    TrialConfig,
+    grid,
+    load_sweep,
+    parse_sweep,
+    space_size,
+    trial_name,
+    trial_spec,
+)  # fmt: skip
 from servinglab.api.results import ExperimentResults, to_json
 from servinglab.api.trials import SweepPoint
 from servinglab.sweep import rollup
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def document(**spec: Any) -> dict[str, Any]:
@@ -126,3 +139,47 @@ def test_the_rollup_counts_trials_prunes_after_an_oom_and_picks_the_best() -> No
     assert result["best"]["config"]["batchSize"] == 8 and result["best"]["capacityRps"] == 400
     assert result["trials"][1]["reason"] == "OutOfMemory" and "results" not in result["trials"][0]
     assert result["front"] == [{**result["front"][0], "throughputRps": 400, "p99LatencyMs": 80}]
+
+
+def test_a_sweep_over_servers_rolls_up_each_servers_best_and_exports_the_winners_own_files() -> None:
+    from servinglab.sweep.export import best_files
+
+    sweep = parse_sweep(document(space={"kind": {"values": ["torchserve", "litserve"]},
+                                        "batchSize": {"values": [1, 8]}}))  # fmt: skip
+    configs = grid(sweep.spec)
+    assert [c.kind for c in configs] == ["torchserve", "torchserve", "litserve", "litserve"]
+    assert trial_spec(sweep.spec, configs[2]).server.kind == "litserve"
+    assert trial_name("resnet50-t4", configs[3]) == "resnet50-t4-litserve-b8-d50-w1-fp32"
+    measured = [(configs[0], 300.0), (configs[1], 450.0), (configs[2], 200.0), (configs[3], 500.0)]
+    records = [rollup.record(sweep, trial_name("resnet50-t4", c), i, c, results(level(8, rps, 50)), None)
+               for i, (c, rps) in enumerate(measured)]  # fmt: skip
+    rolled = rollup.document(sweep, records, "done", "2026-11-22T00:00:00Z")
+    assert rolled.best is not None and rolled.best.config == configs[3]
+    assert [(b.config.kind, b.capacity_rps) for b in rolled.best_per_kind or []] == [
+        ("litserve", 500.0), ("torchserve", 450.0)]  # fmt: skip
+    assert rolled.space.kind == ["torchserve", "litserve"] and rolled.server_kind == "torchserve"
+    winner = best_files(sweep, rolled.best.config)
+    assert set(winner) == {"experiment.yaml", "server.py"}, "a LitServe winner exports its own script"
+    compile(winner["server.py"], "server.py", "exec")
+    assert "max_batch_size=8," in winner["server.py"] and "kind: litserve" in winner["experiment.yaml"]
+    runner_up = best_files(sweep, configs[1])
+    assert {"config.properties", "model-config.yaml"} <= set(runner_up)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("sweep-*.yaml")), ids=lambda path: path.name)
+def test_every_sweep_example_is_valid(path: Path) -> None:
+    sweep = load_sweep(path)
+    assert grid(sweep.spec), path
+
+
+def test_a_cluster_trial_keeps_its_server_in_a_label_and_reads_it_back() -> None:
+    from servinglab.k8s.sweep.reconcile import config_of, trial_manifest
+
+    servers = parse_sweep(document(space={"kind": {"values": ["torchserve", "litserve"]}, "workers": {"values": [1]}}))
+    plain = parse_sweep(document())
+    for sweep in (servers, plain):
+        for config in grid(sweep.spec)[:2] + grid(sweep.spec)[-2:]:
+            child = trial_manifest(sweep, "uid-1", "bench", config, 0)
+            assert config_of(child) == config, config
+            assert child["spec"]["server"]["kind"] == (config.kind or "torchserve")
+            assert (child["metadata"]["labels"].get("servinglab.dev/server-kind") is None) == (config.kind is None)

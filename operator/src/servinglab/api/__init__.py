@@ -63,6 +63,7 @@ from servinglab.api.sweep import (
     TrialConfig,
     axis_values,
     grid,
+    kinds,
     load_sweep,
     parse_sweep,
     space_size,
@@ -80,6 +81,6 @@ __all__ = [
     "SecretKeyRef", "ServerKind", "ServerSpec",
     "ServingExperiment", "ServingSweep", "ShapeSpec", "SloSpec", "SpecError", "SpecModel", "StabilitySpec",
     "StepShape", "SweepSpec", "Toleration", "TraceShape", "Transfer", "TrialConfig", "VolumePath",
-    "axis_values", "grid", "load_experiment", "load_sweep", "parse_experiment", "parse_sweep", "read_document",
+    "axis_values", "grid", "kinds", "load_experiment", "load_sweep", "parse_experiment", "parse_sweep", "read_document",
     "space_size", "trial_name", "trial_spec",
 ]  # fmt: skip

@@ -165,6 +165,7 @@ def crd_manifest() -> Schema:
     """The ServingExperiment CustomResourceDefinition."""
     columns = [
         _column("Model", ".spec.model.name"),
+        _column("Server", ".spec.server.kind"),
         _column("Batch", ".spec.server.batchSize", "integer"),
         _column("Delay", ".spec.server.maxBatchDelayMs", "integer"),
         _column("Workers", ".spec.server.workers", "integer"),

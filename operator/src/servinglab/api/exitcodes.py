@@ -25,6 +25,8 @@ class ExitCode(IntEnum):
     GENERATORS_FAILED = 6
     #: The server's metrics could not be read at a window's edge.
     METRICS_UNREADABLE = 7
+    #: The load Job's server says it runs with other settings than the spec asked for (no load was sent).
+    SETTINGS_NOT_APPLIED = 8
     #: The run was interrupted: 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM).
     INTERRUPTED = 128
 

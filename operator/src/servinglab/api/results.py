@@ -447,4 +447,6 @@ class LoadJobResults(ResultModel):
     server_answered_at: float | None = None
     peak_rate: PeakRate | None = None
     ceiling: Ceiling | None = None
+    #: What the server said it applied, checked before the load (None: its metrics do not say).
+    effective: EffectiveSettings | None = None
     experiment_uid: str | None = None

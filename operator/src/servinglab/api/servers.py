@@ -56,7 +56,7 @@ class Toleration(SpecModel):
 
 
 #: The model servers servinglab can put under test (each one a folder of :mod:`servinglab.servers`).
-ServerKind = Literal["torchserve", "triton"]
+ServerKind = Literal["torchserve", "litserve", "triton"]
 
 
 class RequestEncoding(StrEnum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from servinglab.api.conditions import Condition
-from servinglab.api.results import Ceiling, LevelResult, ModelDescription, PeakRate, ResultModel
+from servinglab.api.results import Ceiling, EffectiveSettings, LevelResult, ModelDescription, PeakRate, ResultModel
 from servinglab.api.trials import (
     Confirmation,
     PrunedConfig,
@@ -62,6 +62,8 @@ class ExperimentStatus(ResultModel):
     results_ref: ResultsRef | None = None
     peak_rate: PeakRate | None = None
     ceiling: Ceiling | None = None
+    #: What the server said it applied, checked against the spec before the load (where its metrics say).
+    effective: EffectiveSettings | None = None
     #: The Secret of the load pods' generator key (several generators only): its name, never its value.
     generator_key_secret: str | None = None
     finished_at: str | None = None
@@ -78,6 +80,7 @@ class SweepStatus(ResultModel):
     pruned: list[PrunedConfig] | None = None
     best: SweepBest | None = None
     confirmation: Confirmation | None = None
+    best_per_kind: list[SweepBest] | None = None
     front: list[SweepPoint] | None = None
     stop_reason: str | None = None
     grid_size: int | None = None

@@ -1,12 +1,17 @@
 """The ServingSweep v1alpha1 spec: many configurations of one experiment, searched for the best.
 
 A sweep is a `template` experiment spec plus the server settings to vary: a `space` of axes
-(batch size, max batch delay, workers, precision, and the handler's data path: decode, decode threads,
-transfer, pinned copies, compile mode, channels-last) searched by `grid` (every combination) or by
-`search` (far fewer trials, :mod:`servinglab.sweep.search`), or an explicit list of
+(batch size, max batch delay, workers, precision, the handler's data path: decode, decode threads,
+transfer, pinned copies, compile mode, channels-last; and the server `kind`) searched by `grid` (every
+combination) or by `search` (far fewer trials, :mod:`servinglab.sweep.search`), or an explicit list of
 `configurations`. Every trial is the template with one configuration applied; the objective is the
 highest throughput that meets the template's SLO. Validation names every bad field like the
 experiment's (:func:`parse_sweep`), including values of an axis that the experiment would refuse.
+
+The `kind` axis is not one more dimension of one lattice: the other knobs mean different things on each
+server (LitServe's batch timeout runs from when its worker starts collecting, TorchServe's delay from the
+first request; LitServe's workers each bring an API process along), so each kind is a space of its own —
+the shared axes, or its own ones under `space.perKind.<kind>` — searched on its own to its own best.
 
 Used by `servinglab sweep` (local), the sweep reconciler (cluster) and the CRD generator.
 """
@@ -21,101 +26,23 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from servinglab.api.datapath import CompileMode, DataPath, Decode, Transfer
+from servinglab.api.datapath import DataPath
 from servinglab.api.experiment import ExperimentSpec
 from servinglab.api.meta import ObjectMeta, SpecModel, describe_error, parse_document, read_document
-from servinglab.api.servers import Precision, ServerSpec
+from servinglab.api.servers import Precision, ServerKind, ServerSpec
+from servinglab.api.space import DATA_PATH_AXES, IntAxis, KnobSpace, SweepSpace
 
 #: A space larger than this is refused: at a minute or more per trial it would run for days.
 MAX_SPACE = 512
 
 AXES = ("batchSize", "maxBatchDelayMs", "workers", "precision", "decode", "decodeThreads", "transfer", "pinnedCopies",
-        "compile", "channelsLast")  # fmt: skip
-#: The data path's axes: each a field of `server.dataPath` (and of SweepSpace under the same name).
-DATA_PATH_AXES = ("decode", "decode_threads", "transfer", "pinned_copies", "compile", "channels_last")
-
-
-class IntAxis(SpecModel):
-    """One integer axis: explicit `values`, or a range `min`..`max` in powers of two or linear steps."""
-
-    values: list[int] | None = Field(default=None, min_length=1, max_length=64)
-    min: int | None = Field(default=None, ge=1)
-    max: int | None = Field(default=None, ge=1)
-    scale: Literal["pow2", "linear"] = Field(default="pow2", description="Range form: powers of two, or steps.")
-    step: int = Field(default=1, ge=1, description="Range form with scale linear: the step.")
-
-    @model_validator(mode="after")
-    def _one_form(self) -> IntAxis:
-        has_range = self.min is not None or self.max is not None
-        if (self.values is None) == (not has_range):
-            raise ValueError("give either values or min and max")
-        if has_range and (self.min is None or self.max is None or self.min > self.max):
-            raise ValueError(f"min {self.min} and max {self.max} must both be set, min <= max")
-        if self.values is not None and len(set(self.values)) != len(self.values):
-            raise ValueError(f"values {self.values} repeat a value")
-        return self
-
-    def expand(self) -> list[int]:
-        """The axis' values, ascending."""
-        if self.values is not None:
-            return sorted(self.values)
-        assert self.min is not None and self.max is not None
-        if self.scale == "linear":
-            return list(range(self.min, self.max + 1, self.step))
-        first = (self.min - 1).bit_length()  # smallest power of two >= min
-        return [2**i for i in range(first, self.max.bit_length()) if self.min <= 2**i <= self.max]
-
-
-class PrecisionAxis(SpecModel):
-    """The precisions to try."""
-
-    values: list[Precision] = Field(min_length=1, max_length=4)
-
-
-class DecodeAxis(SpecModel):
-    """Where to decode: cpu, device."""
-
-    values: list[Decode] = Field(min_length=1, max_length=2)
-
-
-class TransferAxis(SpecModel):
-    """What crosses to the device: uint8, float."""
-
-    values: list[Transfer] = Field(min_length=1, max_length=2)
-
-
-class CompileAxis(SpecModel):
-    """torch.compile modes to try (none: eager)."""
-
-    values: list[CompileMode] = Field(min_length=1, max_length=5)
-
-
-class BoolAxis(SpecModel):
-    """A switch: [false, true], or one of them."""
-
-    values: list[bool] = Field(min_length=1, max_length=2)
-
-
-class SweepSpace(SpecModel):
-    """The axes to vary; an axis left out keeps the template's value. The data path's axes combine into
-    the data paths tried; a combination that means nothing (device decode with decode threads, float
-    transfer or pinned copies) is left out rather than run."""
-
-    batch_size: IntAxis | None = None
-    max_batch_delay_ms: IntAxis | None = None
-    workers: IntAxis | None = None
-    precision: PrecisionAxis | None = None
-    decode: DecodeAxis | None = None
-    decode_threads: IntAxis | None = None
-    transfer: TransferAxis | None = None
-    pinned_copies: BoolAxis | None = None
-    compile: CompileAxis | None = None
-    channels_last: BoolAxis | None = None
+        "compile", "channelsLast", "kind")  # fmt: skip
 
 
 class TrialConfig(SpecModel):
     """One configuration: the server settings a trial applies to the template."""
 
+    kind: ServerKind | None = Field(default=None, description="The server; unset: the template's.")
     batch_size: int = Field(ge=1, le=4096)
     max_batch_delay_ms: int = Field(ge=1, le=60_000)
     workers: int = Field(ge=1, le=64)
@@ -136,13 +63,16 @@ class TrialConfig(SpecModel):
     def path_for_people(self) -> str:
         return self.path.describe() if self.data_path is not None else "default"
 
-    def key(self) -> tuple[int, int, int, str, str]:
-        return (self.batch_size, self.max_batch_delay_ms, self.workers, str(self.precision), self.path.label())
+    def key(self) -> tuple[int, int, int, str, str, str]:
+        return (self.batch_size, self.max_batch_delay_ms, self.workers, str(self.precision), self.path.label(),
+                self.kind or "")  # fmt: skip
 
     def label(self) -> str:
-        """Short, unique and DNS-safe: b8-d5-w1-fp32, with the data path's label when it is not the
-        handler's default (b8-d5-w1-fp32-t4-cd)."""
+        """Short, unique and DNS-safe: b8-d5-w1-fp32, the server first when the trial names one
+        (litserve-b8-d5-w1-fp32), the data path's label last when it is not the handler's default
+        (b8-d5-w1-fp32-t4-cd)."""
         base = f"b{self.batch_size}-d{self.max_batch_delay_ms}-w{self.workers}-{self.precision}"
+        base = f"{self.kind}-{base}" if self.kind else base
         path = self.path.label()
         return f"{base}-{path}" if path else base
 
@@ -238,16 +168,16 @@ class SweepSpec(SpecModel):
             for path in paths:
                 if needs := path.gpu_only():
                     raise ValueError(f"space: dataPath.{needs[0]} needs a GPU, and template.server.gpus is 0")
-        size = len(axis_values(self)[0]) if self.strategy == "list" else space_size(self)
+        size = len(self.configurations) if self.strategy == "list" else space_size(self)
         if size > MAX_SPACE:
-            counts = " x ".join(str(len(v)) for v in axis_values(self))
+            counts = " + ".join(" x ".join(str(len(v)) for v in axis_values(self, kind)) for kind in kinds(self))
             raise ValueError(f"space: {size} configurations ({counts}) is more than the {MAX_SPACE} a sweep may have")
         return self
 
     @field_validator("configurations")
     @classmethod
     def _distinct(cls, value: list[TrialConfig]) -> list[TrialConfig]:
-        seen: set[tuple[int, int, int, str, str]] = set()
+        seen: set[tuple[int, int, int, str, str, str]] = set()
         for config in value:
             if config.key() in seen:
                 raise ValueError(f"configuration {config.label()} appears twice")
@@ -255,17 +185,29 @@ class SweepSpec(SpecModel):
         return value
 
 
-def axis_values(sweep: SweepSpec) -> list[list[Any]]:
-    """Per axis (batch, delay, workers, precision, data path), its values ascending; the template's where
-    not varied (the data paths: :func:`data_paths`). For strategy list: one list, the configurations."""
+def kinds(sweep: SweepSpec) -> list[ServerKind | None]:
+    """The servers a sweep compares, in the order given; [None] without a kind axis (the template's)."""
+    space = sweep.space
+    return list(space.kind.values) if sweep.strategy != "list" and space.kind is not None else [None]
+
+
+def axis_values(sweep: SweepSpec, kind: ServerKind | None = None) -> list[list[Any]]:
+    """Per axis (batch, delay, workers, precision, data path), its values ascending on server `kind` (its
+    own knob axes where perKind gives them); the template's where not varied (the data paths:
+    :func:`data_paths`). For strategy list: one list, the configurations."""
     if sweep.strategy == "list":
         return [list(sweep.configurations)]
-    server, space = sweep.template.server, sweep.space
+    server, shared = sweep.template.server, sweep.space
+    own = shared.per_kind.get(kind or "") or KnobSpace()
+    batch = own.batch_size or shared.batch_size
+    delay = own.max_batch_delay_ms or shared.max_batch_delay_ms
+    workers = own.workers or shared.workers
+    precision = own.precision or shared.precision
     return [
-        space.batch_size.expand() if space.batch_size else [server.batch_size],
-        space.max_batch_delay_ms.expand() if space.max_batch_delay_ms else [server.max_batch_delay_ms],
-        space.workers.expand() if space.workers else [server.workers],
-        [Precision(p) for p in space.precision.values] if space.precision else [server.precision],
+        batch.expand() if batch else [server.batch_size],
+        delay.expand() if delay else [server.max_batch_delay_ms],
+        workers.expand() if workers else [server.workers],
+        [Precision(p) for p in precision.values] if precision else [server.precision],
         data_paths(sweep),
     ]
 
@@ -287,10 +229,14 @@ def data_paths(sweep: SweepSpec, keep_conflicts: bool = False) -> list[DataPath]
 
 
 def space_size(sweep: SweepSpec) -> int:
-    size = 1
-    for values in axis_values(sweep):
-        size *= len(values)
-    return size
+    """How many configurations there are: on each server of the kind axis, the product of its axes."""
+    total = 0
+    for kind in kinds(sweep):
+        size = 1
+        for values in axis_values(sweep, kind):
+            size *= len(values)
+        total += size
+    return total
 
 
 #: A trial is a ServingExperiment: its name must fit the experiment's 52 characters.
@@ -309,16 +255,19 @@ def trial_name(sweep_name: str, config: TrialConfig, repeat: int = 0) -> str:
     return f"{sweep_name}-{label}"
 
 
-def grid(sweep: SweepSpec) -> list[TrialConfig]:
-    """Every configuration, precision outermost, then the data path, and batch size innermost (or the
-    explicit list)."""
+def grid(sweep: SweepSpec, kind: ServerKind | None = None, every_kind: bool = True) -> list[TrialConfig]:
+    """Every configuration, server outermost (in the kind axis' order), then precision, the data path, and
+    batch size innermost (or the explicit list); only server `kind`'s with `every_kind` False."""
     if sweep.strategy == "list":
         return list(sweep.configurations)
-    batches, delays, workers, precisions, paths = axis_values(sweep)
-    return [
-        TrialConfig(batch_size=b, max_batch_delay_ms=d, workers=w, precision=p, data_path=path)
-        for p, path, w, d, b in itertools.product(precisions, paths, workers, delays, batches)
-    ]
+    found = []
+    for server in kinds(sweep) if every_kind else [kind]:
+        batches, delays, workers, precisions, paths = axis_values(sweep, server)
+        found += [
+            TrialConfig(kind=server, batch_size=b, max_batch_delay_ms=d, workers=w, precision=p, data_path=path)
+            for p, path, w, d, b in itertools.product(precisions, paths, workers, delays, batches)
+        ]
+    return found
 
 
 def trial_spec(sweep: SweepSpec, config: TrialConfig) -> ExperimentSpec:
@@ -331,6 +280,8 @@ def trial_spec(sweep: SweepSpec, config: TrialConfig) -> ExperimentSpec:
         precision=str(config.precision),
         dataPath=config.path.handler_settings(),
     )
+    if config.kind is not None:
+        server["kind"] = config.kind
     document = sweep.template.model_dump(by_alias=True, exclude_none=True, mode="json")
     document["server"] = server
     return ExperimentSpec.model_validate(document)
@@ -346,23 +297,29 @@ class ServingSweep(SpecModel):
 
 
 def _axis_bounds(document: Mapping[str, Any]) -> list[str]:
-    """Axis values the experiment would refuse, named at their place in the sweep document."""
+    """Axis values the experiment would refuse, named at their place in the sweep document (the shared
+    axes and each server's own)."""
     problems: list[str] = []
     space = ((document.get("spec") or {}).get("space")) or {}
     if not isinstance(space, Mapping):
         return problems
-    for axis in ("batchSize", "maxBatchDelayMs", "workers", "decodeThreads"):
-        form = space.get(axis)
-        if not isinstance(form, Mapping):
-            continue
-        values = form.get("values")
-        places = [(f"values[{i}]", v) for i, v in enumerate(values)] if isinstance(values, list) else []
-        places += [(end, form[end]) for end in ("min", "max") if end in form]
-        for place, value in places:
-            try:
-                ServerSpec.model_validate({"dataPath": {axis: value}} if axis == "decodeThreads" else {axis: value})
-            except ValidationError as exc:
-                problems += [f"spec.space.{axis}.{place}: {describe_error(e)}" for e in exc.errors()]
+    spaces = [("spec.space", space)]
+    per_kind = space.get("perKind")
+    if isinstance(per_kind, Mapping):
+        spaces += [(f"spec.space.perKind.{name}", own) for name, own in per_kind.items() if isinstance(own, Mapping)]
+    for where, knobs in spaces:
+        for axis in ("batchSize", "maxBatchDelayMs", "workers", "decodeThreads"):
+            form = knobs.get(axis)
+            if not isinstance(form, Mapping):
+                continue
+            values = form.get("values")
+            places = [(f"values[{i}]", v) for i, v in enumerate(values)] if isinstance(values, list) else []
+            places += [(end, form[end]) for end in ("min", "max") if end in form]
+            for place, value in places:
+                try:
+                    ServerSpec.model_validate({"dataPath": {axis: value}} if axis == "decodeThreads" else {axis: value})
+                except ValidationError as exc:
+                    problems += [f"{where}.{axis}.{place}: {describe_error(e)}" for e in exc.errors()]
     return problems
 
 

@@ -121,7 +121,8 @@ class SweepObjective(ResultModel):
 
 
 class SweepSpace(ResultModel):
-    """The values each axis took (grid and search), or how many configurations were listed."""
+    """The values each axis took (grid and search), or how many configurations were listed; with a kind
+    axis, the servers and each one's own axes."""
 
     batch_size: list[int] | None = None
     max_batch_delay_ms: list[int] | None = None
@@ -130,6 +131,8 @@ class SweepSpace(ResultModel):
     #: The data paths tried, by label ("default": the handler's), when the sweep varied them.
     data_path: list[str] | None = None
     configurations: int | None = None
+    kind: list[str] | None = None
+    per_kind: dict[str, SweepSpace] | None = None
 
 
 class SweepSummary(ResultModel):
@@ -153,6 +156,8 @@ class SweepResults(ResultModel):
     kind: str = SWEEP_RESULTS_KIND
     sweep: str
     model: str
+    #: The template's server (a trial that names none ran on it).
+    server_kind: str | None = None
     strategy: str
     space: SweepSpace = Field(default_factory=SweepSpace)
     grid_size: int
@@ -162,6 +167,8 @@ class SweepResults(ResultModel):
     pruned: list[PrunedConfig] = Field(default_factory=list)
     best: SweepBest | None = None
     confirmation: Confirmation | None = None
+    #: With a kind axis: each server's own best (the servers side by side), best first.
+    best_per_kind: list[SweepBest] | None = None
     points: list[SweepPoint] = Field(default_factory=list)
     front: list[SweepPoint] = Field(default_factory=list)
     stop_reason: str | None = None

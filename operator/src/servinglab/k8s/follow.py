@@ -59,7 +59,7 @@ def experiment_of(body: dict[str, Any]) -> ClusterExperiment:
         name, spec, status.results or [],
         runtime=Runtime(mode="cluster", server_pod=status.server_pod), cold_start_seconds=status.cold_start_seconds,
         peak_rate=peak, ceiling=status.ceiling, model=status.model, started_at=status.started_at,
-        finished_at=status.finished_at,
+        finished_at=status.finished_at, effective=status.effective,
     ).model_copy(update={"conditions": status.conditions, "generator": None})  # fmt: skip
     failed = cond.get(status.conditions, cond.FAILED)
     failure = f"{failed.reason}: {failed.message}" if failed is not None and failed.status == "True" else None

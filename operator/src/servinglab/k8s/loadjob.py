@@ -2,7 +2,8 @@
 the results where the operator reads them.
 
 Pod 0 of the Job (the only pod, unless `load.generators` > 1) waits until the server answers a first
-request, measures every level through the measurement driver (:mod:`servinglab.measure.driver`),
+request, checks the settings the server says it applied (where its metrics say: LitServe's do) against
+the spec, measures every level through the measurement driver (:mod:`servinglab.measure.driver`),
 reading the server's metrics at each window's edges, and writes a :class:`LoadJobResults` into the
 experiment's results ConfigMap (:mod:`servinglab.k8s.sink`). The other pods of an indexed Job join pod 0
 and generate their share of each level. Each way of ending has its exit code
@@ -22,7 +23,7 @@ from pathlib import Path
 from servinglab import servers
 from servinglab.api import ExperimentSpec, SpecError, load_experiment
 from servinglab.api.exitcodes import ExitCode
-from servinglab.api.results import LoadJobResults, to_json
+from servinglab.api.results import EffectiveSettings, LoadJobResults, to_json
 from servinglab.k8s import sink
 from servinglab.loadgen import folder, generators, levels, shapes, wire
 from servinglab.loadgen.payloads import PayloadError, request_payloads
@@ -30,6 +31,7 @@ from servinglab.measure.ceiling import ceiling_of
 from servinglab.measure.driver import ServerWindows, measure_load
 from servinglab.measure.windows import http_fetcher
 from servinglab.models.catalogue import request_image_size
+from servinglab.servers.base import reported
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ def run(options: LoadJobOptions) -> Ending:
     kind = servers.get(spec.server.kind)
     windows = ServerWindows(http_fetcher(options.metrics_url), kind.metrics(options.model_name)) if (
         options.metrics_url) else None  # fmt: skip
+    effective, refused = _applied(spec, windows)
+    if refused is not None:
+        return refused
     try:
         remote = _other_generators(spec, options.generators_listen, key, options.ready_timeout)
         measured = measure_load(load, spec.slo.p99_latency_ms, target, windows, remote=remote)
@@ -97,6 +102,7 @@ def run(options: LoadJobOptions) -> Ending:
     flops = options.flops_per_inference
     document = LoadJobResults(
         results=measured.levels,
+        effective=effective,
         server_answered_at=answered_at,
         peak_rate=measured.peak_rate,
         ceiling=ceiling_of(spec, measured.levels, flops) if spec.ceiling.enabled and flops else None,
@@ -109,6 +115,18 @@ def run(options: LoadJobOptions) -> Ending:
             return Ending(ExitCode.RESULTS_NOT_STORED, str(exc))
     summary = f"{len(measured.levels)} levels measured, {measured.requests} requests, {measured.errors} errors"
     return Ending(ExitCode.OK, summary)
+
+
+def _applied(spec: ExperimentSpec, windows: ServerWindows | None) -> tuple[EffectiveSettings | None, Ending | None]:
+    """What the server says it applied (None where its metrics do not say), or how the Job ends when that is
+    not what the spec asked for: checked before any load is sent."""
+    if windows is None:
+        return None, None
+    try:
+        effective, differs = reported(spec.server, windows.metrics, windows.fetch())
+    except OSError as exc:
+        return None, Ending(ExitCode.METRICS_UNREADABLE, f"reading the server's metrics failed: {exc}")
+    return effective, Ending(ExitCode.SETTINGS_NOT_APPLIED, differs) if differs is not None else None
 
 
 def _target(spec: ExperimentSpec, options: LoadJobOptions) -> levels.Target:

@@ -36,7 +36,7 @@ from servinglab.measure.driver import ServerWindows, measure_load
 from servinglab.measure.raw import probe as raw_probe
 from servinglab.measure.raw.figures import RawCache
 from servinglab.measure.telemetry import LocalTelemetry
-from servinglab.servers.base import LocalServer, ModelError, ServedModel, ServerError
+from servinglab.servers.base import LocalServer, ModelError, ServedModel, ServerError, not_applied
 from servinglab.servers.process import visible_gpus
 
 
@@ -88,8 +88,9 @@ class ServerSlot:
 
     With `reuse`, a later experiment on the same model and server kind does not start a new server when
     that kind can be reconfigured in place (TorchServe: the model registered again through its
-    management API, which costs the workers' start, not the frontend's). A server that failed is
-    replaced. The work directory (configs, logs) is kept if anything failed.
+    management API, which costs the workers' start, not the frontend's); a kind that cannot (LitServe) is
+    restarted with the new configuration from the model it has. A server that failed is replaced. The work
+    directory (configs, logs) is kept if anything failed.
     """
 
     def __init__(self, name: str, hooks: RunHooks, reuse: bool = False) -> None:
@@ -102,14 +103,21 @@ class ServerSlot:
         self.failed = False
 
     def serve(self, experiment: ServingExperiment) -> tuple[LocalServer, float, bool]:
-        """A ready server configured for the experiment: (server, seconds until ready, reconfigured)."""
+        """A ready server configured for the experiment: (server, seconds until ready, reconfigured in
+        place). A server that cannot be reconfigured in place is restarted with the new configuration
+        from the model it already has (its restart is the trial's cold start)."""
         spec = experiment.spec
         kind = servers.get(spec.server.kind)
         same = self.server is not None and self.kind == kind.kind and self.server.model_name == spec.model.name
-        if self.server is not None and same and self.reuse and kind.reconfigurable:
+        if self.server is not None and same and self.reuse:
             _refuse_gpu_paths_without_a_gpu(spec.server, self.server.gpus)
-            self.hooks.phase(f"Reconfiguring {kind.name}: {experiment.metadata.name}")
-            return self.server, self.server.reconfigure(spec.server, spec.load), True
+            if kind.reconfigurable:
+                self.hooks.phase(f"Reconfiguring {kind.name}: {experiment.metadata.name}")
+                return self.server, self.server.reconfigure(spec.server, spec.load), True
+            self.hooks.phase(f"Restarting {kind.name} with the new configuration: {experiment.metadata.name}")
+            seconds = self.server.reconfigure(spec.server, spec.load)
+            self.hooks.phase(f"{kind.name} ready in {seconds:.1f} s")
+            return self.server, seconds, False
         self.stop_server()
         _refuse_gpu_paths_without_a_gpu(spec.server, visible_gpus())
         self.hooks.phase(f"Preparing model {spec.model.name}")
@@ -241,13 +249,8 @@ def _measure(
     if status != 200:
         raise RunError(f"the server answered a test request with HTTP {status}: {answer}")
     effective = server.effective()
-    requested = (spec.server.batch_size, spec.server.max_batch_delay_ms, spec.server.workers)
-    applied = (effective.batch_size, effective.max_batch_delay_ms, effective.ready_workers)
-    if requested != applied:
-        raise RunError(
-            "the server did not apply the requested settings (batchSize, maxBatchDelayMs, workers): "
-            f"requested {requested}, in effect {applied}"
-        )
+    if (differs := not_applied(spec.server, effective)) is not None:
+        raise RunError(differs)
 
     def fetch_metrics() -> str:
         server.check_alive()

@@ -1,10 +1,11 @@
 """`servinglab sweep FILE --output DIR`: a sweep on this machine, one trial after another.
 
 Trials share one server (:class:`servinglab.local.runner.ServerSlot` with reuse): after the first, each
-is applied in place where the server can take a new configuration (TorchServe's management API) and
-verified against the server's own report of its settings before any load is sent; a failed trial gets a
-fresh server. They also share one raw-ceiling
-cache, so the model alone is measured once per precision and batch size.
+is applied in place where the server can take a new configuration (TorchServe's management API), else the
+server is restarted with it from the model it has (LitServe), and verified against the server's own
+report of its settings before any load is sent; a failed trial gets a fresh server, and a sweep over
+servers (a `kind` axis) starts each server once. They also share one raw-ceiling cache, so the model
+alone is measured once per precision and batch size.
 
 Each finished trial is written to `DIR/trials/<name>.json` at once (atomically), and `DIR/sweep.json`
 is rewritten after every trial, so a run that dies loses at most the trial in flight; `--resume`

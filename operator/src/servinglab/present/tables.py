@@ -11,6 +11,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from servinglab.api import TrialConfig
 from servinglab.api.results import Ceiling, ExperimentResults, PeakRate
 from servinglab.api.trials import SweepResults, TrialRecord
 from servinglab.measure.trust import trust_checks
@@ -133,16 +134,22 @@ def ceiling_note(ceiling: Ceiling) -> str:
     return ", ".join(parts)
 
 
+def server_of(config: TrialConfig, document: SweepResults) -> str:
+    """The server a trial ran on: its own kind, or the template's (the document's)."""
+    return config.kind or document.server_kind or "-"
+
+
 def print_sweep(document: SweepResults) -> None:
-    """One row per trial, then the best configuration, the front and why the sweep stopped."""
+    """One row per trial (server and configuration), then the best configuration (each server's, when the
+    sweep compared servers), the front and why the sweep stopped."""
     slo = document.objective.p99_latency_ms
     title = f"{document.sweep}: {document.model}, {document.strategy}" + (f", p99 <= {slo:g} ms" if slo else "")
     table = Table(title=title, title_justify="left")
     paths = any(trial.config.data_path is not None for trial in document.trials)  # a column when varied
-    columns = ("#", "batch", "delay", "workers", "precision", *(["data path"] if paths else []), "state",
+    columns = ("#", "server", "batch", "delay", "workers", "precision", *(["data path"] if paths else []), "state",
                "capacity rps", "p99 ms", "at", "ready s", "verdict")  # fmt: skip
     for column in columns:
-        left = column in ("precision", "data path", "state", "at", "verdict")
+        left = column in ("server", "precision", "data path", "state", "at", "verdict")
         table.add_column(column, justify="left" if left else "right")
     best = document.best.trial if document.best is not None else None
     for trial in document.trials:
@@ -150,7 +157,7 @@ def print_sweep(document: SweepResults) -> None:
         state = trial.state if not trial.reason else f"{trial.state} ({trial.reason})"
         ready = trial.ready_seconds
         table.add_row(
-            str(trial.order + 1) + (" *" if trial.name == best else ""),
+            str(trial.order + 1) + (" *" if trial.name == best else ""), server_of(config, document),
             str(config.batch_size), str(config.max_batch_delay_ms), str(config.workers), str(config.precision),
             *([config.path_for_people()] if paths else []), state, num(trial.capacity_rps, 1),
             ms(trial.p99_latency_ms), trial.level or "-",
@@ -160,16 +167,19 @@ def print_sweep(document: SweepResults) -> None:
     stdout.print(table)
     counts = document.counts
     found = [f"{counts.run} trials run of {document.grid_size} configurations ({counts.pruned} pruned)"]
-    if document.best is not None:
-        top, config = document.best, document.best.config
+    for top in document.best_per_kind or ([document.best] if document.best is not None else []):
+        config = top.config
+        where = f" on {server_of(config, document)}" if document.best_per_kind else ""
+        path = f", {config.path.describe()}" if config.data_path else ""
         found.append(
-            f"best: batch {config.batch_size}, delay {config.max_batch_delay_ms} ms, {config.workers} worker(s), "
-            f"{config.precision}{', ' + config.path.describe() if config.data_path else ''} at "
+            f"best{where}: batch {config.batch_size}, delay {config.max_batch_delay_ms} ms, "
+            f"{config.workers} worker(s), {config.precision}{path} at "
             f"{top.capacity_rps:.1f} rps (p99 {ms(top.p99_latency_ms)} ms, {top.level})"
         )
+    if document.best is not None:
         found.append(winner_sentence(document))
-        if top.verdict is not None:
-            found.append(f"its verdict: {top.verdict.bottleneck}: {top.verdict.because}; try: {top.verdict.next}")
+        if (verdict := document.best.verdict) is not None:
+            found.append(f"its verdict: {verdict.bottleneck}: {verdict.because}; try: {verdict.next}")
     else:
         found.append("no configuration met the objective")
     found.append(f"Pareto front: {len(document.front)} points")

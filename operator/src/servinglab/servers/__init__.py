@@ -1,4 +1,6 @@
-"""The model servers servinglab measures, behind one seam (:mod:`servinglab.servers.base`).
+"""The model servers servinglab measures, behind one seam (:mod:`servinglab.servers.base`): TorchServe
+(:mod:`.torchserve`) and LitServe (:mod:`.litserve`), each one folder; what they share is here too (the
+handler's settings, the pod's model init containers, local processes).
 
 :func:`get` is the only way in: nothing outside this package imports a server's own folder.
 """
@@ -19,4 +21,8 @@ def get(kind: ServerKind = "torchserve") -> Server:
         from servinglab.servers.triton import TRITON
 
         return TRITON
+    if kind == "litserve":
+        from servinglab.servers.litserve import LITSERVE
+
+        return LITSERVE
     raise ValueError(f"unknown server kind {kind!r}")

@@ -139,6 +139,32 @@ class ServerMetrics(Protocol):
 
     def breakdown(self, before: object, after: object) -> ServerBreakdown: ...
 
+    def effective(self, text: str) -> EffectiveSettings | None:
+        """The settings the server says in its metrics that it runs with (None: its metrics do not say;
+        TorchServe's management API does, and it is never exposed beyond the pod). The load Job checks
+        them before it sends load."""
+        ...
+
+
+def reported(server: ServerSpec, metrics: ServerMetrics, text: str) -> tuple[EffectiveSettings | None, str | None]:
+    """What the server says in its metrics `text` that it applied (None where they do not say), and why that
+    is not what the spec asked for (None when it is, or when nothing is said)."""
+    effective = metrics.effective(text)
+    return effective, not_applied(server, effective) if effective is not None else None
+
+
+def not_applied(server: ServerSpec, effective: EffectiveSettings) -> str | None:
+    """Why the server's own report differs from what the spec asked for (batch size, delay, ready
+    workers), or None: checked before any load is sent, locally and in the load Job."""
+    requested = (server.batch_size, server.max_batch_delay_ms, server.workers)
+    applied = (effective.batch_size, effective.max_batch_delay_ms, effective.ready_workers)
+    if requested == applied:
+        return None
+    return (
+        "the server did not apply the requested settings (batchSize, maxBatchDelayMs, workers): "
+        f"requested {requested}, in effect {applied}"
+    )
+
 
 class LocalServer(Protocol):
     """One server process on this machine serving one model (the local runner's and the tests')."""
@@ -160,7 +186,8 @@ class LocalServer(Protocol):
         ...
 
     def reconfigure(self, server: ServerSpec, load: LoadSpec | None) -> float:
-        """Apply another configuration without a cold start where the server can; the seconds it took."""
+        """Apply another configuration: in place where the server can (:attr:`Server.reconfigurable`),
+        else by restarting it from the model it already has; the seconds until every worker was ready."""
         ...
 
     def stop(self) -> None: ...
@@ -192,7 +219,8 @@ class Server(Protocol):
     kind: str
     #: The server's name for people ("TorchServe").
     name: str
-    #: Whether a running server takes a new configuration without restarting (a sweep's trials).
+    #: Whether a running server takes a new configuration without restarting (a sweep's trials); one that
+    #: cannot is restarted with it (LitServe: no management API).
     reconfigurable: bool
 
     def request_path(self, model_name: str) -> str: ...

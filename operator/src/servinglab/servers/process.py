@@ -1,16 +1,20 @@
-"""What every local server process needs from this machine: free loopback ports, how many GPUs it may use,
-and a clean stop of its whole process group. Used by the servers' local processes (and by the tests'
-stand-ins, which need free ports too).
+"""What every local server process needs from this machine: free loopback ports, how many GPUs it may
+use, one request to it, and stopping it with everything it started. Used by the servers' local processes
+(and by the tests' stand-ins, which need free ports too).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import urllib.error
+import urllib.request
+from typing import Any
 
 import psutil
 
@@ -46,9 +50,9 @@ def visible_gpus() -> int:
     return len(result.stdout.split())
 
 
-def stop_group(process: subprocess.Popen[bytes], grace_seconds: float) -> None:
-    """End a server started in its own process group (`start_new_session`): SIGTERM to the group, then
-    SIGKILL to whatever is left, and any descendant that left the group (setsid) is killed too."""
+def stop_group(process: subprocess.Popen[bytes], grace_seconds: float = 15.0) -> None:
+    """Terminate a server started in its own session (its process group), then kill any survivor, the
+    descendants that left the group included."""
     descendants: list[psutil.Process] = []
     with contextlib.suppress(psutil.Error):
         descendants = psutil.Process(process.pid).children(recursive=True)
@@ -65,14 +69,14 @@ def stop_group(process: subprocess.Popen[bytes], grace_seconds: float) -> None:
             _, alive = psutil.wait_procs(descendants, timeout=grace_seconds)
             if not alive:
                 break
-    for proc in descendants:
+    for proc in descendants:  # anything that left the group (setsid) still goes
         with contextlib.suppress(psutil.Error):
             proc.kill()
     psutil.wait_procs(descendants, timeout=5)
 
 
 def descendants_running(process: subprocess.Popen[bytes] | None, marker: str) -> list[int]:
-    """The processes under `process` (at any depth) whose command line has a part ending with `marker`: a
+    """The processes under `process` (at any depth) whose command line has a part containing `marker`: a
     server's model workers, whose CPU (used or waited for) is the model's (the verdicts read it)."""
     found: list[int] = []
     if process is None:
@@ -80,6 +84,16 @@ def descendants_running(process: subprocess.Popen[bytes] | None, marker: str) ->
     with contextlib.suppress(psutil.Error):
         for child in psutil.Process(process.pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if any(part.endswith(marker) for part in child.cmdline()):
+                if any(marker in part for part in child.cmdline()):
                     found.append(child.pid)
     return found
+
+
+def post(url: str, body: bytes, content_type: str, timeout: float) -> tuple[int, Any]:
+    """One request to a local server: (HTTP status, the answer's JSON)."""
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servinglab.api import ServingSweep, TrialConfig, axis_values, grid, space_size
+from servinglab.api import ServerKind, ServingSweep, SweepSpec, TrialConfig, axis_values, grid, kinds, space_size
 from servinglab.api.conditions import now
 from servinglab.api.results import ExperimentResults, LevelResult
 from servinglab.api.trials import (
@@ -175,6 +175,26 @@ def named_best(
                      verdict=top.verdict)  # fmt: skip
 
 
+def _best(records: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The record with the highest capacity within the objective (the earliest among equals)."""
+    scored = [record for record in records if record.capacity_rps is not None]
+    return max(scored, key=lambda record: record.capacity_rps or 0.0) if scored else None
+
+
+def _best_of(record: TrialRecord) -> SweepBest:
+    return SweepBest(
+        trial=record.name, config=record.config, capacity_rps=record.capacity_rps or 0.0,
+        p99_latency_ms=record.p99_latency_ms, level=record.level, verdict=record.verdict,
+    )  # fmt: skip
+
+
+def _space(spec: SweepSpec, kind: ServerKind | None) -> SweepSpace:
+    batches, delays, workers, precisions, paths = axis_values(spec, kind)
+    return SweepSpace(batch_size=batches, max_batch_delay_ms=delays, workers=workers,
+                      precision=[str(p) for p in precisions],
+                      data_path=[p.label() or "default" for p in paths] if len(paths) > 1 else None)  # fmt: skip
+
+
 def document(
     sweep: ServingSweep,
     records: Sequence[TrialRecord],
@@ -195,18 +215,21 @@ def document(
         if config.key() not in done and (why := pruned_by(history, config))
     ]
     confirmation = confirm.decide(spec, ordered, confirmations)
+    servers = kinds(spec)
+    tops = [found for server in servers if (found := _best([r for r in ordered if r.config.kind == server]))]
     if spec.strategy == "list":
         space = SweepSpace(configurations=len(spec.configurations))
     else:
-        batches, delays, workers, precisions, paths = axis_values(spec)
-        space = SweepSpace(batch_size=batches, max_batch_delay_ms=delays, workers=workers,
-                           precision=[str(p) for p in precisions],
-                           data_path=[p.label() or "default" for p in paths] if len(paths) > 1 else None)  # fmt: skip
+        space = _space(spec, None)
+        if servers != [None]:
+            own = {str(server): _space(spec, server) for server in servers}
+            space = space.model_copy(update={"kind": list(own), "per_kind": own})
     every = points(ordered)
     return SweepResults(
         api_version=sweep.api_version,
         sweep=sweep.metadata.name,
         model=spec.template.model.name,
+        server_kind=spec.template.server.kind,
         strategy=spec.strategy,
         space=space,
         grid_size=space_size(spec) if spec.strategy != "list" else len(spec.configurations),
@@ -222,6 +245,9 @@ def document(
         ),  # fmt: skip
         pruned=pruned,
         best=named_best(sweep, ordered, confirmation),
+        best_per_kind=[_best_of(found) for found in sorted(tops, key=lambda r: -(r.capacity_rps or 0.0))]
+        if servers != [None]
+        else None,
         confirmation=confirmation,
         points=every,
         front=pareto_front(every),

@@ -27,13 +27,20 @@ Model Analyzer's quick search (coordinate hill-climbing from the small corner) i
    preprocess-bound (where the space has it) — and the climb tries that neighbour before any other. When
    the best configuration serves near the model's raw ceiling, nothing the server's settings change can
    add much: the search stops once the moves that verdict points at are tried.
+
+With a `kind` axis each server is searched as a sweep of its own, since its knobs mean other things than
+another server's: on its own lattice (its axes), with its own precision screening, climb, pruning and
+patience (measured against its own best, so a server slower than another still climbs to its best), and
+an equal share of `maxTrials`. Servers are run one after the other, in the axis' order (a local sweep then
+restarts its server once per server, not once per trial); on a cluster the next server's trials fill
+the slots the current one leaves free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servinglab.api import DataPath, Decode, SweepSpec, TrialConfig, axis_values, grid
+from servinglab.api import DataPath, Decode, ServerKind, SweepSpec, TrialConfig, axis_values, grid, kinds
 from servinglab.api.verdicts import Bottleneck, Verdict
 
 #: A precision whose best is below this share of the overall best is not climbed.
@@ -41,7 +48,7 @@ SCREEN_RATIO = 0.75
 #: Trial outcomes that imply larger configurations fail too (same precision, >= batch and workers).
 OUT_OF_MEMORY = "OutOfMemory"
 
-Key = tuple[int, int, int, str, str]
+Key = tuple[int, int, int, str, str, str]
 Index = tuple[int, int, int, int]
 #: Neighbour steps in (batch, delay, workers) index space, in the order they are tried.
 STEPS: tuple[tuple[int, int, int], ...] = ((1, 0, 0), (0, 0, 1), (0, 1, 0), (-1, 0, 0), (0, -1, 0), (0, 0, -1))
@@ -97,11 +104,12 @@ class Proposal:
 
 
 def pruned_by(history: list[Outcome], config: TrialConfig) -> str | None:
-    """Why `config` need not run: an out-of-memory at no more batch and workers, same precision."""
+    """Why `config` need not run: an out-of-memory at no more batch and workers, same server and precision."""
     for outcome in history:
         other = outcome.config
         if (
             outcome.reason == OUT_OF_MEMORY
+            and other.kind == config.kind
             and other.precision == config.precision
             and other.path.label() == config.path.label()
             and config.batch_size >= other.batch_size
@@ -138,11 +146,35 @@ def _patience_spent(sweep: SweepSpec, history: list[Outcome]) -> bool:
 
 def propose(sweep: SweepSpec, history: list[Outcome], running: list[TrialConfig], slots: int) -> Proposal:
     """Up to `slots` configurations to start now, given the finished `history` and those `running`."""
-    limit = sweep.max_trials
+    servers = kinds(sweep)
+    if len(servers) == 1:
+        return _propose(sweep, None, history, running, slots, sweep.max_trials)
+    limit, count = sweep.max_trials, len(servers)
+    shares = [None if limit is None else limit // count + (i < limit % count) for i in range(count)]
+    configs: list[TrialConfig] = []
+    reasons: list[str] = []
+    for server, share in zip(servers, shares, strict=True):
+        mine = [o for o in history if o.config.kind == server]
+        busy = [c for c in running if c.kind == server]
+        proposal = _propose(sweep, server, mine, busy, slots - len(configs), share)
+        configs += proposal.configs
+        reasons.append(f"{server}: {proposal.stop_reason}" if proposal.stop_reason else "")
+    finished = not configs and not running and all(reasons)
+    return Proposal(configs=configs, stop_reason="; ".join(reasons) if finished else None)
+
+
+def _propose(
+    sweep: SweepSpec, kind: ServerKind | None, history: list[Outcome], running: list[TrialConfig], slots: int,
+    limit: int | None,
+) -> Proposal:  # fmt: skip
+    """The proposal on one server's space (`kind`: None without a kind axis), at most `limit` trials."""
     done = {o.config.key() for o in history}
     busy = {c.key() for c in running}
     if limit is not None and len(done) + len(busy) >= limit:
-        return Proposal(stop_reason=None if busy else f"maxTrials ({limit}) reached")
+        what = "maxTrials" if kind is None else "its share of maxTrials"
+        return Proposal(stop_reason=None if busy else f"{what} ({limit}) reached")
+    if slots <= 0:
+        return Proposal()
     if sweep.strategy == "search" and history and _patience_spent(sweep, history):
         if best(history) is None:  # nothing to improve on: say that, not "no improvement"
             why = f"none of the {len(history)} trials met the objective (see the Pareto front for the closest)"
@@ -151,13 +183,13 @@ def propose(sweep: SweepSpec, history: list[Outcome], running: list[TrialConfig]
         return Proposal(stop_reason=None if busy else why)
     room = slots if limit is None else min(slots, limit - len(done) - len(busy))
     if sweep.strategy == "search":
-        state = _SearchState(sweep, history if sweep.guided else [_unguided(o) for o in history])
+        state = _SearchState(sweep, history if sweep.guided else [_unguided(o) for o in history], kind)
         candidates = state.candidates()
         finished = "converged: the best configuration's neighbours and other precisions were tried"
         if (ceiling := state.at_raw_ceiling()) is not None:
             candidates, finished = ceiling
     else:
-        candidates = grid(sweep)
+        candidates = grid(sweep, kind, every_kind=False)
         skipped = any(c.key() not in done and pruned_by(history, c) for c in candidates)
         finished = "every configuration was tried" + (" or pruned" if skipped else "")
     chosen = [c for c in candidates if c.key() not in done and c.key() not in busy and not pruned_by(history, c)]
@@ -168,8 +200,9 @@ def propose(sweep: SweepSpec, history: list[Outcome], running: list[TrialConfig]
 class _SearchState:
     """The lattice and the outcomes on it, rebuilt from the history on every call."""
 
-    def __init__(self, sweep: SweepSpec, history: list[Outcome]) -> None:
-        self.batches, self.delays, self.workers, precisions, paths = axis_values(sweep)
+    def __init__(self, sweep: SweepSpec, history: list[Outcome], kind: ServerKind | None) -> None:
+        self.batches, self.delays, self.workers, precisions, paths = axis_values(sweep, kind)
+        self.kind = kind
         # the categorical coordinate: every precision with every data path
         self.precisions = [(precision, path) for precision in precisions for path in paths]
         self.variant_keys = [(str(precision), path.label()) for precision, path in self.precisions]
@@ -180,7 +213,7 @@ class _SearchState:
         b, d, w, p = index
         precision, path = self.precisions[p]
         return TrialConfig(
-            batch_size=self.batches[b], max_batch_delay_ms=self.delays[d], workers=self.workers[w],
+            kind=self.kind, batch_size=self.batches[b], max_batch_delay_ms=self.delays[d], workers=self.workers[w],
             precision=precision, data_path=path,
         )  # fmt: skip
 

@@ -102,6 +102,7 @@ async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
         summary=summary_of(levels, slo, "Succeeded", document.peak_rate),
         peak_rate=document.peak_rate,
         ceiling=document.ceiling,
+        effective=document.effective,
         finished_at=cond.now(),
         observed_generation=generation,
     )

@@ -67,6 +67,7 @@ MODEL_REASONS = (
     "ModelNotRecognized",
     "ModelTooLarge",
     "PrecisionNotSupported",
+    "ModelNotSupported",
 )
 
 

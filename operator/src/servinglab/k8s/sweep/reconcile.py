@@ -74,6 +74,7 @@ def trial_manifest(
                 f"{API_GROUP}/workers": str(config.workers),
                 f"{API_GROUP}/precision": str(config.precision),
                 f"{API_GROUP}/data-path": config.path.label() or "default",
+                **({f"{API_GROUP}/server-kind": config.kind} if config.kind else {}),
                 "app.kubernetes.io/managed-by": MANAGED_BY,
             },
             "annotations": annotations,
@@ -103,9 +104,12 @@ def owned_by(child: Manifest, uid: str) -> bool:
 
 
 def config_of(child: Manifest) -> TrialConfig:
+    """The trial's configuration: its server settings, and its server when the sweep varies it (a label)."""
     server = child["spec"]["server"]
     keys = ("batchSize", "maxBatchDelayMs", "workers", "precision", "dataPath")
-    return TrialConfig.model_validate({k: server[k] for k in keys if k in server})
+    config = {k: server[k] for k in keys if k in server}
+    kind = child["metadata"].get("labels", {}).get(f"{API_GROUP}/server-kind")
+    return TrialConfig.model_validate({**config, **({"kind": kind} if kind else {})})
 
 
 def trial_record(sweep: ServingSweep, child: Manifest) -> TrialRecord | None:
@@ -122,6 +126,7 @@ def trial_record(sweep: ServingSweep, child: Manifest) -> TrialRecord | None:
         document: ExperimentResults | None = experiment_results(
             name, spec, status.results or [], runtime=Runtime(mode="cluster", server_pod=status.server_pod),
             cold_start_seconds=status.cold_start_seconds, peak_rate=status.peak_rate, ceiling=status.ceiling,
+            effective=status.effective,
         )  # fmt: skip
         failure = None
     else:
@@ -257,7 +262,8 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
         conditions = cond.set_condition(conditions, cond.RUNNING, True, "TrialsRunning", message)
     patch = SweepStatus(
         conditions=conditions, summary=summary, trials=rolled.trials, counts=rolled.counts, pruned=rolled.pruned,
-        best=rolled.best, confirmation=rolled.confirmation, front=rolled.front, stop_reason=rolled.stop_reason,
+        best=rolled.best, best_per_kind=rolled.best_per_kind, confirmation=rolled.confirmation, front=rolled.front,
+        stop_reason=rolled.stop_reason,
         grid_size=rolled.grid_size,
         started_at=started_at, finished_at=cond.now() if finished else None,
     )  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
-from servinglab.api.results import ModelDescription, ServerBreakdown
+from servinglab.api.results import EffectiveSettings, ModelDescription, ServerBreakdown
 from servinglab.models import builtins
 from servinglab.models.catalogue import request_image_size
 from servinglab.servers.base import (
@@ -43,6 +43,10 @@ class TorchServeMetrics:
     def breakdown(self, before: object, after: object) -> ServerBreakdown:
         assert isinstance(before, dict) and isinstance(after, dict)
         return metrics.breakdown(before, after)
+
+    def effective(self, text: str) -> EffectiveSettings | None:
+        """TorchServe's metrics do not say its batching (its management API does, inside the pod only)."""
+        return None
 
 
 class TorchServe:

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from servinglab.api import LoadSpec, ServerSpec
+from servinglab.servers.handler import handler_settings
 
 ARCHIVE_VERSION = "1.0"
 
@@ -68,31 +69,13 @@ def _frontend_settings(server: ServerSpec) -> dict[str, int]:
     }
 
 
-def powers_of_two_up_to(largest: int) -> list[int]:
-    """1, 2, 4, ... below `largest`, and `largest` itself: the batch sizes warmed up and scanned."""
-    return sorted({min(2**i, largest) for i in range(largest.bit_length() + 1)})
-
-
-def warmup_batch_sizes(batch_size: int, load: LoadSpec | None) -> list[int]:
-    """The batch sizes a worker warms up: powers of two up to the largest batch the load can form.
-    A closed loop never has more requests outstanding than its largest concurrency; an open loop
-    can fill any batch up to the configured size."""
-    largest = batch_size
-    if load is not None and load.mode == "closed":
-        largest = min(batch_size, max(load.concurrency))
-    return powers_of_two_up_to(largest)
-
-
 def model_config(server: ServerSpec, load: LoadSpec | None = None) -> dict[str, Any]:
     """The model-config.yaml contents: frontend batching/worker keys and the handler's settings."""
-    handler = {
-        "precision": str(server.precision),
-        "warmupBatchSizes": warmup_batch_sizes(server.batch_size, load) if server.warmup_seconds > 0 else [],
-        "warmupSeconds": server.warmup_seconds,
-        "topK": 5,
-        "dataPath": server.data_path.handler_settings(),
+    return {
+        **_frontend_settings(server),
+        "jobQueueSize": server.job_queue_size,
+        "handler": handler_settings(server, load),
     }
-    return {**_frontend_settings(server), "jobQueueSize": server.job_queue_size, "handler": handler}
 
 
 def render_model_config(server: ServerSpec, load: LoadSpec | None = None) -> str:

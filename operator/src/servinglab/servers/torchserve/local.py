@@ -38,7 +38,7 @@ from servinglab import lifeline
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import DataPathRun, EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
-from servinglab.servers.process import descendants_running, free_ports, visible_gpus
+from servinglab.servers.process import descendants_running, free_ports, post, visible_gpus
 from servinglab.servers.torchserve.config import (
     Addresses,
     config_properties,
@@ -362,17 +362,7 @@ class LocalTorchServe:
 
     def predict(self, body: bytes, content_type: str, timeout: float = 60.0) -> tuple[int, Any]:
         """One inference request (used by tests and the runner's sanity check)."""
-        request = urllib.request.Request(
-            self.addresses.inference + self.request_path,
-            data=body,
-            headers={"Content-Type": content_type},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+        return post(self.addresses.inference + self.request_path, body, content_type, timeout)
 
 
 def _worker_statements(logs: Path, marker: str) -> list[str]:

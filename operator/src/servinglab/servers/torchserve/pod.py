@@ -1,24 +1,18 @@
-"""TorchServe in a pod: its files in the experiment's ConfigMap, the init container that puts the model
-into the model store, the server container with its launcher and readiness, and the volumes (pure).
+"""TorchServe in a pod: its files in the experiment's ConfigMap, the server container with its launcher and
+readiness, and the volumes (pure). The model's init containers are every server's
+(:mod:`servinglab.servers.podparts`); TorchServe's copies the rendered model-config.yaml beside the model.
 
 The operator's builders (:mod:`servinglab.k8s.builders`) wrap this plan into the experiment's Deployment.
-An init container from the servinglab image (`model`) builds the built-in model's archive (seeded
-weights, no downloads) or fetches, checks and lays out the user's (`servinglab prepare-model`: a URL, with
-credentials from a Secret mounted into it alone, or a claim mounted read-only into it alone) into an
-emptyDir and drops in the experiment's model-config.yaml. It runs only servinglab's code, so it alone
-mounts the model cache claim (read-write: it keeps downloads and builds there). A user's model is then
-counted (`servinglab count-model`, which loads it: a .pt2 unpickles) by a second init container (`probe`)
-with the model store read-only and no cache, claim or credentials. The TorchServe container (the spec's
-pinned image) serves the model store with the rendered config.properties and never mounts the cache.
-Every emptyDir has a sizeLimit (the model store's from the source's maxBytes), so a model cannot fill the
-node's disk. Inference and metrics listen on all interfaces, management on localhost only.
+The TorchServe container (the spec's pinned image) serves the model store with the rendered
+config.properties and never mounts the cache. Inference and metrics listen on all interfaces, management on
+localhost only.
 """
 
 from __future__ import annotations
 
 from servinglab.api import ExperimentSpec
-from servinglab.models.fetch import AUTHORIZATION_ENV
-from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, PodInputs, PodPlan, restricted, size_limit
+from servinglab.servers.base import Manifest, PodInputs, PodPlan, restricted, size_limit
+from servinglab.servers.podparts import model_init_containers, model_volumes, tmp_bytes
 from servinglab.servers.torchserve.config import (
     Addresses,
     config_properties,
@@ -39,38 +33,8 @@ SERVER_LOGS = "/home/model-server/logs"
 SERVER_READY_FILE = "/tmp/servinglab-model-loaded"
 #: uid of the `model-server` user in the pytorch/torchserve images
 TORCHSERVE_UID = 1000
-#: Where a pvc model source's claim is mounted, in the init container only.
-MODEL_SOURCE_DIR = "/model-source"
-#: Where the operator's model cache claim is mounted, in the init container only.
-MODEL_CACHE_DIR = "/model-cache"
-
-_GI = 2**30
-#: What a built-in model may take (resnet50's archive is about 100 MB), in place of a source's maxBytes.
-BUILTIN_MODEL_BYTES = _GI
-#: Room beside the model in the model store: servinglab's handler, the rendered config, the description.
-_STORE_MARGIN_BYTES = _GI // 4
 #: TorchServe's logs roll over (100 MB a file, five files of each of its logs).
-LOGS_BYTES = 4 * _GI
-#: The probe's scratch: torch and the model's loader may want a /tmp.
-PROBE_TMP_BYTES = _GI
-
-
-def model_bytes(spec: ExperimentSpec) -> int:
-    """The most the model may take on disk: the source's maxBytes, or what a built-in model takes."""
-    source = spec.model.source
-    return source.max_bytes if source is not None else BUILTIN_MODEL_BYTES
-
-
-def model_store_bytes(spec: ExperimentSpec) -> int:
-    """The model store's sizeLimit: twice the model (an archive and what it unpacks to are both there while
-    it is unpacked; a download, before it is moved into place) and the margin."""
-    return 2 * model_bytes(spec) + _STORE_MARGIN_BYTES
-
-
-def tmp_bytes(spec: ExperimentSpec) -> int:
-    """/tmp of the model init container and TorchServe: a built-in build without a cache claim, TorchServe's
-    temporary files (which may hold a copy of the model)."""
-    return model_bytes(spec) + _GI
+LOGS_BYTES = 4 * 2**30
 
 
 def pod_config_properties(model: str, spec: ExperimentSpec) -> str:
@@ -97,87 +61,6 @@ def config_files(spec: ExperimentSpec) -> dict[str, str]:
         "model-config.yaml": render_model_config(spec.server, spec.load),
         "metrics.yaml": render_metrics_config(),
     }
-
-
-def model_init_container(spec: ExperimentSpec, inputs: PodInputs) -> Manifest:
-    """The init container that puts the model into the model store: a built-in one is built from its
-    seeded code; the user's is fetched, checked and laid out by `servinglab prepare-model`, whose
-    termination message is the model's description (or the reason it could not be served). Credentials
-    for a URL come from the spec's Secret into this container alone. With a cache claim, builds and
-    downloads are kept on it (mounted here only: nothing of the user's runs here) and reused once
-    re-checked against their digests; the copy in the model store is what was checked."""
-    model = spec.model.name
-    cached = inputs.model_cache_claim is not None
-    mounts: list[Manifest] = [
-        {"name": "model-store", "mountPath": MODEL_STORE},
-        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-        {"name": "tmp", "mountPath": "/tmp"},
-    ]
-    if cached:
-        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
-    env: list[Manifest] = []
-    source = spec.model.source
-    if source is None:
-        builds = f"{MODEL_CACHE_DIR if cached else '/tmp/model-cache'}/builtin"
-        script = (
-            f"servinglab build-model {model} --build-dir {builds} --into {MODEL_STORE}/{model} --quiet"
-            " --termination-log /dev/termination-log\n"
-        )
-    else:
-        options = f" --cache {MODEL_CACHE_DIR}" if cached else ""
-        if source.pvc is not None:
-            mounts.append({"name": "model-source", "mountPath": MODEL_SOURCE_DIR, "readOnly": True})
-            options += f" --mounted {MODEL_SOURCE_DIR}"
-        if source.authorization_secret is not None:
-            secret = source.authorization_secret
-            env.append({"name": AUTHORIZATION_ENV,
-                        "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})  # fmt: skip
-        script = (
-            f"servinglab prepare-model --spec-file {CONFIG_DIR}/{inputs.experiment_file} "
-            f"--into {MODEL_STORE}/{model}{options} --no-count --termination-log /dev/termination-log\n"
-        )
-    script += f"cp {CONFIG_DIR}/model-config.yaml {MODEL_STORE}/{model}/model-config.yaml\n"
-    container: Manifest = {
-        "name": MODEL_INIT,
-        "image": inputs.servinglab_image,
-        "command": ["sh", "-ec"],
-        "args": [script],
-        "volumeMounts": mounts,
-        "securityContext": restricted(),
-    }
-    if env:
-        container["env"] = env
-    return container
-
-
-def probe_init_container(spec: ExperimentSpec, inputs: PodInputs) -> Manifest:
-    """The init container that counts a user's model (`servinglab count-model`): loading it runs the user's
-    code (a .pt2 unpickles), so it sees the model store read-only and its own /tmp, nothing else: no cache
-    claim, no source claim, no credentials. Its termination message is the counts."""
-    return {
-        "name": PROBE_INIT,
-        "image": inputs.servinglab_image,
-        "command": ["servinglab", "count-model", f"{MODEL_STORE}/{spec.model.name}"],
-        "args": ["--termination-log", "/dev/termination-log"],
-        "volumeMounts": [
-            {"name": "model-store", "mountPath": MODEL_STORE, "readOnly": True},
-            {"name": "probe-tmp", "mountPath": "/tmp"},
-        ],
-        "securityContext": restricted(),
-    }
-
-
-def _model_volumes(spec: ExperimentSpec, cache_claim: str | None) -> list[Manifest]:
-    volumes: list[Manifest] = [{"name": "model-store", "emptyDir": {"sizeLimit": size_limit(model_store_bytes(spec))}}]
-    source = spec.model.source
-    if source is not None:
-        volumes.append({"name": "probe-tmp", "emptyDir": {"sizeLimit": size_limit(PROBE_TMP_BYTES)}})
-    if source is not None and source.pvc is not None:
-        claim = {"claimName": source.pvc.claim_name, "readOnly": True}
-        volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
-    if cache_claim:
-        volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": cache_claim}})
-    return volumes
 
 
 def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> Manifest:
@@ -230,15 +113,16 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
 
 
 def plan(spec: ExperimentSpec, inputs: PodInputs, image: str, resources: Manifest) -> PodPlan:
-    probe = [probe_init_container(spec, inputs)] if spec.model.source is not None else []
+    model = f"{MODEL_STORE}/{spec.model.name}"
+    copy_config = f"cp {CONFIG_DIR}/model-config.yaml {model}/model-config.yaml\n"
     return PodPlan(
         config_files=config_files(spec),
         config_dir=CONFIG_DIR,
-        init_containers=[model_init_container(spec, inputs), *probe],
+        init_containers=model_init_containers(spec, inputs, MODEL_STORE, CONFIG_DIR, then=copy_config),
         containers=[server_container(spec, image, resources)],
         volumes=[
             {"name": "config", "configMap": {"name": inputs.config_map}},
-            *_model_volumes(spec, inputs.model_cache_claim),
+            *model_volumes(spec, inputs.model_cache_claim),
             {"name": "logs", "emptyDir": {"sizeLimit": size_limit(LOGS_BYTES)}},
             {"name": "tmp", "emptyDir": {"sizeLimit": size_limit(tmp_bytes(spec))}},
             # PyTorch workers share tensors through /dev/shm; the default 64 MiB is too small.

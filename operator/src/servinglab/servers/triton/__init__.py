@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
-from servinglab.api.results import ModelDescription, ServerBreakdown
+from servinglab.api.results import EffectiveSettings, ModelDescription, ServerBreakdown
 from servinglab.models import builtins
 from servinglab.models.catalogue import BUILTINS, request_image_size
 from servinglab.servers.base import ModelError, PodInputs, PodPlan, ServedModel, container_resources
@@ -35,6 +35,11 @@ class TritonMetrics:
     def breakdown(self, before: object, after: object) -> ServerBreakdown:
         assert isinstance(before, dict) and isinstance(after, dict)
         return metrics.breakdown(before, after)
+
+    def effective(self, text: str) -> EffectiveSettings | None:
+        """None: Triton's metrics do not say how the model is batched (its repository index and the model's
+        config do, which the local server reads; a pod's are not exposed)."""
+        return None
 
 
 class Triton:

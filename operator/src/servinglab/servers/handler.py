@@ -1,0 +1,38 @@
+"""What servinglab's handler (`handlers/`) is told by every server: the precision, the batch sizes each
+worker warms up within its budget, how many classes an answer lists, and its data path. The same for every server kind,
+so a model runs the same way whichever server serves it (pure; TorchServe puts these settings in its
+model-config.yaml, LitServe in the script that starts it).
+"""
+
+from __future__ import annotations
+
+from servinglab.api import LoadSpec, ServerSpec
+
+#: The classes an image classifier's answer lists.
+TOP_K = 5
+
+
+def powers_of_two_up_to(largest: int) -> list[int]:
+    """1, 2, 4, ... below `largest`, and `largest` itself: the batch sizes warmed up and scanned."""
+    return sorted({min(2**i, largest) for i in range(largest.bit_length() + 1)})
+
+
+def warmup_batch_sizes(batch_size: int, load: LoadSpec | None) -> list[int]:
+    """The batch sizes a worker warms up: powers of two up to the largest batch the load can form.
+    A closed loop never has more requests outstanding than its largest concurrency; an open loop
+    can fill any batch up to the configured size."""
+    largest = batch_size
+    if load is not None and load.mode == "closed":
+        largest = min(batch_size, max(load.concurrency))
+    return powers_of_two_up_to(largest)
+
+
+def handler_settings(server: ServerSpec, load: LoadSpec | None = None) -> dict[str, object]:
+    """The handler's settings (its `load()` takes them as they are)."""
+    return {
+        "precision": str(server.precision),
+        "warmupBatchSizes": warmup_batch_sizes(server.batch_size, load) if server.warmup_seconds > 0 else [],
+        "warmupSeconds": server.warmup_seconds,
+        "topK": TOP_K,
+        "dataPath": server.data_path.handler_settings(),
+    }

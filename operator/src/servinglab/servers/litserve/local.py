@@ -1,0 +1,176 @@
+"""A real LitServe as a child process: render its script, start it, wait for every worker, read, stop.
+
+The local runner and the LitServe tests use this. The server runs the rendered script (the same one a pod
+and an export run) with this venv's Python, on free loopback ports, in its own process group (its API
+processes, its inference workers and its queue manager go with it), its counters in a folder of its own
+work directory. LitServe has no management API: a new configuration is a restart from the same model
+folder (:meth:`LocalLitServe.reconfigure`, whose seconds are what a sweep's trial pays for it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from servinglab.api import ExperimentSpec, LoadSpec, ServerSpec
+from servinglab.api.results import DataPathRun, EffectiveSettings, Warmup
+from servinglab.servers.base import RuntimeNotes, ServerError
+from servinglab.servers.litserve.config import API_PATH, METRICS_DIR_ENV, SCRIPT, render_script
+from servinglab.servers.litserve.metrics import effective as reported_settings
+from servinglab.servers.litserve.metrics import parse
+from servinglab.servers.process import descendants_running, free_ports, post, stop_group, visible_gpus
+
+#: What a worker's handler says of how it runs (a line each in the server's log).
+PRECISION_NOTE, WARMUP_NOTE = "servinglab precision:", "servinglab warm-up:"
+DATA_PATH_NOTE = "servinglab data path:"
+
+
+class LocalLitServe:
+    """One LitServe serving one model folder (laid out for LitServe), configured from the spec."""
+
+    def __init__(self, model_name: str, model_dir: Path, spec: ExperimentSpec, workdir: Path) -> None:
+        self.model_name = model_name
+        self.model_dir = model_dir
+        self.spec = spec
+        self.workdir = workdir / "litserve"
+        inference, metrics_port = free_ports(2)
+        self.inference = f"http://127.0.0.1:{inference}"
+        self.metrics_address = f"127.0.0.1:{metrics_port}"
+        self.gpus = visible_gpus()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_at: float | None = None
+
+    @property
+    def server(self) -> ServerSpec:
+        return self.spec.server
+
+    @property
+    def failure_log(self) -> Path:
+        return self.workdir / "failure-log"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "litserve.log"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        script = self.workdir / SCRIPT
+        script.write_text(render_script(self.spec, self.gpus, str(self.model_dir)))
+        self.failure_log.unlink(missing_ok=True)
+        env = {**os.environ, METRICS_DIR_ENV: str(self.workdir / "metrics"), "PYTHONUNBUFFERED": "1"}
+        command = [
+            sys.executable, str(script), "--model-dir", str(self.model_dir),
+            "--listen", self.inference.removeprefix("http://"), "--metrics-listen", self.metrics_address,
+            "--failure-log", str(self.failure_log),
+        ]  # fmt: skip
+        self.started_at = time.monotonic()
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                command, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # own process group: stop() reaches the API processes and workers
+            )  # fmt: skip
+
+    def wait_ready(self, timeout_seconds: float) -> float:
+        """Block until LitServe's /health says every worker is set up (the model loaded and warmed up)
+        and the workers' own report counts them all; the seconds since start (the cold start)."""
+        assert self.started_at is not None, "start() first"
+        deadline = self.started_at + timeout_seconds
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if self._http(f"{self.inference}/health", 5.0) == b"ok":
+                    ready = self.effective().ready_workers or 0
+                    if ready >= self.server.workers:
+                        return time.monotonic() - self.started_at
+                    last = f"{ready}/{self.server.workers} workers ready"
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                last = str(exc)
+            time.sleep(0.3)
+        raise ServerError(f"LitServe was not ready within {timeout_seconds:.0f} s ({last}); log: {self.log}")
+
+    def reconfigure(self, server: ServerSpec, load: LoadSpec | None) -> float:
+        """LitServe has no management API: stop, render the script with the new settings and start again
+        from the same model folder. Returns the seconds from the stop until every worker was ready."""
+        began = time.monotonic()
+        self.stop()
+        self.spec = self.spec.model_copy(update={"server": server, "load": load or self.spec.load})
+        self.start()
+        self.wait_ready(server.startup_timeout_seconds)
+        return time.monotonic() - began
+
+    def check_alive(self) -> None:
+        """Raise :class:`ServerError` when the server has died or a worker could not load the model (the
+        reason first, e.g. "ModelLoadFailed: ...": LitServe itself would go on with the other workers)."""
+        said = self.failure_log.read_text().strip() if self.failure_log.is_file() else ""
+        if said:
+            self.stop()
+            raise ServerError(f"{said}; log: {self.log}")
+        if self.process is not None and self.process.poll() is not None:
+            code = self.process.returncode
+            raise ServerError(f"LitServe exited with code {code}; log: {self.log}\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+
+    def stop(self) -> None:
+        """Terminate the process group, then kill any survivor; idempotent."""
+        if self.process is None:
+            return
+        stop_group(self.process)
+        self.process = None
+        shutil.rmtree(self.workdir / "metrics", ignore_errors=True)
+
+    # -- HTTP ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _http(url: str, timeout: float) -> bytes:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body: bytes = response.read()
+            return body
+
+    @property
+    def inference_url(self) -> str:
+        return self.inference
+
+    @property
+    def request_path(self) -> str:
+        return API_PATH
+
+    def predict(self, body: bytes, content_type: str, timeout: float = 60.0) -> tuple[int, Any]:
+        return post(self.inference + API_PATH, body, content_type, timeout)
+
+    def metrics_text(self) -> str:
+        return self._http(f"http://{self.metrics_address}/metrics", 10.0).decode()
+
+    def effective(self) -> EffectiveSettings:
+        """What the workers report they run with (their gauges), with how many have loaded the model."""
+        return reported_settings(parse(self.metrics_text()))
+
+    def worker_process_ids(self) -> list[int]:
+        """The processes LitServe spawned (its inference workers, and its API processes: they cannot be told
+        apart from outside); the verdicts read their CPU."""
+        return descendants_running(self.process, "spawn_main")
+
+    def notes(self) -> RuntimeNotes:
+        """What the workers' handlers said: the precision's realisation, the data path (the latest worker's)
+        and the slowest warm-up."""
+        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        precision = [line.split(PRECISION_NOTE, 1)[1].strip() for line in lines if PRECISION_NOTE in line]
+        warmups = [Warmup.model_validate_json(line.split(WARMUP_NOTE, 1)[1]) for line in lines if WARMUP_NOTE in line]
+        warmups = warmups[-self.server.workers :]
+        paths = [line.split(DATA_PATH_NOTE, 1)[1].strip() for line in lines if DATA_PATH_NOTE in line]
+        return RuntimeNotes(
+            precision_note=precision[-1] if precision else None,
+            data_path=DataPathRun.model_validate_json(paths[-1]) if paths else None,
+            warmup=max(warmups, key=lambda report: report.seconds) if warmups else None,
+        )
