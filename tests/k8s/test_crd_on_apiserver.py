@@ -16,8 +16,9 @@ from pydantic import BaseModel
 from clusterenv.controlplane import Cluster
 from servinglab.api import conditions as cond
 from servinglab.api import grid, parse_experiment, parse_sweep
+from servinglab.api.ceiling import ModelDescription
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest
-from servinglab.api.results import ExperimentResults, ModelDescription, to_json
+from servinglab.api.results import ExperimentResults, to_json
 from servinglab.api.status import ExperimentStatus, ResultsRef, SweepStatus
 from servinglab.k8s.experiment.status import summary_of
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from servinglab.api.results import LevelResult, RawRow, RawSkip, ServerBreakdown
+from servinglab.api.ceiling import RawRow, RawSkip
+from servinglab.api.results import LevelResult, ServerBreakdown
 from servinglab.measure.ceiling import (
     PEAK_TFLOPS,
     accelerator_of,

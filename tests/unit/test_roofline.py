@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_report import SERVINGLAB, closed_loop_document
 
-from servinglab.api.results import Ceiling
+from servinglab.api.ceiling import Ceiling
 from servinglab.measure.ceiling import MEMORY_GBS, PEAK_TFLOPS, bytes_per_inference, roofline
 from servinglab.models.counting import builtin_counts, bytes_moved
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from servinglab.api.results import Ceiling, GpuFigures, LevelResult, RawRow, ServerSettings
+from servinglab.api.ceiling import Ceiling, RawRow
+from servinglab.api.results import GpuFigures, LevelResult, ServerSettings
 from servinglab.api.verdicts import Bottleneck, CpuFigures
 from servinglab.measure.verdict import judge
 

@@ -1,9 +1,10 @@
 """The base of every servinglab API object: names, camelCase models, and errors that name the field.
 
-What users write (experiment and sweep specs) and read (results and status) are pydantic models built
-on :class:`SpecModel`. Parsing goes through :func:`parse_document`, which turns pydantic's errors into
-:class:`SpecError` with one message per problem, each naming the field path and the bad value. The API
-layer is the bottom of the package: nothing here imports the rest of servinglab.
+What users write (experiment and sweep specs) are pydantic models built on :class:`SpecModel`, what they
+read (results and status) on :class:`ResultModel`. Parsing goes through :func:`parse_document`, which
+turns pydantic's errors into :class:`SpecError` with one message per problem, each naming the field path
+and the bad value. The API layer is the bottom of the package: nothing here imports the rest of
+servinglab.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ EXPERIMENT_UID_LABEL = f"{API_GROUP}/experiment-uid"
 SWEEP_LABEL = f"{API_GROUP}/sweep"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class ResultModel(BaseModel):
+    """camelCase on the wire; unknown fields of a newer document are ignored, not refused."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
 
 class SpecModel(BaseModel):

@@ -16,23 +16,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, Field
 
+from servinglab.api.ceiling import Ceiling, ModelDescription
 from servinglab.api.conditions import Condition
-from servinglab.api.meta import API_GROUP, API_VERSION
+from servinglab.api.meta import API_GROUP, API_VERSION, ResultModel
 from servinglab.api.verdicts import CpuFigures, Verdict
 
 RESULTS_KIND = "ServingExperimentResults"
 
 #: A JSON object at the edge (files, the API): what the models are read from and written to.
 JsonObject = dict[str, Any]
-
-
-class ResultModel(BaseModel):
-    """camelCase on the wire; unknown fields of a newer document are ignored, not refused."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
 
 def to_json(model: BaseModel) -> JsonObject:
@@ -289,47 +283,6 @@ class PeakRate(ResultModel):
     note: str | None = None
 
 
-class RawRow(ResultModel):
-    """The model alone at one batch size."""
-
-    batch_size: int
-    throughput_rps: float
-    passes: int | None = None
-    pass_seconds: float | None = None
-    note: str | None = None
-
-
-class RawSkip(ResultModel):
-    batch_size: int
-    reason: str
-
-
-class Ceiling(ResultModel):
-    """How far the served throughput is from the model alone (raw) and from the chip's peak."""
-
-    flops_per_inference: int
-    raw_batch_size: int | None = None
-    formed_batch_size_mean: float | None = None
-    raw_at_formed_batch_rps: float | None = None
-    raw_best_rps: float | None = None
-    raw_best_batch_size: int | None = None
-    raw_device: str | None = None
-    raw_budget_seconds: float | None = None
-    raw_measure_seconds: float | None = None
-    raw_setup_seconds: float | None = None
-    raw_table: list[RawRow] | None = None
-    raw_skipped: list[RawSkip] | None = None
-    raw_reused_batch_sizes: list[int] | None = None
-    accelerator: str | None = None
-    peak_tflops: float | None = None
-    theoretical_rps: float | None = None
-    served_rps: float | None = None
-    served_over_raw: float | None = None
-    served_over_best_raw: float | None = None
-    served_over_theoretical: float | None = None
-    note: str | None = None
-
-
 class Warmup(ResultModel):
     """The handler's warm-up as its slowest worker reported it."""
 
@@ -366,36 +319,6 @@ class Runtime(ResultModel):
     #: Where the levels' GPU figures came from, or why there are none (no GPU, NVML not readable).
     gpu_telemetry: str | None = None
     server_pod: str | None = None
-
-
-class DeclaredInput(ResultModel):
-    """What one request decodes to, for a model packed with servinglab's handler."""
-
-    format: str | None = None
-    kind: str | None = None
-    size: int | None = None
-    shape: list[int] | None = None
-    dtype: str | None = None
-
-
-class ModelDescription(ResultModel):
-    """What was served and where it came from (a built-in, or the user's source)."""
-
-    name: str | None = None
-    source: str | None = None
-    format: str | None = None
-    sha256: str | None = None
-    size_bytes: int | None = None
-    downloaded: bool | None = None
-    handler: str | None = None
-    input: DeclaredInput | None = None
-    parameters: int | None = None
-    flops_per_inference: float | None = None
-    #: Bytes of the weights (read once per batch) and of the activations one inference moves, at fp32.
-    weight_bytes: int | None = None
-    activation_bytes: int | None = None
-    count_note: str | None = None
-    archive_config_replaced: str | None = None
 
 
 class Producer(ResultModel):

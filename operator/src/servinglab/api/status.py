@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from servinglab.api.ceiling import Ceiling, ModelDescription
 from servinglab.api.conditions import Condition
-from servinglab.api.results import Ceiling, EffectiveSettings, LevelResult, ModelDescription, PeakRate, ResultModel
+from servinglab.api.meta import ResultModel
+from servinglab.api.results import EffectiveSettings, LevelResult, PeakRate
 from servinglab.api.trials import (
     Confirmation,
     PrunedConfig,

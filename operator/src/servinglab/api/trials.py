@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from servinglab.api.meta import API_GROUP, API_VERSION
-from servinglab.api.results import ExperimentResults, ResultModel
+from servinglab.api.meta import API_GROUP, API_VERSION, ResultModel
+from servinglab.api.results import ExperimentResults
 from servinglab.api.sweep import TrialConfig
 from servinglab.api.verdicts import Verdict
 

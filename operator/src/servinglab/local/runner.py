@@ -24,8 +24,9 @@ from pathlib import Path
 
 from servinglab import servers
 from servinglab.api import ServerSpec, ServingExperiment
+from servinglab.api.ceiling import Ceiling
 from servinglab.api.conditions import now
-from servinglab.api.results import Ceiling, ExperimentResults, Runtime
+from servinglab.api.results import ExperimentResults, Runtime
 from servinglab.loadgen import shapes
 from servinglab.loadgen.hooks import ProgressFn
 from servinglab.loadgen.levels import Target

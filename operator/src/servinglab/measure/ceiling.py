@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servinglab.api import ExperimentSpec, ServerSpec
-from servinglab.api.results import Ceiling, LevelResult, RawRow, RawSkip
+from servinglab.api.ceiling import Ceiling, RawRow, RawSkip
+from servinglab.api.results import LevelResult
 from servinglab.measure.levels import served_level
 from servinglab.measure.raw.figures import RawFigures
 

@@ -12,13 +12,12 @@ from collections.abc import Sequence
 
 from servinglab import __version__
 from servinglab.api import ExperimentSpec
+from servinglab.api.ceiling import Ceiling, ModelDescription
 from servinglab.api.results import (
-    Ceiling,
     EffectiveSettings,
     ExperimentResults,
     LevelResult,
     LoadSummary,
-    ModelDescription,
     PeakRate,
     Producer,
     Runtime,

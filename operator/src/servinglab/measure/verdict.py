@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servinglab.api.results import Ceiling, LevelResult, ServerSettings
+from servinglab.api.ceiling import Ceiling
+from servinglab.api.results import LevelResult, ServerSettings
 from servinglab.api.verdicts import (
     BatchFormation,
     Bottleneck,

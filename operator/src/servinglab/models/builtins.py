@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from servinglab import paths
-from servinglab.api.results import ModelDescription
+from servinglab.api.ceiling import ModelDescription
 from servinglab.models import digests
 from servinglab.models.catalogue import BuiltinModel, get_builtin, handler_paths
 
@@ -118,3 +118,22 @@ def description(name: str, build: Path) -> ModelDescription:
 def known_handler_digests() -> dict[str, str]:
     """servinglab's handler files by name: what a laid-out model's copy of them must be."""
     return {path.name: digests.file_sha256(path) for path in handler_paths()}
+
+
+def lay_out_build(build: Path, target: Path, helpers: list[Path], link_weights: bool = False) -> None:
+    """A built-in model's build (code, seeded weights, counts) and the server's `helpers` copied into
+    `target`, as every server's model folder starts; `link_weights` links the weights instead of copying
+    them (a local server's work folder)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in build.iterdir():
+        destination = target / entry.name
+        if destination.resolve() == entry.resolve():
+            continue  # laid out in place (a server pod's checked copy of the build)
+        if destination.exists() or destination.is_symlink():
+            destination.unlink()
+        if link_weights and entry.name == WEIGHTS_FILE:
+            destination.symlink_to(entry.resolve())
+        else:
+            shutil.copyfile(entry, destination)
+    for helper in helpers:
+        shutil.copyfile(helper, target / helper.name)

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from servinglab.api import TrialConfig
-from servinglab.api.results import Ceiling, ExperimentResults, PeakRate
+from servinglab.api.ceiling import Ceiling
+from servinglab.api.results import ExperimentResults, PeakRate
 from servinglab.api.trials import SweepResults, TrialRecord
 from servinglab.measure.trust import trust_checks
 

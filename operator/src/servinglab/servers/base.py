@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from servinglab.api import ExperimentSpec, LoadSpec, ModelRef, Precision, RequestProtocol, ServerSpec
-from servinglab.api.results import DataPathRun, EffectiveSettings, ModelDescription, ServerBreakdown, Warmup
+from servinglab.api.ceiling import ModelDescription
+from servinglab.api.results import DataPathRun, EffectiveSettings, ServerBreakdown, Warmup
 
 #: A Kubernetes object or a part of one (a container, a volume), as the API takes it.
 Manifest = dict[str, Any]

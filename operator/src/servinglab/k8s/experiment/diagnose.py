@@ -15,8 +15,8 @@ import json
 from collections.abc import Iterator
 
 from servinglab.api import ExperimentSpec
+from servinglab.api.ceiling import ModelDescription
 from servinglab.api.conditions import epoch
-from servinglab.api.results import ModelDescription
 from servinglab.models.probe import checked
 from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, Server
 

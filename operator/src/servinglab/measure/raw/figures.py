@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servinglab.api.results import RawRow
+from servinglab.api.ceiling import RawRow
 
 
 @dataclass

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from servinglab import lifeline
-from servinglab.api.results import RawRow
+from servinglab.api.ceiling import RawRow
 from servinglab.measure.raw.figures import RawCache, RawFigures
 
 #: Seconds between "still measuring" progress messages during one long pass.

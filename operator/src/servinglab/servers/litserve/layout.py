@@ -8,11 +8,10 @@ Laid out from a built-in model's build locally (the local runner) and in a serve
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from servinglab import paths
-from servinglab.models.builtins import MODEL_FILE, WEIGHTS_FILE
+from servinglab.models.builtins import MODEL_FILE, WEIGHTS_FILE, lay_out_build
 from servinglab.models.catalogue import handler_paths
 from servinglab.servers.litserve.config import API_FILE, SERVE_FILE
 
@@ -25,18 +24,6 @@ def entry_paths() -> list[Path]:
 def layout_builtin(build: Path, target: Path, link_weights: bool = False) -> Path:
     """A built-in model's build at `target`: the build's files, the entry files and what to load.
     `link_weights` links the weights instead of copying them (a local server's work folder)."""
-    target.mkdir(parents=True, exist_ok=True)
-    for entry in build.iterdir():
-        destination = target / entry.name
-        if destination.resolve() == entry.resolve():
-            continue  # laid out in place (a server pod's checked copy of the build)
-        if destination.exists() or destination.is_symlink():
-            destination.unlink()
-        if link_weights and entry.name == WEIGHTS_FILE:
-            destination.symlink_to(entry.resolve())
-        else:
-            shutil.copyfile(entry, destination)
-    for helper in entry_paths():
-        shutil.copyfile(helper, target / helper.name)
+    lay_out_build(build, target, entry_paths(), link_weights)
     (target / SERVE_FILE).write_text(json.dumps({"serializedFile": WEIGHTS_FILE, "modelFile": MODEL_FILE}))
     return target

@@ -22,8 +22,7 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 
 from servinglab.api.results import EffectiveSettings, ServerBreakdown
-
-Snapshot = dict[str, float]
+from servinglab.servers.counters import Snapshot, Window
 
 PREFIX = "servinglab_litserve_"
 _COUNTERS = (
@@ -49,14 +48,9 @@ def parse(text: str) -> Snapshot:
 
 def breakdown(before: Snapshot, after: Snapshot) -> ServerBreakdown:
     """Means over the window between two snapshots; None where the window saw no such events."""
-
-    def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
+    window = Window(before, after)
+    delta, per = window.delta, window.per
     batches, batched, requests = delta("batches"), delta("batched_requests"), delta("requests")
-
-    def per(total: float, count: float) -> float | None:
-        return round(total / count, 3) if count > 0 else None
 
     return ServerBreakdown(
         queue_ms_mean=per(delta("queue_ms"), batched),

@@ -36,7 +36,7 @@ from typing import Any
 
 from servinglab.api import ModelFormat, ModelInput, ModelRef, ModelSource, Precision
 from servinglab.models import probe as modelprobe
-from servinglab.models.builtins import MODEL_FILE, WEIGHTS_FILE
+from servinglab.models.builtins import MODEL_FILE, WEIGHTS_FILE, lay_out_build
 from servinglab.models.catalogue import HANDLER_FILE, INFO_FILE, INPUT_FILE, handler_paths
 from servinglab.models.fetch import (
     AUTHORIZATION_ENV,
@@ -205,19 +205,7 @@ def layout_builtin(name: str, build: Path, target: Path, link_weights: bool = Fa
     """A built-in model's build (code, seeded weights, counts) as a no-archive folder at `target`: the build's
     files, servinglab's handler, the manifest and a placeholder model-config.yaml (every experiment writes
     its own). `link_weights` links the weights instead of copying them (a local server's work folder)."""
-    target.mkdir(parents=True, exist_ok=True)
-    for entry in build.iterdir():
-        destination = target / entry.name
-        if destination.resolve() == entry.resolve():
-            continue  # laid out in place (a server pod's checked copy of the build)
-        if destination.exists() or destination.is_symlink():
-            destination.unlink()
-        if link_weights and entry.name == WEIGHTS_FILE:
-            destination.symlink_to(entry.resolve())
-        else:
-            shutil.copyfile(entry, destination)
-    for helper in handler_paths():
-        shutil.copyfile(helper, target / helper.name)
+    lay_out_build(build, target, handler_paths(), link_weights)
     write_manifest(target, name, WEIGHTS_FILE, MODEL_FILE)
     (target / CONFIG_FILE).write_text("minWorkers: 1\nmaxWorkers: 1\n")
     return target

@@ -13,13 +13,8 @@ driver reads a snapshot at each edge of each measured window, locally and in the
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from prometheus_client.parser import text_string_to_metric_families
-
 from servinglab.api.results import ServerBreakdown
-
-Snapshot = dict[str, float]
+from servinglab.servers.counters import Snapshot, Window, totals
 
 # Names without the "_total" suffix: the parser adds it to every counter sample, TorchServe only to
 # some counter names, so both sides are compared without it.
@@ -40,31 +35,15 @@ _COUNTERS = (
 
 def parse(text: str, model_name: str | None = None) -> Snapshot:
     """Sum each counter of interest over its series (optionally only those of one model)."""
-    totals: dict[str, float] = defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")
-            if name not in _COUNTERS:
-                continue
-            labels = sample.labels
-            series_model = labels.get("model_name", labels.get("ModelName"))
-            if model_name is not None and series_model not in (None, model_name):
-                continue
-            totals[name] += sample.value
-    return {name: totals.get(name, 0.0) for name in _COUNTERS}
+    return totals(text, _COUNTERS, model_name, ("model_name", "ModelName"))
 
 
 def breakdown(before: Snapshot, after: Snapshot) -> ServerBreakdown:
     """Means over the window between two snapshots; None where the window saw no such events."""
-
-    def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
+    window = Window(before, after)
+    delta, per = window.delta, window.per
     requests = delta("ts_inference_requests")
     batches = delta("ServinglabBatches")
-
-    def per(total: float, count: float, scale: float = 1.0) -> float | None:
-        return round(total / count * scale, 3) if count > 0 else None
 
     return ServerBreakdown(
         queue_ms_mean=per(delta("ts_queue_latency_microseconds"), requests, 1e-3),

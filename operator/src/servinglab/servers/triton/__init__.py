@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
-from servinglab.api.results import EffectiveSettings, ModelDescription, ServerBreakdown
+from servinglab.api.ceiling import ModelDescription
+from servinglab.api.results import EffectiveSettings, ServerBreakdown
 from servinglab.models import builtins
 from servinglab.models.catalogue import BUILTINS, request_image_size
 from servinglab.servers.base import ModelError, PodInputs, PodPlan, ServedModel, container_resources

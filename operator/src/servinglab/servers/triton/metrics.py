@@ -15,13 +15,8 @@ Reached through the seam (:meth:`servinglab.servers.triton.Triton.metrics`), loc
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from prometheus_client.parser import text_string_to_metric_families
-
 from servinglab.api.results import ServerBreakdown
-
-Snapshot = dict[str, float]
+from servinglab.servers.counters import Snapshot, Window, totals
 
 _COUNTERS = (
     "nv_inference_request_success",
@@ -38,30 +33,16 @@ _COUNTERS = (
 
 def parse(text: str, model_name: str | None = None) -> Snapshot:
     """Sum each counter of interest over its series (its versions), only those of `model_name` if given."""
-    totals: dict[str, float] = defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")
-            if name not in _COUNTERS:
-                continue
-            if model_name is not None and sample.labels.get("model") not in (None, model_name):
-                continue
-            totals[name] += sample.value
-    return {name: totals.get(name, 0.0) for name in _COUNTERS}
+    return totals(text, _COUNTERS, model_name, ("model",))
 
 
 def breakdown(before: Snapshot, after: Snapshot) -> ServerBreakdown:
     """Means over the window between two snapshots; None where the window saw no such events."""
-
-    def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
+    window = Window(before, after)
+    delta, per = window.delta, window.per
     requests = delta("nv_inference_request_success")
     inferences = delta("nv_inference_count")
     executions = delta("nv_inference_exec_count")
-
-    def per(total: float, count: float, scale: float = 1.0) -> float | None:
-        return round(total / count * scale, 3) if count > 0 else None
 
     return ServerBreakdown(
         queue_ms_mean=per(delta("nv_inference_queue_duration_us"), requests, 1e-3),
