@@ -154,7 +154,10 @@ def test_one_sweep_compares_torchserve_and_litserve_each_reconfigured_its_own_wa
         assert results["results"][0]["server"]["meanBatchSize"] >= 1
     bests = document["bestPerKind"]
     assert {b["config"]["kind"] for b in bests} == {"torchserve", "litserve"}
-    assert bests[0]["capacityRps"] >= bests[1]["capacityRps"] and document["best"] == bests[0]
+    assert bests[0]["capacityRps"] >= bests[1]["capacityRps"]
+    # the winner is one of the servers' bests, named after the confirmation runs (which may reorder them)
+    assert document["best"]["trial"] in {b["trial"] for b in bests}
+    assert document["best"]["confidence"] in ("Confirmed", "Tie", "Unconfirmed"), document["best"]
     assert "server" in run.stdout and "best on torchserve" in run.stdout and "best on litserve" in run.stdout
     exported = {path.name for path in (output / "best").iterdir()}
     own = {"litserve": {"server.py"}, "torchserve": {"config.properties", "model-config.yaml"}}
