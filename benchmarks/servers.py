@@ -1,13 +1,14 @@
-"""Which server for this model: TorchServe against LitServe, each at its own best configuration of one sweep.
+"""Which server for this model: TorchServe, LitServe and Triton, each at its own best configuration of one sweep.
 
     .venv/bin/python benchmarks/servers.py [--model resnet50] [--users 16] [--seconds 15] [--slo 2000] [--gpus 0]
+        [--kinds torchserve,litserve,triton]
 
 One `servinglab sweep` with a `kind` axis (grid: batch 1/4/16 x 1/2 workers on each server, delay
 10 ms, fp32), closed loop at `--users`, the model alone measured for the ceiling. Printed per server: its
 best configuration and capacity within the p99 SLO, the p99 there, served/raw (the model alone at the
 batch size that formed), and what a trial costs — the wall time of a trial, and what applying its
-configuration took: TorchServe reconfigured in place through its management API, LitServe (no
-management API) restarted. Then one row per trial.
+configuration took: TorchServe reconfigured in place through its management API, Triton through its
+repository API, LitServe (no management API) restarted. Then one row per trial.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import yaml
 from common import SERVINGLAB, table
 
 
-def sweep_document(model: str, users: int, seconds: float, slo_ms: float, gpus: int) -> dict[str, Any]:
+def sweep_document(
+    model: str, users: int, seconds: float, slo_ms: float, gpus: int, kinds: list[str]
+) -> dict[str, Any]:
     return {
         "apiVersion": "servinglab.dev/v1alpha1",
         "kind": "ServingSweep",
@@ -40,7 +43,7 @@ def sweep_document(model: str, users: int, seconds: float, slo_ms: float, gpus: 
                 "ceiling": {"rawSeconds": 5},
             },
             "strategy": "grid",
-            "space": {"kind": {"values": ["torchserve", "litserve"]}, "batchSize": {"values": [1, 4, 16]},
+            "space": {"kind": {"values": kinds}, "batchSize": {"values": [1, 4, 16]},
                       "workers": {"values": [1, 2]}},
         },
     }  # fmt: skip
@@ -61,9 +64,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--slo", type=float, default=2000.0, help="p99 latency SLO in ms")
     parser.add_argument("--gpus", type=int, default=0)
+    parser.add_argument("--kinds", default="torchserve,litserve,triton", help="the servers compared, in order")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        document = sweep_document(args.model, args.users, args.seconds, args.slo, args.gpus)
+        document = sweep_document(args.model, args.users, args.seconds, args.slo, args.gpus, args.kinds.split(","))
         spec_file, output = Path(folder) / "servers.yaml", Path(folder) / "out"
         spec_file.write_text(yaml.safe_dump(document))
         started = time.monotonic()

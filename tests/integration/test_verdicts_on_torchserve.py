@@ -5,7 +5,8 @@ getting the verdict its construction implies. A few seconds of load each.
 - a handler whose preprocess sleeps 150 ms a request -> preprocess-bound;
 - a forward pass that multiplies matrices on this CPU for every sample -> compute-bound (the workers want
   the cores, so more workers would not help);
-- a forward pass that only waits 60 ms (a device with room) on one worker -> queue-bound: more workers;
+- a forward pass that only waits 150 ms (a device with room) on one worker -> queue-bound: more workers (long
+  enough that the frontend's hand-offs between batches, slow on a contended host, leave the worker busy);
 - a 200 ms batch delay with one user -> batch-delay-bound;
 - one user against a batch of 8 and a 1 ms delay -> underloaded;
 - a generator capped below the server (its limits, spec.load.generator, set below what it uses) ->
@@ -31,7 +32,7 @@ CASES: dict[str, dict[str, Any]] = {
                          "server": {"batchSize": 1, "maxBatchDelayMs": 1}, "users": 4},
     "compute-bound": {"variant": {"inferenceBurn": 256, "burnRounds": 6},
                       "server": {"batchSize": 4, "maxBatchDelayMs": 5}, "users": 8},
-    "queue-bound": {"variant": {"inferenceSleepMs": 60, "skipModel": True},
+    "queue-bound": {"variant": {"inferenceSleepMs": 150, "skipModel": True},
                     "server": {"batchSize": 1, "maxBatchDelayMs": 1}, "users": 8},
     "batch-delay-bound": {"server": {"batchSize": 8, "maxBatchDelayMs": 200}, "users": 1},
     "underloaded": {"server": {"batchSize": 8, "maxBatchDelayMs": 1}, "users": 1},

@@ -63,3 +63,39 @@ def test_a_triton_experiment_succeeds_with_triton_s_breakdown_and_its_dashboard_
     for variable in (v for v in dashboard["templating"]["list"] if v["type"] == "query"):
         metric, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable["query"]["query"]).groups()
         assert any(label in labels for labels in prometheus.series(grafana_expression(metric))), variable["name"]
+
+
+def test_one_sweep_on_the_cluster_compares_the_three_servers_each_at_its_best(
+    cluster: Cluster,
+    namespace: str,
+    operator: Operator,
+    kubelet_factory: Callable[..., LocalKubelet],
+    triton_env: TritonEnv,
+) -> None:
+    """A sweep whose kind axis covers TorchServe, LitServe and Triton: a trial per server, each a child
+    experiment with its server's own pod, rolled up into each server's best and one winner."""
+    kubelet = kubelet_factory()
+    template = experiment("template")["spec"]
+    template["load"] = {"concurrency": [4], "warmupSeconds": 0.5, "durationSeconds": 2}
+    document = {
+        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingSweep", "metadata": {"name": "three-servers"},
+        "spec": {"template": template, "strategy": "grid", "parallelism": 2, "confirm": {"rounds": 0},
+                 "space": {"kind": {"values": ["torchserve", "litserve", "triton"]}, "batchSize": {"values": [4]}}},
+    }  # fmt: skip
+    cluster.kubectl.apply(document, namespace=namespace)
+
+    def finished() -> bool:
+        body = cluster.kubectl.get("servingsweep", "three-servers", "-n", namespace)
+        return (body.get("status") or {}).get("summary", {}).get("state") in ("Succeeded", "Failed")
+
+    cluster.kubectl.wait_for(finished, 600, "the three-server sweep")
+    status = cluster.kubectl.get("servingsweep", "three-servers", "-n", namespace)["status"]
+    assert status["summary"]["state"] == "Succeeded", (status, operator.log(), kubelet.errors)
+    trials = cluster.kubectl.get("sx", "-n", namespace, "-l", "servinglab.dev/sweep=three-servers")["items"]
+    kinds = {t["metadata"]["labels"]["servinglab.dev/server-kind"]: t for t in trials}
+    assert sorted(kinds) == ["litserve", "torchserve", "triton"]
+    for kind, trial in kinds.items():
+        assert trial["spec"]["server"]["kind"] == kind
+        assert condition(trial, "Succeeded")["status"] == "True", (kind, trial["status"])
+    assert {best["config"]["kind"] for best in status["bestPerKind"]} == {"torchserve", "litserve", "triton"}
+    assert status["best"]["trial"] in {best["trial"] for best in status["bestPerKind"]}

@@ -89,6 +89,17 @@ def test_a_round_shared_by_all_candidates_does_not_hide_a_real_difference() -> N
     assert (state, winner) == ("Confirmed", "s-b16-w1")
 
 
+def test_one_wild_candidate_does_not_tie_two_that_never_overlap() -> None:
+    # seen on CI: one candidate's two runs were 1820 and 217 rps; pooled, that noise tied every candidate and
+    # the cheapest, batch 1 at a steady 320 rps, was named over batch 16 at a steady 1390
+    trials = [trial(0, 16, 1400.0), trial(1, 16, 1300.0, workers=2), trial(2, 1, 360.0)]
+    runs = [[1328.0, 1455.0], [1820.0, 217.0], [324.0, 315.0]]
+    confirmations = [rerun(t, r + 1, v) for t, row in zip(trials, runs, strict=True) for r, v in enumerate(row)]
+    found = confirm.decide(spec(rounds=2), trials, confirmations)
+    assert found is not None and found.winner != "s-b1-w1", found
+    assert "s-b1-w1" not in found.tied_with and found.state == "Tie"  # the wild one stays tied: it may be as good
+
+
 def test_confirmation_needs_two_rounds_or_none() -> None:
     with pytest.raises(ValueError, match="rounds 1 cannot estimate the noise"):
         spec(rounds=1)

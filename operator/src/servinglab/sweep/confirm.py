@@ -12,7 +12,9 @@ figure), in a two-way layout without interaction (candidate + round): the residu
 candidates and rounds, has (K-1)(R-1) degrees of freedom and removes what each round shared. The
 candidate with the highest mean is the winner; another candidate whose mean is within Student's t
 (95 %, two-sided) times the standard error of a difference of two means is *tied* with it (a run with no
-level within the objective counts as 1 % of the best run). With a tie the
+level within the objective counts as 1 % of the best run) — unless the two tell themselves apart: their
+round-by-round differences, on their own (a paired t-test), show the winner ahead. One wild candidate
+inflates the pooled noise for all; it must not tie two candidates whose own runs never overlap. With a tie the
 configuration named is the cheapest of the tied ones — fewest workers, then the smallest batch, the
 shortest delay, the precision listed first — so a second run, which finds the same tie, names the same
 one. The winner's interval is its own runs' 95 % t-interval.
@@ -119,7 +121,10 @@ def decide(
     spread = t95(df) * math.sqrt(residual / df)
     margin = spread * math.sqrt(2 / rounds)
     top = max(chosen, key=lambda t: (means[t.name], -t.order))
-    tied = [t for t in chosen if t.name != top.name and means[top.name] - means[t.name] <= margin]
+    tied = [
+        t for t in chosen
+        if t.name != top.name and means[top.name] - means[t.name] <= margin and not _apart(logs[top.name], logs[t.name])
+    ]  # fmt: skip
     named = min([top, *tied], key=lambda t: cheapest_first(spec, t.config))
     listed = []
     for trial in chosen:
@@ -137,3 +142,13 @@ def decide(
         state="Tie" if tied else "Confirmed", rounds=rounds, candidates=listed, winner=named.name,
         tied_with=sorted(t.name for t in [top, *tied] if t.name != named.name), note=note,
     )  # fmt: skip
+
+
+def _apart(top: Sequence[float], other: Sequence[float]) -> bool:
+    """Whether `top` is ahead of `other` by their own round-by-round differences (a one-sided paired t-test
+    at 95 % two-sided strictness): what the pooled noise cannot see when another candidate is wild."""
+    differences = [a - b for a, b in zip(top, other, strict=True)]
+    if len(differences) < 2:
+        return False
+    mean, spread = statistics.fmean(differences), statistics.stdev(differences)
+    return mean > 0 and mean > t95(len(differences) - 1) * spread / math.sqrt(len(differences))
