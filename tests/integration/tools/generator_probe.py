@@ -1,10 +1,12 @@
 """Run one load level with servinglab's generators and print its results entry as JSON.
 
     python generator_probe.py URL closed|open LEVEL SECONDS [--max-in-flight N] [--starve] [--generators N]
+                              [--cpu N]
 
 --starve runs a greenlet that keeps the generator's event loop busy (50 ms of CPU at a time), the
 way an overloaded load-generator process behaves; its results must be flagged. --generators N splits
 the level between N processes (the entry then carries every generator's samples under "samples").
+--cpu N keeps the generator on core N (to share it with another busy process).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from locust import events  # noqa: F401  - gevent monkey-patching first, as serv
 
 import argparse
 import json
+import os
 import time
 
 import gevent
@@ -38,7 +41,10 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=1024)
     parser.add_argument("--starve", action="store_true")
     parser.add_argument("--generators", type=int, default=1)
+    parser.add_argument("--cpu", type=int)
     args = parser.parse_args()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
     if args.starve:
         gevent.spawn(hog)
     common = {"target": args.url, "path": "/predict", "payloads": [Payload(b"x" * 64, "application/octet-stream")],
