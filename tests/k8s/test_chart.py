@@ -116,8 +116,8 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
         assert kinds == sorted(
             ["CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding",
              "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap",
-             "ConfigMap", "ConfigMap", "ConfigMap", "Pod", "NetworkPolicy", "ValidatingAdmissionPolicy",
-             "ValidatingAdmissionPolicyBinding"]
+             "ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "Pod", "NetworkPolicy",
+             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]  # ConfigMaps: the five dashboards
         )  # fmt: skip
         assert roles[(OPERATOR, namespace)]["metadata"]["namespace"] == namespace
         # the one cluster-scoped grant of a namespaced install: the GPU queue's watches of nodes and GPU pods

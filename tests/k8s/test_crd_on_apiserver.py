@@ -99,8 +99,8 @@ def test_printer_columns(cluster: Cluster, namespace: str, crd_installed: None) 
     cluster.kubectl.apply(document, namespace=namespace)
     table = cluster.kubectl.run("get", "sx", "-n", namespace).stdout
     header, row = table.splitlines()[:2]
-    assert header.split()[:8] == ["NAME", "MODEL", "BATCH", "DELAY", "WORKERS", "PRECISION", "RPS", "P99"]
-    assert row.split()[:6] == ["resnet50-halfp", "resnet50", "64", "50", "4", "fp16"]
+    assert header.split()[:9] == ["NAME", "MODEL", "SERVER", "BATCH", "DELAY", "WORKERS", "PRECISION", "RPS", "P99"]
+    assert row.split()[:7] == ["resnet50-halfp", "resnet50", "torchserve", "64", "50", "4", "fp16"]
 
 
 # (field path, value): values the schema's types refuse, where a lax validator would coerce

@@ -84,6 +84,12 @@ def short(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def held(body: dict[str, Any]) -> dict[str, Any]:
+    """A load far longer than the test: the fault lands mid-run however slowly this host starts the server."""
+    body["spec"]["load"] = {"concurrency": [1], "warmupSeconds": 1, "durationSeconds": 600}
+    return body
+
+
 def wait_admitted(cluster: Cluster, namespace: str, name: str, timeout: float = A_MINUTE) -> None:
     admitted = lambda: bool(status(cluster, namespace, name).get("startedAt"))  # noqa: E731
     cluster.kubectl.wait_for(admitted, timeout, f"{name} admitted (its server deployed)")
@@ -395,23 +401,23 @@ def test_a_lost_node_an_eviction_and_an_oom_kill_end_fast(
     cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
 ) -> None:
     kubelet = kubelet_factory()
-    cluster.kubectl.apply(pinned("lost", "gpu-t4-0"), namespace=namespace)
+    cluster.kubectl.apply(held(pinned("lost", "gpu-t4-0")), namespace=namespace)
     server_pod(cluster, namespace, kubelet, "lost")
     with node_not_ready(cluster, "gpu-t4-0"):
         message = ended(cluster, namespace, operator, "lost", "ServerLost", "startedAt")
     assert "node gpu-t4-0 of server pod lost-server-" in message and "is not Ready (False, KubeletNotReady" in message
 
-    cluster.kubectl.apply(pinned("evicted", "gpu-t4-1"), namespace=namespace)
+    cluster.kubectl.apply(held(pinned("evicted", "gpu-t4-1")), namespace=namespace)
     kubelet.evict_server(server_pod(cluster, namespace, kubelet, "evicted"))
     message = ended(cluster, namespace, operator, "evicted", "ServerEvicted", "startedAt")
     assert message.endswith("was evicted by its node: The node was low on resource: memory."), message
 
-    cluster.kubectl.apply(pinned("oom", "gpu-t4-1"), namespace=namespace)
+    cluster.kubectl.apply(held(pinned("oom", "gpu-t4-1")), namespace=namespace)
     kubelet.oom_kill_server(server_pod(cluster, namespace, kubelet, "oom"))
     message = ended(cluster, namespace, operator, "oom", "OutOfMemory", "startedAt")
     assert "killed for exceeding its memory (OOMKilled)" in message, message
 
-    cluster.kubectl.apply(pinned("deleted", "gpu-t4-0"), namespace=namespace)
+    cluster.kubectl.apply(held(pinned("deleted", "gpu-t4-0")), namespace=namespace)
     server_pod(cluster, namespace, kubelet, "deleted")
     cluster.kubectl.run("delete", "node", "gpu-t4-0", "--wait=false")
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -18,15 +19,36 @@ from typing import Any
 
 import psutil
 
+#: Where free ports are looked for: below the kernel's ephemeral range, which outgoing connections draw
+#: from. A port picked there (bound to 0) can be taken by any client's connection before the server binds
+#: it — on a busy machine that happens (a local server or test stand-in failing with "address in use").
+_LISTEN_PORTS_FROM = 10_000
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _ephemeral_low() -> int:
+    with contextlib.suppress(OSError, ValueError), open(_EPHEMERAL_RANGE) as handle:
+        return int(handle.read().split()[0])
+    return 32768  # Linux's default
+
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
-    sockets = []
+    """`count` distinct free TCP ports on 127.0.0.1, chosen at random below the kernel's ephemeral range
+    (so no outgoing connection takes one before it is bound), each checked by binding it; held open
+    together so they differ. Falls back to the kernel's choice when that range is exhausted."""
+    picker = random.SystemRandom()
+    low, high = _LISTEN_PORTS_FROM, _ephemeral_low()
+    sockets: list[socket.socket] = []
     try:
         for _ in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
             sockets.append(sock)
+            for _attempt in range(64) if high - low > 1000 else ():
+                with contextlib.suppress(OSError):
+                    sock.bind(("127.0.0.1", picker.randrange(low, high)))
+                    break
+            else:
+                sock.bind(("127.0.0.1", 0))
         return [s.getsockname()[1] for s in sockets]
     finally:
         for sock in sockets:
