@@ -195,6 +195,24 @@ def _address(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class _Settled:
+    """The processes' counter files summed, read again when one was caught being created (a new worker's
+    file has no valid header for a moment, and the read would fail the whole scrape with HTTP 500)."""
+
+    def __init__(self, collector: Any) -> None:
+        self.collector = collector
+
+    def collect(self) -> Any:
+        for attempt in range(5):
+            try:
+                return list(self.collector.collect())
+            except Exception:
+                if attempt == 4:
+                    raise
+                time.sleep(0.05)
+        return []
+
+
 def serve(server: ls.LitServer, listen: str, metrics_listen: str, failure_log: str | None) -> None:
     """Run `server` on `listen` (HOST:PORT) with its counters on `metrics_listen`; a worker that cannot load
     the model ends this process with exit code 3 and the reason in `failure_log`."""
@@ -204,7 +222,7 @@ def serve(server: ls.LitServer, listen: str, metrics_listen: str, failure_log: s
     shutil.rmtree(folder, ignore_errors=True)  # the counters of a previous start in this folder
     folder.mkdir(parents=True, exist_ok=True)
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    registry.register(_Settled(multiprocess.MultiProcessCollector(None, path=str(folder))))
     metrics_host, metrics_port = _address(metrics_listen)
     start_http_server(metrics_port, metrics_host, registry=registry)
     host, port = _address(listen)

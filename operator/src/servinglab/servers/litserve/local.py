@@ -150,7 +150,19 @@ class LocalLitServe:
         return post(self.inference + API_PATH, body, content_type, timeout)
 
     def metrics_text(self) -> str:
-        return self._http(f"http://{self.metrics_address}/metrics", 10.0).decode()
+        """The metrics port's text; a scrape that fails now and then (a worker's counter file caught being
+        made) is read again, and one that keeps failing is the server's failure, not the caller's crash."""
+        url = f"http://{self.metrics_address}/metrics"
+        for attempt in range(5):
+            try:
+                return self._http(url, 10.0).decode()
+            except urllib.error.HTTPError as exc:
+                if attempt == 4:
+                    raise ServerError(
+                        f"LitServe's metrics answered HTTP {exc.code} five times; log: {self.log}"
+                    ) from None
+                time.sleep(0.2)
+        raise AssertionError("unreachable")
 
     def effective(self) -> EffectiveSettings:
         """What the workers report they run with (their gauges), with how many have loaded the model."""
