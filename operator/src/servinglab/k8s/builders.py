@@ -28,7 +28,7 @@ from servinglab.api.kube import Resources
 from servinglab.k8s import sink
 from servinglab.k8s.deadline import load_job_deadline
 from servinglab.loadgen import wire
-from servinglab.servers.base import Manifest, PodPlan
+from servinglab.servers.base import Manifest, PodPlan, restricted
 
 EXPERIMENT_DIR = "/etc/servinglab"
 EXPERIMENT_FILE = "experiment.yaml"
@@ -136,16 +136,6 @@ def results_config_map(owner: Owner) -> Manifest:
         "kind": "ConfigMap",
         "metadata": _metadata(owner, Names(owner.name).results, "results"),
         "data": {},
-    }
-
-
-def _restricted(read_only_root: bool = True) -> Manifest:
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": read_only_root,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
@@ -423,7 +413,7 @@ def load_job(
                                 {"name": "experiment", "mountPath": EXPERIMENT_DIR, "readOnly": True},
                                 *_payload_mounts(spec),
                             ],
-                            "securityContext": _restricted(read_only_root=False),
+                            "securityContext": restricted(read_only_root=False),
                         }
                     ],
                     "volumes": [

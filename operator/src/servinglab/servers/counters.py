@@ -5,10 +5,12 @@ Shared by the servers' metrics modules (pure)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from servinglab.api.results import EffectiveSettings, ServerBreakdown
 
 #: Each counter of interest, summed over its series, by its name without `_total`.
 Snapshot = dict[str, float]
@@ -44,3 +46,23 @@ class Window:
     def per(total: float, count: float, scale: float = 1.0) -> float | None:
         """A mean over the window (rounded to 3 places); None where the window saw no such events."""
         return round(total / count * scale, 3) if count > 0 else None
+
+
+@dataclass(frozen=True)
+class ModelCounters:
+    """A server's :class:`~servinglab.servers.base.ServerMetrics` for one model from its pure `parse` and
+    `breakdown`, for a server whose metrics do not say how it batches (its own API does, or nothing)."""
+
+    model_name: str
+    parse: Callable[[str, str | None], Snapshot]
+    window: Callable[[Snapshot, Snapshot], ServerBreakdown]
+
+    def snapshot(self, text: str) -> object:
+        return self.parse(text, self.model_name)
+
+    def breakdown(self, before: object, after: object) -> ServerBreakdown:
+        assert isinstance(before, dict) and isinstance(after, dict)
+        return self.window(before, after)
+
+    def effective(self, text: str) -> EffectiveSettings | None:
+        return None

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
-from servinglab.api.results import EffectiveSettings, ServerBreakdown
 from servinglab.models import builtins
 from servinglab.models.catalogue import request_image_size
 from servinglab.servers.base import (
@@ -25,29 +24,12 @@ from servinglab.servers.base import (
     ServedModel,
     container_resources,
 )
+from servinglab.servers.counters import ModelCounters
 from servinglab.servers.torchserve import archive, launcher, metrics, pod
 from servinglab.servers.torchserve.local import LocalTorchServe
 
 #: The pinned upstream image a pod runs when the spec names none.
 DEFAULT_IMAGE = "pytorch/torchserve:0.12.0-gpu"
-
-
-class TorchServeMetrics:
-    """TorchServe's Prometheus counters of one model, read at a window's edges."""
-
-    def __init__(self, model_name: str) -> None:
-        self.model_name = model_name
-
-    def snapshot(self, text: str) -> object:
-        return metrics.parse(text, self.model_name)
-
-    def breakdown(self, before: object, after: object) -> ServerBreakdown:
-        assert isinstance(before, dict) and isinstance(after, dict)
-        return metrics.breakdown(before, after)
-
-    def effective(self, text: str) -> EffectiveSettings | None:
-        """TorchServe's metrics do not say its batching (its management API does, inside the pod only)."""
-        return None
 
 
 class TorchServe:
@@ -101,8 +83,9 @@ class TorchServe:
     def local(self, model_name: str, served: Path, spec: ExperimentSpec, workdir: Path, reuse: bool) -> LocalTorchServe:
         return LocalTorchServe(model_name, served, spec.server, workdir, spec.load, model_api=reuse)
 
-    def metrics(self, model_name: str) -> TorchServeMetrics:
-        return TorchServeMetrics(model_name)
+    def metrics(self, model_name: str) -> ModelCounters:
+        # its metrics do not say its batching (its management API does, inside the pod only)
+        return ModelCounters(model_name, metrics.parse, metrics.breakdown)
 
     def export_files(self, spec: ExperimentSpec) -> dict[str, str]:
         """config.properties (as a pod serves it), model-config.yaml and metrics.yaml."""

@@ -13,34 +13,15 @@ from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
-from servinglab.api.results import EffectiveSettings, ServerBreakdown
 from servinglab.models import builtins
 from servinglab.models.catalogue import BUILTINS, request_image_size
 from servinglab.servers.base import ModelError, PodInputs, PodPlan, ServedModel, container_resources
+from servinglab.servers.counters import ModelCounters
 from servinglab.servers.triton import metrics, pod, repository, wire
 from servinglab.servers.triton.local import LocalTriton
 
 #: The reason a user's own model ends with on Triton (only the built-in models are laid out for it so far).
 NOT_SUPPORTED = "ModelNotSupported"
-
-
-class TritonMetrics:
-    """Triton's Prometheus counters of one model, read at a window's edges."""
-
-    def __init__(self, model_name: str) -> None:
-        self.model_name = model_name
-
-    def snapshot(self, text: str) -> object:
-        return metrics.parse(text, self.model_name)
-
-    def breakdown(self, before: object, after: object) -> ServerBreakdown:
-        assert isinstance(before, dict) and isinstance(after, dict)
-        return metrics.breakdown(before, after)
-
-    def effective(self, text: str) -> EffectiveSettings | None:
-        """None: Triton's metrics do not say how the model is batched (its repository index and the model's
-        config do, which the local server reads; a pod's are not exposed)."""
-        return None
 
 
 class Triton:
@@ -80,8 +61,9 @@ class Triton:
     def local(self, model_name: str, served: Path, spec: ExperimentSpec, workdir: Path, reuse: bool) -> LocalTriton:
         return LocalTriton(model_name, served, spec.server, workdir, spec.load)
 
-    def metrics(self, model_name: str) -> TritonMetrics:
-        return TritonMetrics(model_name)
+    def metrics(self, model_name: str) -> ModelCounters:
+        # its metrics do not say how the model is batched (its repository index and config.pbtxt do)
+        return ModelCounters(model_name, metrics.parse, metrics.breakdown)
 
     def export_files(self, spec: ExperimentSpec) -> dict[str, str]:
         """The model's config.pbtxt, as a pod serves it: `<repository>/<model>/config.pbtxt` beside the entry
