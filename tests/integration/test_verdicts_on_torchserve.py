@@ -4,7 +4,8 @@ getting the verdict its construction implies. A few seconds of load each.
 
 - a handler whose preprocess sleeps 150 ms a request -> preprocess-bound;
 - a forward pass that multiplies matrices on this CPU for every sample -> compute-bound (the workers want
-  the cores, so more workers would not help);
+  the cores, so more workers would not help; long enough passes that a contended frontend's hand-offs
+  between batches leave the worker busy);
 - a forward pass that only waits 150 ms (a device with room) on one worker -> queue-bound: more workers (long
   enough that the frontend's hand-offs between batches, slow on a contended host, leave the worker busy);
 - a 200 ms batch delay with one user -> batch-delay-bound;
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.torchserve
 CASES: dict[str, dict[str, Any]] = {
     "preprocess-bound": {"variant": {"preprocessSleepMs": 150},
                          "server": {"batchSize": 1, "maxBatchDelayMs": 1}, "users": 4},
-    "compute-bound": {"variant": {"inferenceBurn": 256, "burnRounds": 6},
+    "compute-bound": {"variant": {"inferenceBurn": 256, "burnRounds": 12},
                       "server": {"batchSize": 4, "maxBatchDelayMs": 5}, "users": 8},
     "queue-bound": {"variant": {"inferenceSleepMs": 150, "skipModel": True},
                     "server": {"batchSize": 1, "maxBatchDelayMs": 1}, "users": 8},

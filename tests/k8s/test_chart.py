@@ -306,7 +306,7 @@ def test_install_creates_the_operator_and_serves_the_crd(cluster: Cluster, insta
         ("Role", f"{OPERATOR}-leader-election"), ("RoleBinding", f"{OPERATOR}-leader-election"),
         ("Service", OPERATOR), ("ConfigMap", f"{RELEASE}-dashboard-torchserve"),
         ("ConfigMap", f"{RELEASE}-dashboard-gpu"), ("ConfigMap", f"{RELEASE}-dashboard-experiments"),
-        ("ConfigMap", f"{RELEASE}-dashboard-triton"),
+        ("ConfigMap", f"{RELEASE}-dashboard-triton"), ("ConfigMap", f"{RELEASE}-dashboard-litserve"),
     }  # fmt: skip
     deployment = cluster.kubectl.get("deployment", OPERATOR, "-n", ns)
     assert deployment["status"].get("readyReplicas") == 1, deployment["status"]

@@ -185,7 +185,7 @@ def print_sweep(document: SweepResults) -> None:
         found.append("no configuration met the objective")
     found.append(f"Pareto front: {len(document.front)} points")
     found.append(f"stopped: {document.stop_reason or 'not finished'}")
-    stdout.print("; ".join(found), highlight=False)
+    stdout.print("; ".join(found), highlight=False, soft_wrap=True)  # no line breaks inside a finding
 
 
 def winner_sentence(document: SweepResults) -> str:
