@@ -195,8 +195,6 @@ def test_open_loop_run_with_peak_search_ceiling_and_report(
     assert [level["rateRps"] for level in sweep] == [40]
     assert sweep[0]["openLoop"]["sentRps"] == pytest.approx(40, rel=0.35)  # 3 s of Poisson arrivals
     assert sweep[0]["throughputRps"] > 0 and "concurrency" not in sweep[0]
-    # the search starts at minRps and doubles: 40, 80, 160 (three probes allowed)
-    assert [probe["rateRps"] for probe in probes][:2] == [40, 80] and len(probes) == 3
     # the peak is the highest probe that met the SLO cleanly (which ones do depends on this machine:
     # 80 rps may miss, and the third probe then bisects to 56.6); the first failure above it is named
     peak = results["peakRate"]
@@ -204,16 +202,25 @@ def test_open_loop_run_with_peak_search_ceiling_and_report(
     def clean(probe: dict[str, Any]) -> bool:
         return probe["errors"] == 0 and probe["latencyMs"]["p99"] <= 2000 and not probe["generator"]["saturated"]
 
-    passed = [probe["rateRps"] for probe in probes if clean(probe)]
-    failed_above = [probe["rateRps"] for probe in probes if not clean(probe) and probe["rateRps"] > max(passed)]
-    assert peak["probes"] == 3 and peak["rateRps"] == pytest.approx(max(passed), abs=1e-3)
-    assert peak.get("firstFailingRps") == (pytest.approx(min(failed_above), abs=1e-3) if failed_above else None)
+    rates = [probe["rateRps"] for probe in probes]
+    if not clean(probes[0]):
+        # a busy host can make even 40 rps late (the generator's own verdict): the search says so and stops
+        assert rates == [40] and peak["firstFailingRps"] == 40 and peak.get("rateRps") is None, peak
+        assert peak["note"] == "even minRps misses the SLO"
+    else:
+        # the search starts at minRps and doubles: 40, 80, 160 (three probes allowed)
+        assert rates[:2] == [40, 80] and len(probes) == 3
+        passed = [probe["rateRps"] for probe in probes if clean(probe)]
+        failed_above = [probe["rateRps"] for probe in probes if not clean(probe) and probe["rateRps"] > max(passed)]
+        assert peak["probes"] == 3 and peak["rateRps"] == pytest.approx(max(passed), abs=1e-3)
+        assert peak.get("firstFailingRps") == (pytest.approx(min(failed_above), abs=1e-3) if failed_above else None)
     ceiling = results["ceiling"]
     assert ceiling["flopsPerInference"] == 3_244_672 and ceiling["rawAtFormedBatchRps"] > 0
     assert ceiling["servedOverRaw"] == pytest.approx(ceiling["servedRps"] / ceiling["rawAtFormedBatchRps"], rel=1e-3)
-    assert "peak rate within the SLO" in run.stdout and "ceiling:" in run.stdout
+    said = "peak rate within the SLO" if peak.get("rateRps") is not None else "peak rate: none found"
+    assert said in run.stdout and "ceiling:" in run.stdout
 
     report = subprocess.run([*servinglab_cmd, "report", str(output)], capture_output=True, text=True, check=False)
     assert report.returncode == 0, report.stderr
     page = (tmp_path / "open" / "index.html").read_text()
-    assert "Peak rate within the SLO" in page and "40 rps" in page
+    assert "Peak rate within the SLO" in page and "40 rps" in page  # the open-loop level's rate at least

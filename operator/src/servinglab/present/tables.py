@@ -69,11 +69,12 @@ def print_results(document: ExperimentResults) -> None:
         warnings += [f"level {level.label}: {reason}" for reason in why]
         table.add_row(*row)
     stdout.print(table)
+    # soft wraps only: a line is never broken inside a finding, whatever the width (a pipe's is 160)
     for warning in warnings:
-        stdout.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        stdout.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     for line in verdict_lines(document):
-        stdout.print(line, highlight=False, markup=False)
-    stdout.print("; ".join(notes(document)), highlight=False)
+        stdout.print(line, highlight=False, markup=False, soft_wrap=True)
+    stdout.print("; ".join(notes(document)), highlight=False, soft_wrap=True)
 
 
 def verdict_lines(document: ExperimentResults) -> list[str]:

@@ -124,7 +124,7 @@ class LocalTriton:
                 state, reason = self.model_state()
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 state, reason = "", str(exc)
-            if state == "READY":
+            if state == "READY" and self._metrics_up():
                 return time.monotonic() - since
             if state == "UNAVAILABLE" and reason:
                 raise ServerError(
@@ -134,6 +134,15 @@ class LocalTriton:
             last = f"model {state or 'not listed'}" + (f" ({reason})" if reason else "")
             time.sleep(0.25)
         raise ServerError(f"Triton was not ready within {timeout_seconds:.0f} s ({last}); log in {self.workdir / _LOG}")
+
+    def _metrics_up(self) -> bool:
+        """Whether the metrics port answers: Triton starts it after the model can be READY, and a window's
+        first read must not find it closed."""
+        try:
+            self.metrics_text()
+        except (urllib.error.URLError, OSError):
+            return False
+        return True
 
     def model_state(self) -> tuple[str, str]:
         """(state, reason) of the model in the repository index: LOADING, READY, UNAVAILABLE, ..."""
