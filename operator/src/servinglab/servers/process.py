@@ -15,6 +15,7 @@ import socket
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -95,6 +96,11 @@ def stop_group(process: subprocess.Popen[bytes], grace_seconds: float = 15.0) ->
         with contextlib.suppress(psutil.Error):
             proc.kill()
     psutil.wait_procs(descendants, timeout=5)
+
+
+def tail_of(log: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a server's log ("" while there is none), for an error message."""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
 
 
 def descendants_running(process: subprocess.Popen[bytes] | None, marker: str) -> list[int]:

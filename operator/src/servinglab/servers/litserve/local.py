@@ -25,7 +25,7 @@ from servinglab.servers.base import RuntimeNotes, ServerError
 from servinglab.servers.litserve.config import API_PATH, METRICS_DIR_ENV, SCRIPT, render_script
 from servinglab.servers.litserve.metrics import effective as reported_settings
 from servinglab.servers.litserve.metrics import parse
-from servinglab.servers.process import descendants_running, free_ports, post, stop_group, visible_gpus
+from servinglab.servers.process import descendants_running, free_ports, post, stop_group, tail_of, visible_gpus
 
 #: What a worker's handler says of how it runs (a line each in the server's log).
 PRECISION_NOTE, WARMUP_NOTE = "servinglab precision:", "servinglab warm-up:"
@@ -120,7 +120,7 @@ class LocalLitServe:
             raise ServerError(f"LitServe exited with code {code}; log: {self.log}\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 20) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+        return tail_of(self.log, lines)
 
     def stop(self) -> None:
         """Terminate the process group, then kill any survivor; idempotent."""

@@ -38,7 +38,7 @@ from servinglab import lifeline
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import DataPathRun, EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
-from servinglab.servers.process import descendants_running, free_ports, post, visible_gpus
+from servinglab.servers.process import descendants_running, free_ports, post, tail_of, visible_gpus
 from servinglab.servers.torchserve.config import (
     Addresses,
     config_properties,
@@ -280,11 +280,7 @@ class LocalTorchServe:
 
     def log_tail(self, lines: int = 20) -> str:
         log = self.workdir / "logs" / "ts_log.log"
-        if not log.exists():
-            log = self.workdir / "logs" / "launcher.log"
-        if not log.exists():
-            return ""
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        return tail_of(log if log.exists() else self.workdir / "logs" / "launcher.log", lines)
 
     def stop(self) -> None:
         """End TorchServe's process group (SIGTERM, SIGKILL after STOP_GRACE_SECONDS), then kill any

@@ -26,7 +26,7 @@ from typing import Any
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings, Warmup
 from servinglab.servers.base import RuntimeNotes, ServerError
-from servinglab.servers.process import descendants_running, free_ports, stop_group, visible_gpus
+from servinglab.servers.process import descendants_running, free_ports, stop_group, tail_of, visible_gpus
 from servinglab.servers.triton.config import AppliedConfig, read_applied, render_config
 from servinglab.servers.triton.env import TritonEnvMissing, find_env
 from servinglab.servers.triton.repository import CONFIG_FILE
@@ -163,8 +163,7 @@ class LocalTriton:
         return descendants_running(self.process, "triton_python_backend_stub")
 
     def log_tail(self, lines: int = 20) -> str:
-        log = self.workdir / _LOG
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+        return tail_of(self.workdir / _LOG, lines)
 
     def stop(self, grace_seconds: float = 15.0) -> None:
         """Terminate the process group (tritonserver and its stubs), then kill any survivor; idempotent."""

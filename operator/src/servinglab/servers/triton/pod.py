@@ -16,7 +16,8 @@ emptyDir bounded.
 from __future__ import annotations
 
 from servinglab.api import ExperimentSpec
-from servinglab.servers.base import MODEL_INIT, Manifest, PodInputs, PodPlan, restricted, size_limit
+from servinglab.servers.base import Manifest, PodInputs, PodPlan, restricted, size_limit
+from servinglab.servers.podparts import model_init_containers
 from servinglab.servers.triton.config import render_config
 from servinglab.servers.triton.repository import CONFIG_FILE
 from servinglab.servers.triton.wire import MODEL_LOAD_FAILED
@@ -25,7 +26,6 @@ INFERENCE_PORT = 8000
 METRICS_PORT = 8002
 REPOSITORY = "/models"
 CONFIG_DIR = "/etc/triton"
-MODEL_CACHE_DIR = "/model-cache"
 #: The launcher's copy of Triton's output, read when Triton ends (on the /tmp emptyDir).
 SERVER_LOG = "/tmp/tritonserver.log"
 #: uid of the servinglab images' user
@@ -42,33 +42,6 @@ SHM_BYTES = 2 * _GI
 
 def config_pbtxt(spec: ExperimentSpec) -> str:
     return render_config(spec.model.name, spec.server, spec.server.gpus, spec.load)
-
-
-def model_init_container(spec: ExperimentSpec, inputs: PodInputs) -> Manifest:
-    """The init container that lays the model's repository entry out and puts the config beside it."""
-    model = spec.model.name
-    cached = inputs.model_cache_claim is not None
-    mounts: list[Manifest] = [
-        {"name": "models", "mountPath": REPOSITORY},
-        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-        {"name": "tmp", "mountPath": "/tmp"},
-    ]
-    if cached:
-        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
-    builds = f"{MODEL_CACHE_DIR if cached else '/tmp/model-cache'}/builtin"
-    script = (
-        f"servinglab build-model {model} --build-dir {builds} --into {REPOSITORY}/{model} --server triton --quiet"
-        " --termination-log /dev/termination-log\n"
-        f"cp {CONFIG_DIR}/{CONFIG_FILE} {REPOSITORY}/{model}/{CONFIG_FILE}\n"
-    )
-    return {
-        "name": MODEL_INIT,
-        "image": inputs.servinglab_image,
-        "command": ["sh", "-ec"],
-        "args": [script],
-        "volumeMounts": mounts,
-        "securityContext": restricted(),
-    }
 
 
 def server_launcher(model: str, log: str = SERVER_LOG, termination_log: str = "/dev/termination-log") -> str:
@@ -129,7 +102,7 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
         },  # fmt: skip
         "resources": resources,
         "volumeMounts": [
-            {"name": "models", "mountPath": REPOSITORY, "readOnly": True},
+            {"name": "model-store", "mountPath": REPOSITORY, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "shm", "mountPath": "/dev/shm"},
         ],
@@ -140,7 +113,7 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
 def plan(spec: ExperimentSpec, inputs: PodInputs, image: str, resources: Manifest) -> PodPlan:
     volumes: list[Manifest] = [
         {"name": "config", "configMap": {"name": inputs.config_map}},
-        {"name": "models", "emptyDir": {"sizeLimit": size_limit(2 * MODEL_BYTES)}},
+        {"name": "model-store", "emptyDir": {"sizeLimit": size_limit(2 * MODEL_BYTES)}},
         {"name": "tmp", "emptyDir": {"sizeLimit": size_limit(TMP_BYTES + MODEL_BYTES)}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": size_limit(SHM_BYTES)}},
     ]
@@ -149,7 +122,14 @@ def plan(spec: ExperimentSpec, inputs: PodInputs, image: str, resources: Manifes
     return PodPlan(
         config_files={CONFIG_FILE: config_pbtxt(spec)},
         config_dir=CONFIG_DIR,
-        init_containers=[model_init_container(spec, inputs)],
+        # the shared model init container (built-ins only on Triton), which drops config.pbtxt beside the model
+        init_containers=model_init_containers(
+            spec,
+            inputs,
+            REPOSITORY,
+            CONFIG_DIR,
+            then=f"cp {CONFIG_DIR}/{CONFIG_FILE} {REPOSITORY}/{spec.model.name}/{CONFIG_FILE}\n",
+        ),
         containers=[server_container(spec, image, resources)],
         volumes=volumes,
         run_as_user=TRITON_UID,
