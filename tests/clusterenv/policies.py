@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,22 +30,39 @@ def _binding(kind: str, name: str, namespace: str, **spec: Any) -> dict[str, Any
 
 
 @contextmanager
-def _installed(cluster: Cluster, kind: str, policy: dict[str, Any], binding: dict[str, Any]) -> Iterator[None]:
+def _installed(
+    cluster: Cluster, kind: str, policy: dict[str, Any], binding: dict[str, Any]
+) -> Iterator[Callable[[], None]]:
+    """The policy in force; yields `lift()`, which removes it early and waits until admission has let go of
+    it (it is removed on exit in any case)."""
     name = policy["metadata"]["name"]
     cluster.kubectl.apply(policy, binding)
     time.sleep(SETTLE_SECONDS)
-    try:
-        yield
-    finally:
+    lifted = False
+
+    def remove() -> None:
         cluster.kubectl.run("delete", f"{kind.lower()}binding", name, "--ignore-not-found", check=False)
         cluster.kubectl.run("delete", kind.lower(), name, "--ignore-not-found", check=False)
+
+    def lift() -> None:
+        nonlocal lifted
+        remove()
+        lifted = True
+        time.sleep(SETTLE_SECONDS)
+
+    try:
+        yield lift
+    finally:
+        if not lifted:
+            remove()
 
 
 @contextmanager
 def refusing(
     cluster: Cluster, namespace: str, rules: list[dict[str, Any]], allow_when: str, message: str
-) -> Iterator[None]:
-    """Requests matching `rules` in `namespace` are refused with `message` unless the CEL `allow_when` holds."""
+) -> Iterator[Callable[[], None]]:
+    """Requests matching `rules` in `namespace` are refused with `message` unless the CEL `allow_when` holds;
+    yields `lift()`, which ends the refusal early."""
     name = f"refuse-{uuid.uuid4().hex[:6]}"
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -58,8 +75,8 @@ def refusing(
         },
     }
     binding = _binding("ValidatingAdmissionPolicy", name, namespace, validationActions=["Deny"])
-    with _installed(cluster, "ValidatingAdmissionPolicy", policy, binding):
-        yield
+    with _installed(cluster, "ValidatingAdmissionPolicy", policy, binding) as lift:
+        yield lift
 
 
 @contextmanager

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +26,7 @@ from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.operatorproc import Operator
+from clusterenv.policies import refusing
 from servinglab.k8s.sink import decode_results
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
@@ -82,39 +82,8 @@ def refused(
 ) -> Iterator[Callable[[], None]]:
     """Requests matching `rules` in `namespace` are refused by the API server unless the CEL expression
     `allow_when` holds; yields `lift()`, which ends the refusal (also done on exit)."""
-    name = f"refuse-{uuid.uuid4().hex[:6]}"
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": rules},
-            "validations": [{"expression": allow_when, "message": "refused by the fault test"}],
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
-        },
-    }
-    cluster.kubectl.apply(policy, binding)
-    time.sleep(3)  # the API server's admission picks policies up from an informer
-
-    def lift() -> None:
-        cluster.kubectl.run("delete", "validatingadmissionpolicybinding", name, "--ignore-not-found", check=False)
-        cluster.kubectl.run("delete", "validatingadmissionpolicy", name, "--ignore-not-found", check=False)
-        time.sleep(3)
-
-    try:
+    with refusing(cluster, namespace, rules, allow_when, "refused by the fault test") as lift:
         yield lift
-    finally:
-        lift()
 
 
 def finalizers(cluster: Cluster, namespace: str, name: str) -> list[str]:
