@@ -687,7 +687,11 @@ def test_every_dashboard_query_returns_data_from_a_real_run(
 
     queries = [(title, grafana_expression(expression)) for title, expression in panel_queries(dashboard)]
     missing = [f"{title}: {query}" for title, query in queries if not eventually(partial(returns_data, query))]
-    assert not missing, "no data:\n" + "\n".join(missing)
+    if missing:  # what the operator exports now, and what the sweep's status holds, to tell why
+        exported = prometheus.series('{__name__=~"servinglab_.+"}')
+        sweep = cluster.kubectl.get("servingsweep", "chart-sweep", "-n", installed.namespace).get("status") or {}
+        held = {key: sweep.get(key) for key in ("best", "front", "counts", "conditions")}
+        pytest.fail(f"no data:\n{chr(10).join(missing)}\nseries: {exported}\nsweep: {held}\n{operator_log(installed)}")
 
 
 def eventually(check: Callable[[], bool], seconds: float = 20) -> bool:

@@ -314,6 +314,31 @@ def test_a_reapplied_experiment_never_reads_its_predecessors_job_or_results(
     assert decode_results(head, lambda name: None)["experimentUid"] == new_uid
 
 
+# -- 6. refusals that pass -----------------------------------------------------------------------------------
+
+
+def test_server_pods_refused_for_a_moment_start_once_the_refusal_passes(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    # as in a namespace created a moment before its experiment, whose default ServiceAccount is not made
+    # yet: the ReplicaSet retries its pods, and the experiment waits for it within startGraceSeconds
+    kubelet_factory()
+    creates = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]
+    with refused(cluster, namespace, creates) as lift:
+        cluster.kubectl.apply(experiment("late"), namespace=namespace)
+
+        def refusing() -> bool:
+            deployment = get(cluster, namespace, "deployment", "late-server") or {}
+            conditions = deployment.get("status", {}).get("conditions", [])
+            return any(c["type"] == "ReplicaFailure" and c["status"] == "True" for c in conditions)
+
+        cluster.kubectl.wait_for(refusing, 60, "the server's pods refused")
+        time.sleep(3)  # several passes see the refusal
+        lift()
+    body = wait_finished(cluster, namespace, "late", operator.log)
+    assert condition(body, "Succeeded")["status"] == "True", (body["status"], operator.log()[-3000:])
+
+
 # -- 7. calls that never return ------------------------------------------------------------------------------
 
 

@@ -103,11 +103,15 @@ def test_a_server_whose_node_is_gone_or_not_ready_is_lost() -> None:
 
 
 def test_pods_the_api_refuses_to_create_and_a_missing_payload_claim() -> None:
-    deployment = {"status": {"conditions": [{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
-                  "message": 'pods "x-server-1" is forbidden: exceeded quota: q'}]}}  # fmt: skip
-    assert diagnose.refused_pods(deployment) == 'the server\'s pods are refused: pods "x-server-1" is forbidden: ' \
-        "exceeded quota: q"  # fmt: skip
-    assert diagnose.refused_pods({"status": {"conditions": [{"type": "Available", "status": "False"}]}}) is None
+    refused = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "lastTransitionTime": CREATED,
+               "message": 'pods "x-server-1" is forbidden: exceeded quota: q'}  # fmt: skip
+    deployment = {"status": {"conditions": [refused]}}
+    assert diagnose.refused_pods(deployment, 30, NOW) == 'the server\'s pods are refused: pods "x-server-1" is ' \
+        "forbidden: exceeded quota: q"  # fmt: skip
+    # a refusal younger than the grace may pass on its own (the ServiceAccount of a namespace made a moment ago)
+    assert diagnose.refused_pods(deployment, 120, NOW) is None
+    available = {"status": {"conditions": [{"type": "Available", "status": "False"}]}}
+    assert diagnose.refused_pods(available, 30, NOW) is None
     spec = parse_experiment({
         "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": "x"},
         "spec": {"model": {"name": "tiny"}, "load": {"payload": {"files": ["a.jpg"],

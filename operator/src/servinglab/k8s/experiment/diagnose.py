@@ -257,10 +257,15 @@ def lost_node(pods: list[Manifest], nodes: dict[str, Manifest | None]) -> Failur
     return None
 
 
-def refused_pods(deployment: Manifest) -> str | None:
-    """Why the server's pods cannot be created (a quota, an admission policy), as the Deployment says."""
+def refused_pods(deployment: Manifest, grace_seconds: float, now: float) -> str | None:
+    """Why the server's pods cannot be created (a quota, an admission policy), as the Deployment says, once
+    the refusal has lasted `grace_seconds`: some pass on their own (a namespace's default ServiceAccount
+    not made yet, a quota not counted yet, a webhook restarting) and the ReplicaSet retries them."""
     for condition in deployment.get("status", {}).get("conditions", []):
         if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
+            since = condition.get("lastTransitionTime")
+            if since is None or now - epoch(since) <= grace_seconds:
+                return None
             return f"the server's pods are refused: {condition.get('message') or condition.get('reason')}"
     return None
 

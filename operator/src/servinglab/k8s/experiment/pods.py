@@ -39,14 +39,10 @@ async def _nodes(experiment: Experiment, pods: list[Manifest]) -> dict[str, Mani
 async def server_failure(experiment: Experiment, pods: list[Manifest], deployment: Manifest | None) -> Failure | None:
     """Why the server will not serve, that no wait can change: its pods refused, evicted, killed for memory,
     unable to start, or their node gone. None while it may still come up (or while it serves)."""
-    if deployment is not None and (refused := diagnose.refused_pods(deployment)) is not None:
+    grace, now = experiment.settings.start_grace_seconds, time.time()
+    if deployment is not None and (refused := diagnose.refused_pods(deployment, grace, now)) is not None:
         return "Rejected", refused
-    grace = experiment.settings.start_grace_seconds
-    found = (
-        diagnose.evicted(pods)
-        or diagnose.out_of_memory(pods)
-        or diagnose.start_failure(pods, "server", grace, time.time())
-    )
+    found = diagnose.evicted(pods) or diagnose.out_of_memory(pods) or diagnose.start_failure(pods, "server", grace, now)
     if found is not None:
         return found
     return diagnose.lost_node(pods, await _nodes(experiment, pods))
