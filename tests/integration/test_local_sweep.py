@@ -67,20 +67,24 @@ def test_search_and_grid_agree_on_the_best_or_say_they_cannot_tell_and_trials_ar
     grid, search = documents["grid"], documents["search"]
     assert grid["counts"]["run"] == 8 and grid["stopReason"] == "every configuration was tried"
     assert search["counts"]["run"] < 8
-    assert grid["best"]["config"]["batchSize"] == search["best"]["config"]["batchSize"] == 16
-    # Both named their winner after measuring their best four again in alternation: they agree, or one of
-    # them says its winner cannot be told from the other's (a tie), never two confident, different answers.
+    # Both named their winner after measuring their best four again in alternation: batch 16, or a tie that
+    # holds a batch-16 configuration (a tie names the cheapest, and a busy host's +-5x noise can tie batch 1
+    # in); they agree, or one of them says its winner cannot be told from the other's, never two confident,
+    # different answers.
     for document in (grid, search):
         assert document["best"]["confidence"] in ("Confirmed", "Tie") and document["confirmation"]["rounds"] == 2
         assert document["best"]["lowRps"] <= document["best"]["capacityRps"] <= document["best"]["highRps"]
+        pick, tie = named(document)
+        assert 16 in {json.loads(config)["batchSize"] for config in tie}, document["confirmation"]
+        assert document["best"]["confidence"] == "Tie" or json.loads(pick)["batchSize"] == 16, document["best"]
     (grid_pick, grid_tie), (search_pick, search_tie) = named(grid), named(search)
     assert grid_pick == search_pick or search_pick in grid_tie or grid_pick in search_tie, (grid, search)
     confirmations = sorted((tmp_path / "grid" / "confirm").glob("*.json"))
     assert len(confirmations) == 8 and all(json.loads(p.read_text())["reconfigured"] for p in confirmations)
-    # the search's choice, as the grid measured it, beats every batch-1 configuration there
-    by_config = {json.dumps(t["config"], sort_keys=True): t.get("capacityRps") or 0 for t in grid["trials"]}
-    chosen = by_config[json.dumps(search["best"]["config"], sort_keys=True)]
-    assert chosen > max(t.get("capacityRps") or 0 for t in grid["trials"] if t["config"]["batchSize"] == 1)
+    # batching is what matters here: the grid's best batch-16 configuration beats every batch-1 one
+    measured = {size: [t.get("capacityRps") or 0 for t in grid["trials"] if t["config"]["batchSize"] == size]
+                for size in (1, 16)}  # fmt: skip
+    assert max(measured[16]) > max(measured[1]), measured
 
     trials = {path.stem: json.loads(path.read_text()) for path in (tmp_path / "grid" / "trials").glob("*.json")}
     ordered = sorted(trials.values(), key=lambda t: t["order"])
