@@ -11,6 +11,7 @@ import json
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,25 @@ def test_a_third_one_gpu_experiment_waits_in_the_queue_then_succeeds(
     assert watch.most <= 2, f"{watch.most} servers were scheduled at once on two GPUs"
 
 
+def assert_exported(cluster: Cluster, operator: Operator, name: str, status: dict[str, Any]) -> None:
+    """The dashboards' sweep panels: the operator's metrics show the best and the front its status holds
+    (the pass that finishes a sweep writes both: kopf once cancelled it between the two)."""
+
+    def exported() -> dict[str, list[float]]:
+        with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
+            lines = response.read().decode().splitlines()
+        found: dict[str, list[float]] = {}
+        for line in lines:
+            if not line.startswith("#") and f'sweep="{name}"' in line:
+                found.setdefault(line.split("{", 1)[0], []).append(float(line.rsplit(" ", 1)[1]))
+        return found
+
+    best = "servinglab_sweep_best_capacity_rps"
+    cluster.kubectl.wait_for(lambda: best in exported(), 10, f"the best of {name} exported")
+    assert exported()[best] == [pytest.approx(status["best"]["capacityRps"])]
+    assert len(exported()["servinglab_sweep_front_throughput_rps"]) == len(status["front"])
+
+
 def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
     cluster: Cluster,
     namespace: str,
@@ -167,6 +187,7 @@ def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
         **best["config"]
     )
     assert status["front"] and {p["trial"] for p in status["front"]} <= {t["metadata"]["name"] for t in trials}
+    assert_exported(cluster, operator, "sweep-e2e", status)
 
     printed = cluster.kubectl.run("get", "servingsweeps", "-n", namespace).stdout
     assert "sweep-e2e" in printed and "Succeeded" in printed and status["summary"]["bestConfig"] in printed

@@ -36,6 +36,10 @@ from servinglab.k8s.sweep.reconcile import reconcile_sweep
 LOG = logging.getLogger("servinglab.operator")
 #: A queued experiment is woken by any change of the GPU queue's caches; this is only a backstop.
 QUEUED_POLL_SECONDS = 15.0
+#: How long a daemon told to stop (its object finished, the operator exiting) may finish its pass before kopf
+#: cancels it. Without it kopf cancels at once: a pass's own status write, which makes its filter false,
+#: cancelled that pass at its next await, before the pass's metric series were published.
+STOP_GRACE_SECONDS = 10.0
 
 
 def run_operator(namespaces: list[str], all_namespaces: bool, liveness: str) -> None:
@@ -176,7 +180,9 @@ async def _drive(
             await stopped.wait(memo.settings.poll_seconds)
 
 
-@kopf.daemon(API_GROUP, API_VERSION, PLURAL, cancellation_timeout=5.0, when=_running)
+@kopf.daemon(
+    API_GROUP, API_VERSION, PLURAL, cancellation_backoff=STOP_GRACE_SECONDS, cancellation_timeout=5.0, when=_running
+)
 async def drive(
     name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
@@ -200,7 +206,14 @@ async def drive(
         await _drive(ref, step, memo, stopped, logger, queued=lambda: queued, give_up=end)
 
 
-@kopf.daemon(API_GROUP, API_VERSION, SWEEP_PLURAL, cancellation_timeout=5.0, when=_sweep_running)
+@kopf.daemon(
+    API_GROUP,
+    API_VERSION,
+    SWEEP_PLURAL,
+    cancellation_backoff=STOP_GRACE_SECONDS,
+    cancellation_timeout=5.0,
+    when=_sweep_running,
+)
 async def drive_sweep(
     name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
