@@ -95,8 +95,10 @@ def test_batch_1024_run_measures_the_ceiling_at_the_formed_batch_and_warms_up_wh
     assert 0 < results["warmupSeconds"] < results["coldStartSeconds"]
     figures = results["ceiling"]
     served = max(results["results"], key=lambda level: level["throughputRps"])
-    formed = served["server"]["meanBatchSize"]
-    assert formed <= 8 and figures["formedBatchSizeMean"] == formed
+    formed, batches = served["server"]["meanBatchSize"], served["server"]["batches"]
+    # at most 8 in flight; the two counters (batches, requests batched) are sampled while batches are being
+    # recorded, so each end of the window can hold one batch's requests without its count
+    assert formed <= 8 + 2 * 8 / batches and figures["formedBatchSizeMean"] == formed
     assert figures["rawBatchSize"] == max(1, round(formed))
     at_formed = next(row for row in figures["rawTable"] if row["batchSize"] == figures["rawBatchSize"])
     assert figures["rawAtFormedBatchRps"] == at_formed["throughputRps"] > 0
