@@ -42,7 +42,8 @@ def test_a_litserve_experiment_succeeds_with_the_settings_its_workers_report(
     assert [level["concurrency"] for level in status["results"]] == [1, 4]
     for level in status["results"]:
         assert level["errors"] == 0 and level["throughputRps"] > 0
-        assert level["server"]["meanBatchSize"] >= 1 and level["server"]["queueMsMean"] is not None
+        # (a mean read from counters sampled mid-batch: one user can show 0.99)
+        assert level["server"]["meanBatchSize"] > 0 and level["server"]["queueMsMean"] is not None
     assert status["model"]["source"] == "built-in:tiny" and status["coldStartSeconds"] > 0
 
     # the pod was LitServe's: its container, its readiness (every worker set up), in a restricted namespace

@@ -48,7 +48,7 @@ def test_a_triton_experiment_succeeds_with_triton_s_breakdown_and_its_dashboard_
     for level in levels:
         assert level["errors"] == 0 and level["requests"] > 0
         assert level["server"]["serverRequests"] >= level["requests"]  # Triton's own count, through the Service
-        assert level["server"]["meanBatchSize"] >= 1
+        assert level["server"]["meanBatchSize"] > 0  # counters sampled mid-batch: one user can show 0.99
 
     # every query of the chart's Triton dashboard has data from this run (Prometheus scraped the pod)
     _, prometheus = monitoring
