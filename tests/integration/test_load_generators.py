@@ -163,13 +163,16 @@ def test_a_generator_sharing_its_core_is_judged_by_the_cpu_it_wanted(slow_endpoi
     # Sharing its core, a starved closed loop gets about half of it, and its send gaps stay short (a
     # user sends again the moment it reads its answer): by CPU time alone it would pass for a
     # generator with time to spare. The time it waited for the core counts too. A calm generator,
-    # idle most of the time, waits little and is not flagged.
+    # idle most of the time, waits little and is not flagged for its CPU (on a host busy beyond this
+    # core its sends can still be late: beside the cluster tests one showed a 36 ms gap, and says so).
     with a_busy_core() as core:
         calm = measure(slow_endpoint, "closed", 4, 4, "--cpu", str(core))
         starved = measure(slow_endpoint, "closed", 4, 4, "--starve", "--cpu", str(core))
     assert starved["generator"]["saturated"] is True, starved["generator"]
     assert "generator CPU" in starved["generator"]["reason"], starved["generator"]
-    assert calm["generator"]["saturated"] is False, calm["generator"]
+    calm_reason = calm["generator"].get("reason", "")
+    assert "generator CPU" not in calm_reason, calm["generator"]
+    assert calm["generator"]["saturated"] is False or "send gap" in calm_reason, calm["generator"]
 
 
 @pytest.mark.parametrize(("mode", "level"), [("closed", 8), ("open", 60)])
