@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from clusterenv.controlplane import Cluster
@@ -69,3 +70,8 @@ class Operator:
 
     def log(self) -> str:
         return (self.workdir / "operator.log").read_text(errors="replace")[-5000:]
+
+    def exported(self) -> str:
+        """What its metrics endpoint shows now (Prometheus' text format)."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            return str(response.read().decode())

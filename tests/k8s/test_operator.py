@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -140,8 +139,7 @@ def assert_reported_everywhere(cluster: Cluster, namespace: str, status: dict[st
     assert {"Deploying", "ServerReady", "LoadTestStarted", "Succeeded"} <= set(reasons), reasons
 
     # The operator exports the finished experiment's figures for dashboards.
-    with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
-        exported = response.read().decode()
+    exported = operator.exported()
     best = summary["bestThroughputRps"]
     assert any(
         line.startswith("servinglab_experiment_best_throughput_rps{")

@@ -327,12 +327,12 @@ def test_server_pods_refused_for_a_moment_start_once_the_refusal_passes(
     with refused(cluster, namespace, creates) as lift:
         cluster.kubectl.apply(experiment("late"), namespace=namespace)
 
-        def refusing() -> bool:
+        def pods_refused() -> bool:
             deployment = get(cluster, namespace, "deployment", "late-server") or {}
             conditions = deployment.get("status", {}).get("conditions", [])
             return any(c["type"] == "ReplicaFailure" and c["status"] == "True" for c in conditions)
 
-        cluster.kubectl.wait_for(refusing, 60, "the server's pods refused")
+        cluster.kubectl.wait_for(pods_refused, 60, "the server's pods refused")
         time.sleep(3)  # several passes see the refusal
         lift()
     body = wait_finished(cluster, namespace, "late", operator.log)

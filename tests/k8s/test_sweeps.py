@@ -11,7 +11,6 @@ import json
 import subprocess
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,10 +124,8 @@ def assert_exported(cluster: Cluster, operator: Operator, name: str, status: dic
     (the pass that finishes a sweep writes both: kopf once cancelled it between the two)."""
 
     def exported() -> dict[str, list[float]]:
-        with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
-            lines = response.read().decode().splitlines()
         found: dict[str, list[float]] = {}
-        for line in lines:
+        for line in operator.exported().splitlines():
             if not line.startswith("#") and f'sweep="{name}"' in line:
                 found.setdefault(line.split("{", 1)[0], []).append(float(line.rsplit(" ", 1)[1]))
         return found
