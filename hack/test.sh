@@ -70,7 +70,7 @@ wait "$images" || say "the background image build failed (see $logs/images.log);
 if ((${#failed[@]})); then
   # what failed, from both sessions, last: CI shows the end of this output
   for name in local k8s; do
-    grep -E '^(FAILED|ERROR) ' "$logs/$name.log" 2>/dev/null | cut -c1-400 | sed "s/^/[$name] /"
+    grep -E '^(FAILED|ERROR|WHY) ' "$logs/$name.log" 2>/dev/null | cut -c1-800 | sed "s/^/[$name] /"
   done
   say "FAILED: ${failed[*]}"
   exit 1

@@ -29,6 +29,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Each failure's first line whole, as `WHY <test>: <line>`: pytest's own summary cuts it to the
+    terminal's width, and a CI log's tail (hack/test.sh repeats these lines last) is all some readers get."""
+    for report in [*terminalreporter.stats.get("failed", []), *terminalreporter.stats.get("error", [])]:
+        message = str(getattr(getattr(report.longrepr, "reprcrash", None), "message", "") or report.longrepr)
+        terminalreporter.write_line(f"WHY {report.nodeid}: {message.strip().splitlines()[0][:700]}")
+
+
 @pytest.fixture(scope="session")
 def servinglab_cmd() -> list[str]:
     """How tests invoke the real command line (the console script of this environment)."""

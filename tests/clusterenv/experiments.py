@@ -40,8 +40,10 @@ def experiment(name: str, prometheus_url: str | None = None, **server: Any) -> d
 def wait_finished(
     cluster: Cluster, namespace: str, name: str, operator_log: Callable[[], str], timeout: float = 240
 ) -> dict[str, Any]:
-    """Wait until the experiment is Succeeded or Failed; return it. On timeout fail with the operator's log."""
+    """Wait until the experiment is Succeeded or Failed; return it. On timeout fail with its conditions and
+    the operator's log."""
     deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
     while time.monotonic() < deadline:
         found = cluster.kubectl.run("get", "sx", name, "-n", namespace, "-o", "json", check=False)
         if found.returncode != 0:  # not applied yet
@@ -52,7 +54,11 @@ def wait_finished(
         if any(conditions.get(kind, {}).get("status") == "True" for kind in ("Succeeded", "Failed")):
             return body
         time.sleep(1)
-    pytest.fail(f"{name} did not finish in {timeout} s; operator log:\n{operator_log()}")
+    said = " | ".join(f"{c['type']}={c['status']} {c.get('reason', '')}: {c.get('message', '')}"
+                      for c in body.get("status", {}).get("conditions", []))  # fmt: skip
+    # the first line is what a test summary shows: where the experiment waits and why
+    pytest.fail(f"{name} did not finish in {timeout} s; its conditions: {said or '(none)'}\n"
+                f"operator log:\n{operator_log()}")  # fmt: skip
 
 
 def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:

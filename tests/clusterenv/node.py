@@ -4,7 +4,8 @@ Pods scheduled onto it run as real containers from the images `hack/images.sh` b
 containerd; nothing is pulled): probes, init containers, emptyDirs, ConfigMap, Secret and projected
 service-account volumes, security contexts, Services (kube-proxy, iptables) and cluster DNS (CoreDNS,
 out of cluster, reading the API) are the real implementations. It advertises `nvidia.com/gpu` and
-the T4 labels and taint, so the operator's GPU pods schedule onto it; they run on the CPU.
+the T4 labels and taint, so the operator's GPU pods schedule onto it (they run on the CPU); a taint of
+its own keeps away every pod not of a `node_namespace` namespace.
 
 What this machine kind needs (../shared/reference/containers-recipe.md): runc, not crun; a runc
 wrapper that turns the negative `oom_score_adj` containerd and the kubelet ask for into 0 (refused
@@ -32,10 +33,12 @@ from servinglab.servers.process import free_ports
 
 #: Pod addresses on the real node (apart from KWOK's simulated pods, 10.244.0.0/16).
 NODE_POD_CIDR = "10.250.0.0/24"
-#: The real node's label: every pod of a namespace made by `node_namespace` lands on it. No taint of its
-#: own keeps other pods away (the node lives only while its test module runs): the operator checks a
-#: server's nodeSelector and tolerations against the nodes, and knows nothing of namespace defaults.
+#: The real node's label and taint: every pod of a namespace made by `node_namespace` lands on it, and no
+#: other. Without the taint, a GPU pod still pending in another test's namespace (a T4 server, say) can be
+#: bound to it the moment it joins and hold its one GPU: the operator's queue counts that pod, and the
+#: real node's experiment waits behind it. The operator reads the namespace's default toleration.
 REAL_NODE_KEY = "servinglab.dev/real-node"
+REAL_NODE_TAINT = {"key": REAL_NODE_KEY, "value": "true", "effect": "NoSchedule"}
 BRIDGE = "slcni0"
 CLUSTER_DOMAIN = "cluster.local"
 SANDBOX_IMAGE = "docker.io/servinglab/pause:1"
@@ -77,7 +80,8 @@ def node_namespace(name: str) -> dict[str, Any]:
     """A namespace whose pods all run on the real node (and nowhere else), under the `restricted` Pod
     Security Standard; the API server's PodNodeSelector and PodTolerationRestriction apply it."""
     # the node is a GPU node: its `nvidia.com/gpu` taint must not keep the operator and load pods away
-    toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                  {"key": REAL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}]  # fmt: skip
     return {
         "apiVersion": "v1", "kind": "Namespace",
         "metadata": {
@@ -138,7 +142,7 @@ def kubelet_config(address: str, port: int, healthz: int, socket_path: Path, ca:
                            "x509": {"clientCAFile": str(ca)}},
         "authorization": {"mode": "AlwaysAllow"},
         "clusterDNS": [address], "clusterDomain": CLUSTER_DOMAIN,
-        "registerWithTaints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        "registerWithTaints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}, REAL_NODE_TAINT],
         "serializeImagePulls": False, "maxPods": 40,
         "syncFrequency": "5s", "fileCheckFrequency": "5s",
     }  # fmt: skip
@@ -155,7 +159,7 @@ def corefile(address: str, port: int, kubeconfig: Path, health: int) -> str:
 
 
 class RealNode:
-    """One real node named `name`, for the pods of any namespace."""
+    """One real node named `name`, for the pods of the namespaces `node_namespace` makes."""
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ from servinglab.api import ExperimentSpec, PayloadFormat, ServerSpec
 from servinglab.loadgen.payloads import make_payloads
 from servinglab.servers import get
 from servinglab.servers.base import ServerError
+from servinglab.servers.counters import Snapshot
 from servinglab.servers.triton import metrics as triton_metrics
 from servinglab.servers.triton.env import TritonEnv
 from servinglab.servers.triton.local import LocalTriton
@@ -37,6 +38,18 @@ def tiny_entry(tmp_path_factory: pytest.TempPathFactory, triton_env: TritonEnv) 
 
 def serve(entry: Path, workdir: Path, **settings: Any) -> LocalTriton:
     return LocalTriton("tiny", entry, ServerSpec.model_validate({"kind": "triton", "gpus": 0, **settings}), workdir)
+
+
+def counted(server: LocalTriton, before: Snapshot, requests: int) -> Snapshot:
+    """Triton's metrics once they count `requests` since `before` (or after 10 s, as they are): Triton
+    records a batch's statistics after the model's execute returns, so a client can hold every answer a
+    moment before the last batch is counted (CI read 12 of 16, one batch of 4 short)."""
+    deadline = time.monotonic() + 10
+    while True:
+        after = triton_metrics.parse(server.metrics_text(), "tiny")
+        if (triton_metrics.breakdown(before, after).server_requests or 0) >= requests or time.monotonic() > deadline:
+            return after
+        time.sleep(0.2)
 
 
 def experiment(tmp_path: Path, name: str, server: dict[str, Any], concurrency: list[int]) -> Path:
@@ -91,7 +104,7 @@ def test_triton_applies_the_requested_settings_and_forms_batches(
         # 16 simultaneous requests, 2 instances, batch 4, 300 ms delay: batches must fill up
         with ThreadPoolExecutor(max_workers=16) as pool:
             answers = list(pool.map(lambda _: server.predict(body, "image/png"), range(16)))
-        after = triton_metrics.parse(server.metrics_text(), "tiny")
+        after = counted(server, before, 16)
         code, refused = server.predict(b"\x00" * 100, "application/octet-stream")
         notes = server.notes()
     assert all(code == 200 for code, _ in answers), answers[0]

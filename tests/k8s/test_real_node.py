@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.containers, pytest.mark.slow, pytest.
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "serving"
 RELEASE = "serving"
+NODE = "real-t4"
 IMAGE_CACHE = Path.home() / ".cache" / "servinglab" / "images"
 
 
@@ -43,7 +44,7 @@ def node(cluster: Cluster, images: dict[str, str], tmp_path_factory: pytest.Temp
           if key.startswith("nvidia.com/")}  # fmt: skip
     plane = cluster.control_plane
     real = RealNode(cluster.binaries, tmp_path_factory.mktemp("node"), cluster.kubectl, plane.pki, plane.server,
-                    name="real-t4", labels=t4)  # fmt: skip
+                    name=NODE, labels=t4)  # fmt: skip
     try:
         real.start(image_archive(list(images.values()), IMAGE_CACHE))
         yield real
@@ -75,7 +76,8 @@ def installed(cluster: Cluster, node: RealNode) -> Iterator[str]:
 
 
 def describe(cluster: Cluster, namespace: str) -> str:
-    """The namespace's pods, their events and their containers' logs: what a failure needs to be read."""
+    """The namespace's pods, their events and their containers' logs, then every pod bound to the real node
+    (any namespace's: one holding its GPU keeps the experiment queued): what a failure needs to be read."""
     described = cluster.kubectl.run("describe", "pods", "-n", namespace, check=False).stdout[-6000:]
     pods = cluster.kubectl.get("pods", "-n", namespace)["items"]
     logs = [
@@ -86,7 +88,9 @@ def describe(cluster: Cluster, namespace: str) -> str:
         for pod in pods
         for container in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
     ]
-    return described + "\n".join(logs)
+    on_node = cluster.kubectl.run("get", "pods", "-A", "-o", "wide", "--field-selector", f"spec.nodeName={NODE}",
+                                  check=False)  # fmt: skip
+    return described + "\n".join(logs) + f"\n--- pods on {NODE}:\n" + (on_node.stdout or on_node.stderr)
 
 
 def wait_for(check: Any, timeout: float, what: str, explain: Any) -> Any:
@@ -120,7 +124,7 @@ def test_the_charts_operator_runs_an_experiment_from_the_images(
     assert body["status"]["coldStartSeconds"] > 0
     # every pod of the chain ran on the real node, from the built images
     pods = cluster.kubectl.get("pods", "-n", installed)["items"]
-    assert {pod["spec"]["nodeName"] for pod in pods} == {"real-t4"}
+    assert {pod["spec"]["nodeName"] for pod in pods} == {NODE}
     images = {status["image"] for pod in pods for status in pod["status"].get("containerStatuses", [])}
     assert "docker.io/servinglab/operator:0.1.0" in images
 
