@@ -8,11 +8,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from servinglab.servers.triton import env as triton_environment
 from servinglab.servers.triton.env import TritonEnv
+
+if TYPE_CHECKING:  # pytest 8.3 exports it only from its private module
+    from _pytest.terminal import TerminalReporter
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -29,12 +33,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
     """Each failure's first line whole, as `WHY <test>: <line>`: pytest's own summary cuts it to the
     terminal's width, and a CI log's tail (hack/test.sh repeats these lines last) is all some readers get."""
     for report in [*terminalreporter.stats.get("failed", []), *terminalreporter.stats.get("error", [])]:
         message = str(getattr(getattr(report.longrepr, "reprcrash", None), "message", "") or report.longrepr)
-        terminalreporter.write_line(f"WHY {report.nodeid}: {message.strip().splitlines()[0][:700]}")
+        first = next(iter(message.strip().splitlines()), "(no message)")
+        terminalreporter.write_line(f"WHY {report.nodeid}: {first[:700]}")
 
 
 @pytest.fixture(scope="session")
