@@ -61,6 +61,12 @@ _PATHS = {
 #: being deleted), conflict, invalid.
 REFUSALS = frozenset({400, 403, 404, 409, 422})
 
+#: A 403 that passes on its own. The API server checks an owner reference with blockOwnerDeletion
+#: (OwnerReferencesPermissionEnforcement) by the owner's kind, looked up in a discovery cache it renews
+#: every 30 s: for up to that long after a CRD is installed it refuses the children of that CRD's objects
+#: with this message, and then admits the same request.
+PASSING_REFUSALS = ("cannot find RESTMapping",)
+
 
 class KubeError(RuntimeError):
     """An API call failed; `status` is the HTTP status (0 when the server was not reached)."""
@@ -71,8 +77,9 @@ class KubeError(RuntimeError):
 
     @property
     def refusal(self) -> bool:
-        """Whether the API server refused the request itself (see REFUSALS), rather than failed to answer."""
-        return self.status in REFUSALS
+        """Whether the API server refused the request itself (see REFUSALS) and would refuse it again,
+        rather than failed to answer or refused it for a moment (see PASSING_REFUSALS)."""
+        return self.status in REFUSALS and not any(passing in str(self) for passing in PASSING_REFUSALS)
 
 
 class NotFound(KubeError):

@@ -45,7 +45,9 @@ from servinglab.servers.base import Manifest, PodInputs, PodPlan
 
 class Refused(Exception):
     """The API server refused to create or change a child (see :data:`~servinglab.k8s.client.REFUSALS`):
-    the same request would be refused again, so the experiment ends as Rejected with the API's message."""
+    the same request would be refused again, so the experiment ends as Rejected with the API's message.
+    A refusal that passes on its own (:data:`~servinglab.k8s.client.PASSING_REFUSALS`) is not one: its
+    KubeError fails the pass, and the next poll tries again."""
 
 
 async def _apply(experiment: Experiment, manifest: Manifest) -> None:
@@ -233,6 +235,8 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -
         try:
             secret = await experiment.kube.create(builders.generator_key_secret(owner, wire.new_key()))
         except Forbidden as exc:  # RBAC from before several load pods: retrying cannot help; nothing is applied yet
+            if not exc.refusal:
+                raise  # one that passes on its own: the next pass tries again
             await experiment.fail("Forbidden", f"the load pods' key: {exc}; the operator needs create on secrets")
             return True
         await experiment.patch(generator_key_secret=secret["metadata"]["name"])
