@@ -4,9 +4,9 @@
 
 1. `hack/images.sh` with the stand-ins, as the test suite runs it (`--cold` first removes the images
    and the debootstrap base, so that everything is built from nothing: torch from PyPI);
-2. each image's size, and the one archive of them that containerd imports (its size, its save time);
-3. the test control plane and a real node (tests/clusterenv/node.py): containerd, the image import,
-   CoreDNS, the kubelet until the node is Ready, kube-proxy;
+2. each image's size;
+3. the test control plane and a real node (tests/clusterenv/node.py): containerd, the image import
+   (`podman save` straight into `ctr import`), CoreDNS, the kubelet until the node is Ready, kube-proxy;
 4. `helm install` of the chart with the built operator image, until the operator is available;
 5. an experiment of the tiny model from `kubectl apply` to Succeeded, with the server's cold start.
 """
@@ -38,10 +38,9 @@ from clusterenv.controlplane import (  # noqa: E402
     wait_default_service_account,
 )
 from clusterenv.experiments import experiment, wait_finished  # noqa: E402
-from clusterenv.node import RealNode, image_archive, node_namespace  # noqa: E402
+from clusterenv.node import RealNode, node_namespace  # noqa: E402
 
 PODMAN = ["podman", "--runtime", "runc"]
-CACHE = Path.home() / ".cache" / "servinglab" / "images"
 
 
 def timed(what: str, step: object, figures: list[list[str]]) -> object:
@@ -59,8 +58,6 @@ def build_images(cold: bool) -> dict[str, str]:
         subprocess.run([*PODMAN, "rmi", "-f", *labelled, "localhost/servinglab/python-standin:3.11-bookworm"],
                        capture_output=True, check=False)  # fmt: skip
         subprocess.run([*PODMAN, "image", "prune", "-f"], capture_output=True, check=False)
-        for archive in CACHE.glob("images-*"):
-            archive.unlink()
     env = {
         **os.environ,
         "STANDIN": "1",
@@ -70,8 +67,8 @@ def build_images(cold: bool) -> dict[str, str]:
     return {name.rsplit("/", 1)[1].split(":")[0]: name for name in built.stdout.split()}
 
 
-def measure_images(cold: bool, steps: list[list[str]]) -> tuple[Path, list[list[str]]]:
-    """Build (or find) the images, save their archive; (the archive, each image's size)."""
+def measure_images(cold: bool, steps: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """Build (or find) the images; (their names, each image's size)."""
     images = timed(f"hack/images.sh ({'from nothing' if cold else 'as found'})", lambda: build_images(cold), steps)
     assert isinstance(images, dict)
     sizes = []
@@ -79,10 +76,7 @@ def measure_images(cold: bool, steps: list[list[str]]) -> tuple[Path, list[list[
         size = subprocess.run([*PODMAN, "image", "inspect", "--format", "{{.Size}}", name],
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
         sizes.append([name, f"{int(size) / 1e6:,.0f} MB"])
-    archive = timed("archive for containerd (podman save)", lambda: image_archive(list(images.values()), CACHE), steps)
-    assert isinstance(archive, Path)
-    sizes.append([f"archive {archive.name} (shared layers once)", f"{archive.stat().st_size / 1e6:,.0f} MB"])
-    return archive, sizes
+    return list(images.values()), sizes
 
 
 def run_experiment(cluster: Cluster, namespace: str) -> dict[str, Any]:
@@ -90,7 +84,7 @@ def run_experiment(cluster: Cluster, namespace: str) -> dict[str, Any]:
     return wait_finished(cluster, namespace, "bench", lambda: "", timeout=480)
 
 
-def measure_chain(archive: Path, steps: list[list[str]]) -> None:
+def measure_chain(images: list[str], steps: list[list[str]]) -> None:
     """Control plane, real node, chart, one experiment; each step's wall time."""
     binaries = build_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="servinglab-bench-"))
@@ -107,7 +101,7 @@ def measure_chain(archive: Path, steps: list[list[str]]) -> None:
         t4 = {key: value for key, value in labels.items() if key.startswith("nvidia.com/")}
         (workdir / "node").mkdir()
         node = RealNode(binaries, workdir / "node", kubectl, plane.pki, plane.server, name="real-t4", labels=t4)
-        timed("real node", lambda: node.start(archive), steps)
+        timed("real node", lambda: node.start(images), steps)
         steps += [[f"  {name}", f"{seconds:.1f} s"] for name, seconds in node.timings.items()]
         kubectl.apply(node_namespace(namespace))
         env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
@@ -135,8 +129,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cold", action="store_true", help="remove the images and the base first")
     steps: list[list[str]] = []
-    archive, sizes = measure_images(parser.parse_args().cold, steps)
-    measure_chain(archive, steps)
+    images, sizes = measure_images(parser.parse_args().cold, steps)
+    measure_chain(images, steps)
     print(table(["image", "size"], sizes))
     print(table(["step", "wall time"], steps))
 

@@ -17,7 +17,6 @@ on the host's address (the control plane listens there too); nothing is routed o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -57,23 +56,21 @@ exec runc "$@"
 """
 
 
-def image_archive(images: list[str], cache: Path) -> Path:
-    """One docker-archive of `images` (shared layers once) for containerd to import, kept in `cache`
-    under the images' IDs: saved again only when an image changed."""
-    engine = ["podman", "--runtime", "runc"] if shutil.which("podman") else ["docker"]
-    inspected = subprocess.run([*engine, "image", "inspect", "--format", "{{.Id}}", *images],
-                               capture_output=True, text=True, check=True)  # fmt: skip
-    key = hashlib.sha256(inspected.stdout.encode()).hexdigest()[:16]
-    archive = cache / f"images-{key}.tar"
-    if not archive.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        for old in cache.glob("images-*.tar*"):  # one archive of several GB is enough
-            old.unlink()
-        partial = archive.with_suffix(".tar.partial")
-        multiple = ["--format", "docker-archive", "-m"] if engine[0] == "podman" else []
-        subprocess.run([*engine, "save", *multiple, "-o", str(partial), *images], capture_output=True, check=True)
-        partial.rename(archive)
-    return archive
+#: Where earlier versions kept a docker-archive of the images (about 6 GB): removed when found, since the
+#: images now go from podman straight into containerd.
+OLD_ARCHIVES = Path.home() / ".cache" / "servinglab" / "images"
+
+
+def image_engine() -> list[str]:
+    return ["podman", "--runtime", "runc"] if shutil.which("podman") else ["docker"]
+
+
+def images_bytes(images: list[str]) -> int:
+    """About what `images` take once imported and unpacked: they share their base, so the largest one and a
+    little more, twice (the layers in containerd's content store, then unpacked into snapshots)."""
+    sizes = subprocess.run([*image_engine(), "image", "inspect", "--format", "{{.Size}}", *images],
+                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    return 2 * (max(int(size) for size in sizes) + 500_000_000)
 
 
 def node_namespace(name: str) -> dict[str, Any]:
@@ -193,11 +190,13 @@ class RealNode:
 
     # -- start -----------------------------------------------------------------------------------
 
-    def start(self, image_archive: Path, timeout: float = 180) -> None:
-        """Start it all, with the images of `image_archive`; `timings` says how long each step took."""
+    def start(self, images: list[str], timeout: float = 180) -> None:
+        """Start it all, with `images` (the engine's names) in containerd; `timings` says how long each step
+        took. Refused at once, saying how much, where the disk cannot hold the images."""
+        self._check_space(images)
         steps = [
             ("containerd", lambda: self._start_containerd(timeout)),
-            ("image import", lambda: self._import(image_archive)),
+            ("image import", lambda: self._import(images)),
             ("CoreDNS", lambda: self._start_dns(timeout)),
             ("kubelet until Ready", lambda: self._start_kubelet(timeout)),
             ("kube-proxy", lambda: self._start_kube_proxy(timeout)),
@@ -207,10 +206,32 @@ class RealNode:
             step()
             self.timings[name] = time.monotonic() - begun
 
-    def _import(self, archive: Path) -> None:
-        imported = self.ctr("images", "import", "--no-unpack", str(archive))
-        if imported.returncode != 0:
-            raise ClusterError(f"importing {archive} into containerd failed: {imported.stderr[-2000:]}")
+    def _check_space(self, images: list[str]) -> None:
+        """A pod whose image cannot be unpacked for want of space waits in ContainerCreating, and its
+        experiment in Deploying, until a timeout: say it first."""
+        shutil.rmtree(OLD_ARCHIVES, ignore_errors=True)
+        needed, free = images_bytes(images), shutil.disk_usage(self.workdir).free
+        if free < needed:
+            raise ClusterError(f"the real node needs about {needed / 1e9:.1f} GB free in {self.workdir} for its "
+                               f"images (imported, then unpacked); {free / 1e9:.1f} GB are")  # fmt: skip
+
+    def _import(self, images: list[str]) -> None:
+        """The images straight from the engine into containerd (one archive, shared layers once, never on disk)."""
+        multiple = ["--format", "docker-archive", "-m"] if image_engine()[0] == "podman" else []
+        with tempfile.TemporaryFile() as said:
+            save = subprocess.Popen([*image_engine(), "save", *multiple, *images], stdout=subprocess.PIPE,
+                                    stderr=said)  # fmt: skip
+            ctr = ["ctr", "--address", str(self.socket), "--namespace", "k8s.io",
+                   "images", "import", "--no-unpack", "-"]  # fmt: skip
+            load = subprocess.Popen(ctr, stdin=save.stdout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert save.stdout is not None
+            save.stdout.close()  # the import's end only: should it stop reading, the save ends too
+            output, _ = load.communicate(timeout=900)
+            saved = save.wait(timeout=60)
+            said.seek(0)
+            if saved != 0 or load.returncode != 0:
+                why = said.read().decode(errors="replace") if saved else output
+                raise ClusterError(f"importing {' '.join(images)} into containerd failed: {why[-2000:]}")
 
     def _start_containerd(self, timeout: float) -> None:
         root = self.workdir / "containerd"

@@ -24,7 +24,7 @@ import pytest
 from clusterenv import manifests
 from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
-from clusterenv.node import RealNode, image_archive, node_namespace
+from clusterenv.node import RealNode, node_namespace
 from servinglab.servers.torchserve import pod as resources
 
 # building the images from nothing (torch from PyPI) and importing them into containerd take minutes
@@ -33,7 +33,6 @@ pytestmark = [pytest.mark.k8s, pytest.mark.containers, pytest.mark.slow, pytest.
 CHART = Path(__file__).resolve().parents[2] / "charts" / "serving"
 RELEASE = "serving"
 NODE = "real-t4"
-IMAGE_CACHE = Path.home() / ".cache" / "servinglab" / "images"
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +45,7 @@ def node(cluster: Cluster, images: dict[str, str], tmp_path_factory: pytest.Temp
     real = RealNode(cluster.binaries, tmp_path_factory.mktemp("node"), cluster.kubectl, plane.pki, plane.server,
                     name=NODE, labels=t4)  # fmt: skip
     try:
-        real.start(image_archive(list(images.values()), IMAGE_CACHE))
+        real.start(list(images.values()))
         yield real
     finally:
         real.stop()
@@ -76,10 +75,19 @@ def installed(cluster: Cluster, node: RealNode) -> Iterator[str]:
 
 
 def describe(cluster: Cluster, namespace: str) -> str:
-    """The namespace's pods, their events and their containers' logs, then every pod bound to the real node
-    (any namespace's: one holding its GPU keeps the experiment queued): what a failure needs to be read."""
-    described = cluster.kubectl.run("describe", "pods", "-n", namespace, check=False).stdout[-6000:]
+    """Where each pod stands and the namespace's latest events (first: a CI summary shows the start of a
+    failure), then the pods described, their containers' logs and every pod bound to the real node (any
+    namespace's: one holding its GPU keeps the experiment queued): what a failure needs to be read."""
     pods = cluster.kubectl.get("pods", "-n", namespace)["items"]
+    events = cluster.kubectl.get("events", "-n", namespace)["items"]
+    latest = sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")[-10:]
+    summary = [f"pod {pod_state(pod)}" for pod in pods]
+    summary += [f"event {e['involvedObject'].get('name')}: {e.get('reason')} x{e.get('count') or 1}: "
+                f"{e.get('message', '')[:160]}" for e in latest]  # fmt: skip
+    operator = cluster.kubectl.run("logs", "-n", namespace, "-l", "app.kubernetes.io/component=operator",
+                                   "--tail=6", check=False).stdout  # fmt: skip
+    summary += [f"operator: {line[:200]}" for line in operator.splitlines()]
+    described = cluster.kubectl.run("describe", "pods", "-n", namespace, check=False).stdout[-6000:]
     logs = [
         f"--- {pod['metadata']['name']}/{container['name']}\n"
         + cluster.kubectl.run(
@@ -90,7 +98,22 @@ def describe(cluster: Cluster, namespace: str) -> str:
     ]
     on_node = cluster.kubectl.run("get", "pods", "-A", "-o", "wide", "--field-selector", f"spec.nodeName={NODE}",
                                   check=False)  # fmt: skip
-    return described + "\n".join(logs) + f"\n--- pods on {NODE}:\n" + (on_node.stdout or on_node.stderr)
+    return "\n".join([*summary, described, *logs, f"--- pods on {NODE}:", on_node.stdout or on_node.stderr])
+
+
+def pod_state(pod: dict[str, Any]) -> str:
+    """`name phase on node; container: state (reason: message)` for each container, init containers first."""
+    status = pod.get("status", {})
+    containers = [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]
+    states = []
+    for container in containers:
+        state, detail = next(iter((container.get("state") or {}).items()), ("unknown", {}))
+        why = ": ".join(str(detail[key])[:160] for key in ("reason", "message") if detail.get(key))
+        states.append(f"{container['name']} {state}{' ready' if container.get('ready') else ''}"
+                      f"{f' ({why})' if why else ''} restarts {container.get('restartCount', 0)}")  # fmt: skip
+    unscheduled = [c.get("message", "") for c in status.get("conditions", []) if c.get("reason") == "Unschedulable"]
+    return (f"{pod['metadata']['name']} {status.get('phase')} on {pod['spec'].get('nodeName') or '(none)'}; "
+            + "; ".join(states + unscheduled))  # fmt: skip
 
 
 def wait_for(check: Any, timeout: float, what: str, explain: Any) -> Any:
