@@ -31,6 +31,10 @@ images=$!
 children+=("$images")
 set +m
 say "images building in the background (log: $logs/images.log)"
+# free space, at the start and in a failure's summary: a real node's pod whose image cannot be unpacked
+# waits in ContainerCreating until a timeout
+free_disk() { df -h --output=avail,target / "${TMPDIR:-/tmp}" "$HOME" 2>/dev/null | tail -n +2 | sort -u | tr -s ' ' | paste -sd ';'; }
+say "free disk:$(free_disk)"
 
 failed=()
 step() { # NAME COMMAND...: run in the foreground, note a failure, go on
@@ -68,10 +72,15 @@ say "tests/k8s done"
 wait "$images" || say "the background image build failed (see $logs/images.log); the tests built them"
 
 if ((${#failed[@]})); then
-  # what failed, from both sessions, last: CI shows the end of this output
+  # what failed, from both sessions, last: CI shows the end of this output. First every failed test, then
+  # each distinct reason once, its message folded onto one line (tests/conftest.py writes the WHY lines).
   for name in local k8s; do
-    grep -E '^(FAILED|ERROR|WHY) ' "$logs/$name.log" 2>/dev/null | cut -c1-800 | sed "s/^/[$name] /"
+    grep -E '^(FAILED|ERROR) ' "$logs/$name.log" 2>/dev/null | cut -c1-200 | sed "s/^/[$name] /"
   done
+  for name in local k8s; do
+    grep -E '^WHY ' "$logs/$name.log" 2>/dev/null | cut -c1-3200 | sed "s/^/[$name] /"
+  done
+  say "free disk now:$(free_disk)"
   say "FAILED: ${failed[*]}"
   exit 1
 fi

@@ -33,13 +33,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: How much of each failure's message the WHY lines carry: CI shows only the end of its output.
+WHY_CHARACTERS = 3000
+
+
 def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
-    """Each failure's first line whole, as `WHY <test>: <line>`: pytest's own summary cuts it to the
-    terminal's width, and a CI log's tail (hack/test.sh repeats these lines last) is all some readers get."""
+    """Each distinct failure once, as `WHY <test> (+N more): <its message, folded onto one line>`: pytest's
+    own summary cuts a message to its first line and the terminal's width, and the tail of a CI log
+    (hack/test.sh repeats these lines last) is all some readers get. Tests failing alike (one fixture's
+    error) share a line."""
+    alike: dict[str, list[str]] = {}
     for report in [*terminalreporter.stats.get("failed", []), *terminalreporter.stats.get("error", [])]:
         message = str(getattr(getattr(report.longrepr, "reprcrash", None), "message", "") or report.longrepr)
-        first = next(iter(message.strip().splitlines()), "(no message)")
-        terminalreporter.write_line(f"WHY {report.nodeid}: {first[:700]}")
+        alike.setdefault(message, []).append(report.nodeid)
+    for message, tests in alike.items():
+        folded = " // ".join(line.strip() for line in message.strip().splitlines() if line.strip())
+        more = f" (+{len(tests) - 1} more: {', '.join(t.rsplit('::', 1)[-1] for t in tests[1:])})" if tests[1:] else ""
+        terminalreporter.write_line(f"WHY {tests[0]}{more}: {(folded or '(no message)')[:WHY_CHARACTERS]}")
 
 
 @pytest.fixture(scope="session")
