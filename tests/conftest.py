@@ -48,7 +48,8 @@ def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
         alike.setdefault(message, []).append(report.nodeid)
     for message, tests in alike.items():
         folded = " // ".join(line.strip() for line in message.strip().splitlines() if line.strip())
-        more = f" (+{len(tests) - 1} more: {', '.join(t.rsplit('::', 1)[-1] for t in tests[1:])})" if tests[1:] else ""
+        named = ", ".join(test.rsplit("::", 1)[-1][:60] for test in tests[1:4])
+        more = f" (+{len(tests) - 1} more: {named}{', ...' if len(tests) > 4 else ''})" if tests[1:] else ""
         terminalreporter.write_line(f"WHY {tests[0]}{more}: {(folded or '(no message)')[:WHY_CHARACTERS]}")
 
 

@@ -218,20 +218,30 @@ class RealNode:
     def _import(self, images: list[str]) -> None:
         """The images straight from the engine into containerd (one archive, shared layers once, never on disk)."""
         multiple = ["--format", "docker-archive", "-m"] if image_engine()[0] == "podman" else []
+        ctr = ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", "images", "import", "--no-unpack", "-"]
         with tempfile.TemporaryFile() as said:
             save = subprocess.Popen([*image_engine(), "save", *multiple, *images], stdout=subprocess.PIPE,
                                     stderr=said)  # fmt: skip
-            ctr = ["ctr", "--address", str(self.socket), "--namespace", "k8s.io",
-                   "images", "import", "--no-unpack", "-"]  # fmt: skip
-            load = subprocess.Popen(ctr, stdin=save.stdout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             assert save.stdout is not None
-            save.stdout.close()  # the import's end only: should it stop reading, the save ends too
-            output, _ = load.communicate(timeout=900)
-            saved = save.wait(timeout=60)
+            load: subprocess.Popen[str] | None = None
+            try:
+                load = subprocess.Popen(ctr, stdin=save.stdout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)  # fmt: skip
+                save.stdout.close()  # the import's end only: should it stop reading, the save ends too
+                output, _ = load.communicate(timeout=900)
+                saved = save.wait(timeout=60)
+            finally:
+                for process in (save, load):
+                    if process is not None and process.poll() is None:
+                        process.kill()
+                        process.wait()
             said.seek(0)
             if saved != 0 or load.returncode != 0:
-                why = said.read().decode(errors="replace") if saved else output
-                raise ClusterError(f"importing {' '.join(images)} into containerd failed: {why[-2000:]}")
+                raise ClusterError(
+                    f"importing {' '.join(images)} into containerd failed: the save ended {saved} "
+                    f"({said.read().decode(errors='replace')[-1000:].strip()}), the import {load.returncode} "
+                    f"({output[-1000:].strip()})"
+                )
 
     def _start_containerd(self, timeout: float) -> None:
         root = self.workdir / "containerd"

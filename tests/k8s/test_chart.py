@@ -192,6 +192,7 @@ def test_pod_policy_is_bound_to_the_operators_service_account_and_needs_kubernet
     [
         ({"image": {"tag": "latest"}}, "/image/tag"),
         ({"pollSeconds": "fast"}, "/pollSeconds"),
+        ({"failingSeconds": 10}, "/failingSeconds"),  # shorter than a refusal the API server lifts by itself
         ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
         ({"prometheusUrl": "prometheus:9090"}, "/prometheusUrl"),
         ({"gpuResource": "gpu"}, "/gpuResource"),

@@ -79,11 +79,12 @@ def describe(cluster: Cluster, namespace: str) -> str:
     failure), then the pods described, their containers' logs and every pod bound to the real node (any
     namespace's: one holding its GPU keeps the experiment queued): what a failure needs to be read."""
     pods = cluster.kubectl.get("pods", "-n", namespace)["items"]
-    events = cluster.kubectl.get("events", "-n", namespace)["items"]
-    latest = sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")[-10:]
+    listed = cluster.kubectl.run("get", "events", "-n", namespace, "-o", "json", check=False)
+    events = json.loads(listed.stdout)["items"] if listed.returncode == 0 else []
+    latest = sorted(events, key=event_time)[-10:]
     summary = [f"pod {pod_state(pod)}" for pod in pods]
-    summary += [f"event {e['involvedObject'].get('name')}: {e.get('reason')} x{e.get('count') or 1}: "
-                f"{e.get('message', '')[:160]}" for e in latest]  # fmt: skip
+    summary += [f"event {e['involvedObject'].get('name')}: {e.get('reason')} x{event_count(e)}: "
+                f"{(e.get('message') or '')[:160]}" for e in latest]  # fmt: skip
     operator = cluster.kubectl.run("logs", "-n", namespace, "-l", "app.kubernetes.io/component=operator",
                                    "--tail=6", check=False).stdout  # fmt: skip
     summary += [f"operator: {line[:200]}" for line in operator.splitlines()]
@@ -99,6 +100,17 @@ def describe(cluster: Cluster, namespace: str) -> str:
     on_node = cluster.kubectl.run("get", "pods", "-A", "-o", "wide", "--field-selector", f"spec.nodeName={NODE}",
                                   check=False)  # fmt: skip
     return "\n".join([*summary, described, *logs, f"--- pods on {NODE}:", on_node.stdout or on_node.stderr])
+
+
+def event_time(event: dict[str, Any]) -> str:
+    """When an event last happened: a repeated one written through events.k8s.io (the scheduler's) keeps it
+    in its series, with no lastTimestamp."""
+    series = event.get("series") or {}
+    return str(series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime") or "")
+
+
+def event_count(event: dict[str, Any]) -> int:
+    return int((event.get("series") or {}).get("count") or event.get("count") or 1)
 
 
 def pod_state(pod: dict[str, Any]) -> str:
