@@ -22,6 +22,7 @@ from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.operatorproc import SERVINGLAB, Operator
+from clusterenv.policies import refusing
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
 
@@ -248,4 +249,22 @@ def test_an_invalid_sweep_fails_naming_the_field_and_creates_nothing(
     body = wait_sweep(cluster, namespace, "bad-sweep", operator.log, timeout=60)
     failed = condition(body, "Failed")
     assert failed["reason"] == "InvalidSpec" and "strategy list needs configurations" in failed["message"]
+    assert not cluster.kubectl.get("sx", "-n", namespace)["items"]
+
+
+def test_a_sweep_whose_trials_the_api_refuses_fails_rejected_and_does_not_retry_for_ever(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """A policy (a quota on the count of experiments would do the same) refuses every trial: the sweep ends
+    Failed as Rejected with the API's message, as an experiment whose child is refused does."""
+    creates = [{"apiGroups": ["servinglab.dev"], "apiVersions": ["*"], "operations": ["CREATE"],
+                "resources": ["servingexperiments"]}]  # fmt: skip
+    with refusing(cluster, namespace, creates, "false", "no experiments here"):
+        one = {"batchSize": 1, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"}
+        cluster.kubectl.apply(sweep("refused-sweep", strategy="list", configurations=[one]), namespace=namespace)
+        body = wait_sweep(cluster, namespace, "refused-sweep", operator.log, timeout=60)
+    failed = condition(body, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "Rejected", failed
+    assert "refused a trial" in failed["message"] and "no experiments here" in failed["message"], failed
+    assert body["status"]["summary"]["state"] == "Failed" and body["status"].get("finishedAt")
     assert not cluster.kubectl.get("sx", "-n", namespace)["items"]

@@ -31,7 +31,7 @@ from servinglab.k8s.experiment import snapshot
 from servinglab.k8s.experiment.admission import GpuQueue
 from servinglab.k8s.experiment.reconcile import give_up, reconcile
 from servinglab.k8s.settings import Settings
-from servinglab.k8s.sweep.reconcile import reconcile_sweep
+from servinglab.k8s.sweep.reconcile import end_sweep, reconcile_sweep
 
 LOG = logging.getLogger("servinglab.operator")
 #: A queued experiment is woken by any change of the GPU queue's caches; this is only a backstop.
@@ -219,7 +219,11 @@ async def drive_sweep(
 ) -> None:
     """One per sweep, restarted with the operator: start trials and roll them up until finished."""
     ref = Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace or "", name)
-    await _drive(ref, lambda body: reconcile_sweep(memo.kube, body, memo.queue), memo, stopped, logger)
+
+    async def end(body: dict[str, Any], why: str) -> None:
+        await end_sweep(memo.kube, body, "ReconcileFailed", why)
+
+    await _drive(ref, lambda body: reconcile_sweep(memo.kube, body, memo.queue), memo, stopped, logger, give_up=end)
 
 
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)

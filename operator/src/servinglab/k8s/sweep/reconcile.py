@@ -39,7 +39,7 @@ from servinglab.api.status import ExperimentStatus, SweepStatus
 from servinglab.api.trials import SweepBest, SweepCounts, SweepPoint, SweepResults, SweepSummary, TrialRecord
 from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.builders import MANAGED_BY
-from servinglab.k8s.client import Kube, Ref
+from servinglab.k8s.client import Kube, KubeError, Ref
 from servinglab.k8s.experiment.admission import GpuQueue
 from servinglab.measure.document import experiment_results
 from servinglab.servers.base import Manifest
@@ -224,17 +224,20 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
     try:
         sweep = sweep_of(body)
     except SpecError as exc:  # nothing is created for an invalid sweep
-        message = "; ".join(exc.problems)
-        failed = SweepStatus(conditions=cond.set_condition(conditions, cond.FAILED, True, "InvalidSpec", message),
-                             summary=SweepSummary(state="Failed"), finished_at=cond.now())  # fmt: skip
-        await kube.patch_status(ref, to_json(failed))
+        await end_sweep(kube, body, "InvalidSpec", "; ".join(exc.problems))
         return True
     started_at = status.started_at or cond.now()
     trials, stale = await children(kube, namespace, name, uid)
     now = Pass.read(sweep, trials)
     capacity = await gpu_capacity(queue, namespace, sweep)
     limit = sweep.spec.parallelism if capacity is None else min(sweep.spec.parallelism, max(capacity, 1))
-    stop_reason = await start_next(kube, sweep, uid, namespace, stale, now, limit, len(trials))
+    try:
+        stop_reason = await start_next(kube, sweep, uid, namespace, stale, now, limit, len(trials))
+    except KubeError as exc:
+        if not exc.refusal:
+            raise  # the next pass tries again; passes that keep failing end the sweep (main._drive)
+        await end_sweep(kube, body, "Rejected", f"the API server refused a trial: {exc}")
+        return True
     searched = stop_reason is not None and not now.running
     finished = searched and not now.confirming
     records, confirmations, running, confirming = now.records, now.confirmations, now.running, now.confirming
@@ -271,6 +274,21 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
     model = sweep.spec.template.model.name
     publish(namespace, name, model, rolled.counts, len(running) + len(confirming), rolled.best, rolled.front)
     return finished
+
+
+async def end_sweep(kube: Kube, body: Manifest, reason: str, message: str) -> None:
+    """End an unfinished sweep as Failed with `reason`: an invalid spec (nothing was created), a trial the API
+    server refuses (Rejected: it would refuse it again), passes that kept failing (ReconcileFailed). Trials
+    already running go on to their own end, each bounded as any experiment is."""
+    status = SweepStatus.model_validate(body.get("status") or {})
+    if cond.finished(status.conditions):
+        return
+    meta = body["metadata"]
+    conditions = cond.set_condition(status.conditions, cond.FAILED, True, reason, message)
+    conditions = cond.set_condition(conditions, cond.RUNNING, False, reason, message)
+    failed = SweepStatus(conditions=conditions, summary=SweepSummary(state="Failed"), finished_at=cond.now())
+    await kube.patch_status(Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, meta["namespace"], meta["name"]),
+                            to_json(failed))  # fmt: skip
 
 
 def publish(namespace: str, name: str, model: str, tally: SweepCounts, running: int, best: SweepBest | None,
