@@ -251,6 +251,32 @@ def test_passes_that_keep_failing_end_the_experiment_after_the_bound_and_remove_
     assert ready["status"] != "True"  # the refused write never landed; the failure did
 
 
+def test_sweep_passes_that_keep_failing_end_the_sweep_after_the_bound(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """A sweep's status writes refused for good (all but the one that records its failure): its passes keep
+    failing, and after failingSeconds it ends as ReconcileFailed instead of retrying for ever."""
+    statuses = [{"apiGroups": ["servinglab.dev"], "apiVersions": ["v1alpha1"], "operations": ["UPDATE"],
+                 "resources": ["servingsweeps/status"]}]  # fmt: skip
+    allow = (
+        "has(object.status) && has(object.status.conditions) && "
+        "object.status.conditions.exists(c, c.type == 'Failed' && c.status == 'True')"
+    )
+    template = short(experiment("template"))["spec"]
+    one = {"batchSize": 1, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"}
+    body = {"apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingSweep", "metadata": {"name": "stuck-sweep"},
+            "spec": {"template": template, "strategy": "list", "configurations": [one]}}  # fmt: skip
+    with refusing(cluster, namespace, statuses, allow, "sweep progress may not be recorded here"):
+        cluster.kubectl.apply(body, namespace=namespace)
+        sweep = lambda: get(cluster, namespace, "servingsweep", "stuck-sweep") or {}  # noqa: E731
+        cluster.kubectl.wait_for(lambda: "finishedAt" in sweep().get("status", {}), A_MINUTE + FAILING, "its end")
+    failed = condition(sweep(), "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "ReconcileFailed"), (failed, operator.log())
+    assert "sweep progress may not be recorded here" in failed["message"], failed
+    failing = float(re.search(r"kept failing for (\d+) s", failed["message"]).group(1))  # type: ignore[union-attr]
+    assert FAILING <= failing <= FAILING + 15, failed
+
+
 # -- the load Job's deadline -----------------------------------------------------------------------------
 
 

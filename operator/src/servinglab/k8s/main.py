@@ -219,11 +219,8 @@ async def drive_sweep(
 ) -> None:
     """One per sweep, restarted with the operator: start trials and roll them up until finished."""
     ref = Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace or "", name)
-
-    async def end(body: dict[str, Any], why: str) -> None:
-        await end_sweep(memo.kube, body, "ReconcileFailed", why)
-
-    await _drive(ref, lambda body: reconcile_sweep(memo.kube, body, memo.queue), memo, stopped, logger, give_up=end)
+    await _drive(ref, lambda body: reconcile_sweep(memo.kube, body, memo.queue), memo, stopped, logger,
+                 give_up=lambda body, why: end_sweep(memo.kube, body, "ReconcileFailed", why))  # fmt: skip
 
 
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)
