@@ -10,7 +10,8 @@ queues what cannot get a GPU yet. When the search has stopped, the best few tria
 alternating rounds (:mod:`servinglab.sweep.confirm`): each run is a child experiment `<trial>-r<round>`
 annotated with the trial it confirms, and a round starts when the one before it has finished. Deleting a
 sweep deletes its trials and their children (owner references). The experiment reconciler does not know
-about sweeps.
+about sweeps. A sweep fails (:func:`end_sweep`) on an invalid spec, on a trial the API server refuses for
+good, or once its passes have kept failing for `failingSeconds` (the daemon's bound, k8s/main.py).
 """
 
 from __future__ import annotations
