@@ -38,9 +38,9 @@ from clusterenv.controlplane import (  # noqa: E402
     wait_default_service_account,
 )
 from clusterenv.experiments import experiment, wait_finished  # noqa: E402
-from clusterenv.node import RealNode, node_namespace  # noqa: E402
+from clusterenv.node import RealNode, image_engine, node_namespace  # noqa: E402
 
-PODMAN = ["podman", "--runtime", "runc"]
+ENGINE = image_engine()  # the engine the node takes its images from
 
 
 def timed(what: str, step: object, figures: list[list[str]]) -> object:
@@ -53,11 +53,11 @@ def timed(what: str, step: object, figures: list[list[str]]) -> object:
 
 def build_images(cold: bool) -> dict[str, str]:
     if cold:
-        labelled = subprocess.run([*PODMAN, "images", "-q", "--filter", "label=dev.servinglab.inputs"],
+        labelled = subprocess.run([*ENGINE, "images", "-q", "--filter", "label=dev.servinglab.inputs"],
                                   capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
-        subprocess.run([*PODMAN, "rmi", "-f", *labelled, "localhost/servinglab/python-standin:3.11-bookworm"],
+        subprocess.run([*ENGINE, "rmi", "-f", *labelled, "localhost/servinglab/python-standin:3.11-bookworm"],
                        capture_output=True, check=False)  # fmt: skip
-        subprocess.run([*PODMAN, "image", "prune", "-f"], capture_output=True, check=False)
+        subprocess.run([*ENGINE, "image", "prune", "-f"], capture_output=True, check=False)
     env = {
         **os.environ,
         "STANDIN": "1",
@@ -73,7 +73,7 @@ def measure_images(cold: bool, steps: list[list[str]]) -> tuple[list[str], list[
     assert isinstance(images, dict)
     sizes = []
     for name in images.values():
-        size = subprocess.run([*PODMAN, "image", "inspect", "--format", "{{.Size}}", name],
+        size = subprocess.run([*ENGINE, "image", "inspect", "--format", "{{.Size}}", name],
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
         sizes.append([name, f"{int(size) / 1e6:,.0f} MB"])
     return list(images.values()), sizes

@@ -37,6 +37,16 @@ def experiment(name: str, prometheus_url: str | None = None, **server: Any) -> d
     }
 
 
+def sweep(name: str, template: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A ServingSweep of `template` (an experiment's spec); `spec` is the rest of the sweep's spec."""
+    return {
+        "apiVersion": "servinglab.dev/v1alpha1",
+        "kind": "ServingSweep",
+        "metadata": {"name": name},
+        "spec": {"template": template, **spec},
+    }
+
+
 def wait_finished(
     cluster: Cluster, namespace: str, name: str, operator_log: Callable[[], str], timeout: float = 240
 ) -> dict[str, Any]:

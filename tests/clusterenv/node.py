@@ -193,6 +193,7 @@ class RealNode:
     def start(self, images: list[str], timeout: float = 180) -> None:
         """Start it all, with `images` (the engine's names) in containerd; `timings` says how long each step
         took. Refused at once, saying how much, where the disk cannot hold the images."""
+        shutil.rmtree(OLD_ARCHIVES, ignore_errors=True)
         self._check_space(images)
         steps = [
             ("containerd", lambda: self._start_containerd(timeout)),
@@ -209,7 +210,6 @@ class RealNode:
     def _check_space(self, images: list[str]) -> None:
         """A pod whose image cannot be unpacked for want of space waits in ContainerCreating, and its
         experiment in Deploying, until a timeout: say it first."""
-        shutil.rmtree(OLD_ARCHIVES, ignore_errors=True)
         needed, free = images_bytes(images), shutil.disk_usage(self.workdir).free
         if free < needed:
             raise ClusterError(f"the real node needs about {needed / 1e9:.1f} GB free in {self.workdir} for its "
@@ -217,10 +217,11 @@ class RealNode:
 
     def _import(self, images: list[str]) -> None:
         """The images straight from the engine into containerd (one archive, shared layers once, never on disk)."""
-        multiple = ["--format", "docker-archive", "-m"] if image_engine()[0] == "podman" else []
+        engine = image_engine()
+        multiple = ["--format", "docker-archive", "-m"] if engine[0] == "podman" else []
         ctr = ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", "images", "import", "--no-unpack", "-"]
         with tempfile.TemporaryFile() as said:
-            save = subprocess.Popen([*image_engine(), "save", *multiple, *images], stdout=subprocess.PIPE,
+            save = subprocess.Popen([*engine, "save", *multiple, *images], stdout=subprocess.PIPE,
                                     stderr=said)  # fmt: skip
             assert save.stdout is not None
             load: subprocess.Popen[str] | None = None

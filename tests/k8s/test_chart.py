@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from clusterenv.controlplane import Cluster
-from clusterenv.experiments import condition, experiment, wait_finished
+from clusterenv.experiments import condition, experiment, sweep, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus, grafana_expression, panel_queries
 from servinglab import servers
@@ -478,11 +478,8 @@ def finished(cluster: Cluster, installed: Installed) -> dict[str, Any]:
     it, a one-trial sweep (the other T4), so the dashboards' sweep panels have a real sweep to show."""
     ns = installed.namespace
     template = experiment("template")["spec"]
-    one_trial = {
-        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingSweep", "metadata": {"name": "chart-sweep"},
-        "spec": {"template": template, "strategy": "list",
-                 "configurations": [{"batchSize": 4, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"}]},
-    }  # fmt: skip
+    one = {"batchSize": 4, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"}
+    one_trial = sweep("chart-sweep", template, strategy="list", configurations=[one])
     cluster.kubectl.apply(experiment("chart-e2e"), namespace=ns)
     cluster.kubectl.apply(one_trial, namespace=ns)
     # and LitServe on the CPU node, for its dashboard (awaited by `finished_litserve`)
@@ -495,11 +492,11 @@ def finished(cluster: Cluster, installed: Installed) -> dict[str, Any]:
         .get("summary", {}).get("state") == "Succeeded",
         240, "the chart's sweep",
     )  # fmt: skip
-    sweep = cluster.kubectl.get("servingsweep", "chart-sweep", "-n", ns)
-    if "bestConfig" not in sweep["status"]["summary"]:  # the trial did not measure: say why, the dashboards can't
+    stored = cluster.kubectl.get("servingsweep", "chart-sweep", "-n", ns)
+    if "bestConfig" not in stored["status"]["summary"]:  # the trial did not measure: say why, the dashboards can't
         trials = cluster.kubectl.get("sx", "-n", ns, "-l", "servinglab.dev/sweep=chart-sweep")["items"]
         outcomes = [(trial["metadata"]["name"], trial.get("status", {}).get("conditions")) for trial in trials]
-        pytest.fail(f"the sweep measured nothing: {sweep['status']}\ntrials: {outcomes}\n{operator_log(installed)}")
+        pytest.fail(f"the sweep measured nothing: {stored['status']}\ntrials: {outcomes}\n{operator_log(installed)}")
     return body
 
 

@@ -27,7 +27,7 @@ import pytest
 import clusterenv
 from clusterenv import manifests
 from clusterenv.controlplane import Cluster, register_nodes
-from clusterenv.experiments import condition, experiment, wait_finished
+from clusterenv.experiments import condition, experiment, sweep, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.operatorproc import Operator
 from clusterenv.policies import mutating, refusing
@@ -264,13 +264,12 @@ def test_sweep_passes_that_keep_failing_end_the_sweep_after_the_bound(
     )
     template = short(experiment("template"))["spec"]
     one = {"batchSize": 1, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"}
-    body = {"apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingSweep", "metadata": {"name": "stuck-sweep"},
-            "spec": {"template": template, "strategy": "list", "configurations": [one]}}  # fmt: skip
+    body = sweep("stuck-sweep", template, strategy="list", configurations=[one])
     with refusing(cluster, namespace, statuses, allow, "sweep progress may not be recorded here"):
         cluster.kubectl.apply(body, namespace=namespace)
-        sweep = lambda: get(cluster, namespace, "servingsweep", "stuck-sweep") or {}  # noqa: E731
-        cluster.kubectl.wait_for(lambda: "finishedAt" in sweep().get("status", {}), A_MINUTE + FAILING, "its end")
-    failed = condition(sweep(), "Failed")
+        stored = lambda: get(cluster, namespace, "servingsweep", "stuck-sweep") or {}  # noqa: E731
+        cluster.kubectl.wait_for(lambda: "finishedAt" in stored().get("status", {}), A_MINUTE + FAILING, "its end")
+    failed = condition(stored(), "Failed")
     assert (failed["status"], failed["reason"]) == ("True", "ReconcileFailed"), (failed, operator.log())
     assert "sweep progress may not be recorded here" in failed["message"], failed
     failing = float(re.search(r"kept failing for (\d+) s", failed["message"]).group(1))  # type: ignore[union-attr]

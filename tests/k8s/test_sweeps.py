@@ -20,6 +20,7 @@ import yaml
 
 from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
+from clusterenv.experiments import sweep as sweep_of
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.operatorproc import SERVINGLAB, Operator
 from clusterenv.policies import refusing
@@ -30,12 +31,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
 def sweep(name: str, **spec: Any) -> dict[str, Any]:
     template = experiment("template")["spec"]
     template["load"] = {"concurrency": [4], "warmupSeconds": 0.5, "durationSeconds": 2}
-    return {
-        "apiVersion": "servinglab.dev/v1alpha1",
-        "kind": "ServingSweep",
-        "metadata": {"name": name},
-        "spec": {"template": template, **spec},
-    }
+    return sweep_of(name, template, **spec)
 
 
 class ServerWatch:

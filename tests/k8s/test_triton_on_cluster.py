@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from clusterenv.controlplane import Cluster
-from clusterenv.experiments import condition, experiment, wait_finished
+from clusterenv.experiments import condition, experiment, sweep, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus, grafana_expression, panel_queries
 from clusterenv.operatorproc import Operator
@@ -77,11 +77,8 @@ def test_one_sweep_on_the_cluster_compares_the_three_servers_each_at_its_best(
     kubelet = kubelet_factory()
     template = experiment("template")["spec"]
     template["load"] = {"concurrency": [4], "warmupSeconds": 0.5, "durationSeconds": 2}
-    document = {
-        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingSweep", "metadata": {"name": "three-servers"},
-        "spec": {"template": template, "strategy": "grid", "parallelism": 2, "confirm": {"rounds": 0},
-                 "space": {"kind": {"values": ["torchserve", "litserve", "triton"]}, "batchSize": {"values": [4]}}},
-    }  # fmt: skip
+    space = {"kind": {"values": ["torchserve", "litserve", "triton"]}, "batchSize": {"values": [4]}}
+    document = sweep("three-servers", template, strategy="grid", parallelism=2, confirm={"rounds": 0}, space=space)
     cluster.kubectl.apply(document, namespace=namespace)
 
     def finished() -> bool:
