@@ -20,16 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from servinglab.api import ExperimentSpec, LoadSpec, ServerSpec
-from servinglab.api.results import DataPathRun, EffectiveSettings, Warmup
+from servinglab.api.results import EffectiveSettings
 from servinglab.servers.base import RuntimeNotes, ServerError
+from servinglab.servers.handler import handler_notes
 from servinglab.servers.litserve.config import API_PATH, METRICS_DIR_ENV, SCRIPT, render_script
 from servinglab.servers.litserve.metrics import effective as reported_settings
 from servinglab.servers.litserve.metrics import parse
 from servinglab.servers.process import descendants_running, free_ports, post, stop_group, tail_of, visible_gpus
-
-#: What a worker's handler says of how it runs (a line each in the server's log).
-PRECISION_NOTE, WARMUP_NOTE = "servinglab precision:", "servinglab warm-up:"
-DATA_PATH_NOTE = "servinglab data path:"
 
 
 class LocalLitServe:
@@ -176,13 +173,4 @@ class LocalLitServe:
     def notes(self) -> RuntimeNotes:
         """What the workers' handlers said: the precision's realisation, the data path (the latest worker's)
         and the slowest warm-up."""
-        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
-        precision = [line.split(PRECISION_NOTE, 1)[1].strip() for line in lines if PRECISION_NOTE in line]
-        warmups = [Warmup.model_validate_json(line.split(WARMUP_NOTE, 1)[1]) for line in lines if WARMUP_NOTE in line]
-        warmups = warmups[-self.server.workers :]
-        paths = [line.split(DATA_PATH_NOTE, 1)[1].strip() for line in lines if DATA_PATH_NOTE in line]
-        return RuntimeNotes(
-            precision_note=precision[-1] if precision else None,
-            data_path=DataPathRun.model_validate_json(paths[-1]) if paths else None,
-            warmup=max(warmups, key=lambda report: report.seconds) if warmups else None,
-        )
+        return handler_notes(self.log.read_text(errors="replace") if self.log.exists() else "", self.server.workers)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -36,7 +35,8 @@ import psutil
 
 from servinglab import lifeline
 from servinglab.api import LoadSpec, ServerSpec
-from servinglab.api.results import DataPathRun, EffectiveSettings, Warmup
+from servinglab.api.results import EffectiveSettings
+from servinglab.models.catalogue import HANDLER_FILE
 from servinglab.servers.base import RuntimeNotes, ServerError
 from servinglab.servers.process import descendants_running, free_ports, post, tail_of, visible_gpus
 from servinglab.servers.torchserve.config import (
@@ -47,7 +47,7 @@ from servinglab.servers.torchserve.config import (
     render_properties,
 )
 from servinglab.servers.torchserve.java import find_java_home
-from servinglab.servers.torchserve.launcher import LOAD_ATTEMPTS, LOAD_FAILED, WORKER_DIED
+from servinglab.servers.torchserve.logs import load_failure, read_from, registration_notes, size_of
 
 _LINK_ABOVE_BYTES = 1 << 20
 #: How long TorchServe may take to stop on SIGTERM before what is left of it is killed.
@@ -104,6 +104,8 @@ class LocalTorchServe:
         self.guard: lifeline.Guarded | None = None
         self.process: subprocess.Popen[bytes] | None = None  # the watchdog; its exit status is TorchServe's
         self.started_at: float | None = None
+        self.notes_from = 0  # the model log's size when the current registration began: notes() reads on
+        self.logs_notes = False  # whether the model carries servinglab's handler, which logs them
         self.gpus = visible_gpus()
         self.tmpdir: Path | None = None
 
@@ -134,6 +136,7 @@ class LocalTorchServe:
             else:
                 shutil.copy2(entry, target)
         (model_dir / "model-config.yaml").write_text(render_model_config(self.server, self.load))
+        self.logs_notes = (model_dir / HANDLER_FILE).is_file()
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         metrics_path = self.workdir / "metrics.yaml"
         metrics_path.write_text(render_metrics_config())
@@ -178,6 +181,7 @@ class LocalTorchServe:
             "--disable-token-auth",
         ]  # fmt: skip
         self.started_at = time.monotonic()
+        self.notes_from = size_of(self.workdir / "logs" / "model_log.log")
         with open(self.workdir / "logs" / "launcher.log", "ab") as log:
             # its own process group under a watchdog: stop() ends every descendant, and so does the
             # watchdog when this process dies without stopping it
@@ -206,6 +210,7 @@ class LocalTorchServe:
         self.server, self.load = server, load
         model_dir = self.workdir / "model-store" / self.model_name
         (model_dir / "model-config.yaml").write_text(render_model_config(server, load))
+        self.notes_from = size_of(self.workdir / "logs" / "model_log.log")
         self._http(f"{self.addresses.management}/models/{self.model_name}", 60.0, "DELETE")
         query = urllib.parse.urlencode(
             {"url": self.model_name, "initial_workers": server.workers, "synchronous": "true"}
@@ -226,9 +231,9 @@ class LocalTorchServe:
         deadline = since + timeout_seconds
         last_error = "no answer yet"
         model_log = self.workdir / "logs" / "model_log.log"
-        log_offset = model_log.stat().st_size if model_log.exists() else 0
+        log_offset = size_of(model_log)
         ts_log = self.workdir / "logs" / "ts_log.log"
-        ts_offset = ts_log.stat().st_size if ts_log.exists() else 0
+        ts_offset = size_of(ts_log)
         while time.monotonic() < deadline:
             self.check_alive()
             self._check_model_loads(model_log, log_offset, ts_offset)
@@ -246,26 +251,15 @@ class LocalTorchServe:
         )
 
     def _check_model_loads(self, model_log: Path, offset: int, ts_offset: int = 0) -> None:
-        """Fail at once when the workers cannot load the model: TorchServe would retry for ever. Either
-        initialize() raised (the model log says so) or the handler could not even be imported (the
-        frontend logs the worker's death; the model log ends with the exception)."""
-        text = _read_from(model_log, offset)
-        failures = [line.split(LOAD_FAILED, 1)[1] for line in text.splitlines() if LOAD_FAILED in line]
-        if len(failures) >= LOAD_ATTEMPTS:
-            cause = failures[-1].split(", exception ", 1)[-1].strip()
-        else:
-            died = _read_from(self.workdir / "logs" / "ts_log.log", ts_offset).count(
-                WORKER_DIED.format(model=self.model_name)
+        """Fail at once when the workers cannot load the model: TorchServe would retry for ever."""
+        ts_text = read_from(self.workdir / "logs" / "ts_log.log", ts_offset)
+        failed = load_failure(self.model_name, read_from(model_log, offset), ts_text)
+        if failed is not None:
+            attempts, cause = failed
+            raise ServerError(
+                f"ModelLoadFailed: TorchServe's workers could not load {self.model_name} "
+                f"({attempts} attempts): {cause}; logs in {self.workdir / 'logs'}"
             )
-            if died < LOAD_ATTEMPTS:
-                return
-            failures = [""] * died
-            errors = [line.split("MODEL_LOG - ", 1)[1] for line in text.splitlines() if _EXCEPTION.search(line)]
-            cause = errors[-1].strip() if errors else "the worker died while loading the handler"
-        raise ServerError(
-            f"ModelLoadFailed: TorchServe's workers could not load {self.model_name} "
-            f"({len(failures)} attempts): {cause}; logs in {self.workdir / 'logs'}"
-        )
 
     def check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:
@@ -342,42 +336,12 @@ class LocalTorchServe:
     def request_path(self) -> str:
         return f"/predictions/{self.model_name}"
 
-    def notes(self) -> RuntimeNotes:
-        """What the handler logged about how it runs: its precision, its data path (the latest worker's), and
-        its warm-up (the slowest of the current workers: they warm up side by side)."""
-        logs = self.workdir / "logs"
-        precision = _worker_statements(logs, "servinglab precision:")
-        reports = [Warmup.model_validate_json(text) for text in _worker_statements(logs, "servinglab warm-up:")]
-        warmups = reports[-self.server.workers :]
-        paths = _worker_statements(logs, "servinglab data path:")
-        return RuntimeNotes(
-            precision_note=precision[-1] if precision else None,
-            data_path=DataPathRun.model_validate_json(paths[-1]) if paths else None,
-            warmup=max(warmups, key=lambda report: report.seconds) if warmups else None,
-        )
+    def notes(self, wait_seconds: float = 15.0) -> RuntimeNotes:
+        """What the current registration's workers logged about how they run (see
+        :func:`~servinglab.servers.torchserve.logs.registration_notes`)."""
+        return registration_notes(self.workdir / "logs" / "model_log.log", self.notes_from, self.server.workers,
+                                  wait_seconds if self.logs_notes else 0.0, self.check_alive)  # fmt: skip
 
     def predict(self, body: bytes, content_type: str, timeout: float = 60.0) -> tuple[int, Any]:
         """One inference request (used by tests and the runner's sanity check)."""
         return post(self.addresses.inference + self.request_path, body, content_type, timeout)
-
-
-def _worker_statements(logs: Path, marker: str) -> list[str]:
-    """What the handler logged after `marker` ("servinglab precision:", ...), oldest first."""
-    log = logs / "model_log.log"
-    if not log.exists():
-        return []
-    lines = log.read_text(errors="replace").splitlines()
-    return [line.split(marker, 1)[1].strip() for line in lines if marker in line]
-
-
-#: A model-log line carrying an exception ("MODEL_LOG - AttributeError: ...").
-_EXCEPTION = re.compile(r"MODEL_LOG - [A-Za-z_.]*(Error|Exception): ")
-
-
-def _read_from(log: Path, offset: int) -> str:
-    """What `log` gained after `offset` bytes ("" while it does not exist)."""
-    if not log.exists():
-        return ""
-    with log.open("rb") as handle:
-        handle.seek(offset)
-        return handle.read().decode(errors="replace")

@@ -24,8 +24,9 @@ from types import TracebackType
 from typing import Any
 
 from servinglab.api import LoadSpec, ServerSpec
-from servinglab.api.results import EffectiveSettings, Warmup
+from servinglab.api.results import EffectiveSettings
 from servinglab.servers.base import RuntimeNotes, ServerError
+from servinglab.servers.handler import handler_notes
 from servinglab.servers.process import descendants_running, free_ports, stop_group, tail_of, visible_gpus
 from servinglab.servers.triton.config import AppliedConfig, read_applied, render_config
 from servinglab.servers.triton.env import TritonEnvMissing, find_env
@@ -219,17 +220,7 @@ class LocalTriton:
         """What servinglab's model printed about its precision and warm-up (the slowest of the current
         instances: they warm up side by side)."""
         log = self.workdir / _LOG
-        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
-
-        def said(marker: str) -> list[str]:
-            return [line.split(marker, 1)[1].strip() for line in lines if marker in line]
-
-        precision = said("servinglab precision:")
-        warmups = [Warmup.model_validate_json(text) for text in said("servinglab warm-up:")][-self.server.workers :]
-        return RuntimeNotes(
-            precision_note=precision[-1] if precision else None,
-            warmup=max(warmups, key=lambda report: report.seconds) if warmups else None,
-        )
+        return handler_notes(log.read_text(errors="replace") if log.exists() else "", self.server.workers)
 
     def predict(self, body: bytes, content_type: str, timeout: float = 60.0) -> tuple[int, Any]:
         """One inference request of a payload (sent as the KServe v2 protocol's binary BYTES element)."""
