@@ -17,6 +17,8 @@ import yaml
 pytestmark = pytest.mark.torchserve
 
 SMOKE = Path(__file__).resolve().parents[2] / "examples" / "experiment-smoke.yaml"
+#: How late the server's window may open after the client's on a busy host (its metrics read at each edge).
+SCRAPE_SECONDS = 0.25
 
 
 def run_experiment(servinglab_cmd: list[str], experiment: Path, output: Path) -> subprocess.CompletedProcess[str]:
@@ -166,10 +168,12 @@ def test_two_generator_processes_against_torchserve_count_what_the_server_served
     for level in json.loads(output.read_text())["results"]:
         assert level["errors"] == 0 and level["requests"] > 0
         assert level["generator"]["generators"] == 2 and len(level["generator"]["perGenerator"]) == 2
-        # the merged count is the server's: TorchServe's own counter over the same window agrees with it
-        # (up to the requests in flight at the window's edges)
-        served = level["server"]["serverRequests"]
-        assert abs(served - level["requests"]) <= 2 * level["concurrency"], (served, level["requests"])
+        # the merged count is the server's: TorchServe's own counter over the same window agrees with it, up
+        # to the requests in flight at the window's edges and those answered while its metrics were read
+        # (the server's window opens when they are: CI saw 263 against 269 at 90 rps, 67 ms)
+        served, edges = level["server"]["serverRequests"], 2 * level["concurrency"]
+        assert abs(served - level["requests"]) <= edges + SCRAPE_SECONDS * level["throughputRps"], (
+            served, level["requests"])  # fmt: skip
 
 
 def test_open_loop_run_with_peak_search_ceiling_and_report(

@@ -326,6 +326,6 @@ def test_two_load_pods_drive_one_level_and_their_requests_merge_into_one_result(
     assert generator["generators"] == 2 and all(g["cpuPercent"] > 0 for g in generator["perGenerator"]), generator
     assert level["errors"] == 0 and level["concurrency"] == 6
     # one count for both pods, and TorchServe's own counter over the same window agrees with it (up to
-    # the requests in flight at the window's edges)
+    # the requests in flight at the window's edges and those answered while its metrics were read)
     served = level["server"]["serverRequests"]
-    assert abs(served - level["requests"]) <= 2 * 6, (served, level["requests"])
+    assert abs(served - level["requests"]) <= 2 * 6 + 0.25 * level["throughputRps"], (served, level["requests"])
