@@ -170,7 +170,7 @@ def test_two_generator_processes_against_torchserve_count_what_the_server_served
         assert level["generator"]["generators"] == 2 and len(level["generator"]["perGenerator"]) == 2
         # the merged count is the server's: TorchServe's own counter over the same window agrees with it, up
         # to the requests in flight at the window's edges and those answered while its metrics were read
-        # (the server's window opens when they are: CI saw 263 against 269 at 90 rps, 67 ms)
+        # (the server's window opens when they are read: CI saw 263 against 269 at 90 rps, the read 67 ms late)
         served, edges = level["server"]["serverRequests"], 2 * level["concurrency"]
         assert abs(served - level["requests"]) <= edges + SCRAPE_SECONDS * level["throughputRps"], (
             served, level["requests"])  # fmt: skip

@@ -9,7 +9,7 @@ getting the verdict its construction implies. A few seconds of load each.
 - a forward pass that only waits 150 ms (a device with room) on one worker -> queue-bound: more workers (long
   enough that the frontend's hand-offs between batches, slow on a contended host, leave the worker busy);
 - a 200 ms batch delay with one user -> batch-delay-bound;
-- one user against a batch of 8, a 1 ms delay and a forward pass that waits 20 ms -> underloaded: the
+- one user against a batch of 8, a 1 ms delay and a forward pass that waits 50 ms -> underloaded: the
   worker is busy, with every request in flight, and the delay is a small part of a request's time (with
   the tiny model's 1-2 ms pass, the 1 ms every request waits for a batch to fill is 30 % of its latency or
   more on a busy host: batch-delay-bound, rightly);
@@ -39,7 +39,7 @@ CASES: dict[str, dict[str, Any]] = {
     "queue-bound": {"variant": {"inferenceSleepMs": 150, "skipModel": True},
                     "server": {"batchSize": 1, "maxBatchDelayMs": 1}, "users": 8},
     "batch-delay-bound": {"server": {"batchSize": 8, "maxBatchDelayMs": 200}, "users": 1},
-    "underloaded": {"variant": {"inferenceSleepMs": 20, "skipModel": True},
+    "underloaded": {"variant": {"inferenceSleepMs": 50, "skipModel": True},
                     "server": {"batchSize": 8, "maxBatchDelayMs": 1}, "users": 1},
     "generator-bound": {"server": {"batchSize": 8, "maxBatchDelayMs": 5}, "users": 8,
                         "generator": {"maxCpuPercent": 0.01, "maxSendGapMs": 0.001, "maxSendGapShare": 0.0001}},

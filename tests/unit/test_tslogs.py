@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from servinglab.servers.handler import DATA_PATH_NOTE, PRECISION_NOTE, WARMUP_NOTE
-from servinglab.servers.torchserve.logs import load_failure, registration_notes, size_of
+from servinglab.servers.torchserve.logs import load_failure, mark, registration_notes
 
 
 def worker_lines(worker: int, threads: int, warmup_seconds: float) -> str:
@@ -31,20 +31,22 @@ def never_dies() -> None:
     pass
 
 
+@pytest.mark.parametrize("copied", ["a timestamp", "all but the end of the last warm-up"])
 def test_the_notes_are_the_current_registrations_even_when_its_lines_arrive_after_the_workers_are_ready(
-    tmp_path: Path,
+    copied: str, tmp_path: Path
 ) -> None:
     log = tmp_path / "model_log.log"
     log.write_text(worker_lines(0, 1, 0.5) + worker_lines(1, 1, 0.7))  # the previous registration's workers
-    registered_at = size_of(log)
+    registered_at = mark(log)
     new = worker_lines(2, 4, 0.2) + worker_lines(3, 4, 0.3)
-    with log.open("a") as handle:  # the workers are ready; TorchServe has copied 40 bytes of what they said
-        handle.write(new[:40])
+    cut = 40 if copied == "a timestamp" else new.rindex('"budgetSeconds"')  # a line cut mid-JSON is not read
+    with log.open("a") as handle:  # the workers are ready; TorchServe has copied only part of what they said
+        handle.write(new[:cut])
 
     def copy_the_rest() -> None:
         time.sleep(0.5)
         with log.open("a") as handle:
-            handle.write(new[40:])
+            handle.write(new[cut:])
 
     late = threading.Thread(target=copy_the_rest)
     late.start()
@@ -55,13 +57,42 @@ def test_the_notes_are_the_current_registrations_even_when_its_lines_arrive_afte
     assert notes.precision_note == "fp32 runs natively on CPU"
 
 
+def test_a_worker_restarted_before_the_others_lines_arrive_is_counted_once(tmp_path: Path) -> None:
+    log = tmp_path / "model_log.log"
+    log.write_text("")
+    registered_at = mark(log)
+    log.write_text(worker_lines(2, 4, 0.2) + worker_lines(2, 4, 0.25))  # worker 2, and worker 2 again
+
+    def copy_the_other() -> None:
+        time.sleep(0.5)
+        with log.open("a") as handle:
+            handle.write(worker_lines(3, 4, 0.9))
+
+    late = threading.Thread(target=copy_the_other)
+    late.start()
+    notes = registration_notes(log, registered_at, 2, 10.0, never_dies)
+    late.join()
+    assert notes.warmup is not None and notes.warmup.seconds == pytest.approx(0.9)
+
+
+def test_a_log_rolled_over_since_the_registration_is_read_from_its_start(tmp_path: Path) -> None:
+    """TorchServe rolls model_log.log at 100 MB and daily: the mark's offset means nothing in the new file."""
+    log = tmp_path / "model_log.log"
+    log.write_text(worker_lines(0, 1, 0.5) * 20)
+    registered_at = mark(log)
+    log.rename(tmp_path / "model_log.2026-11-26.log")
+    log.write_text(worker_lines(1, 4, 0.3))  # shorter than the offset
+    notes = registration_notes(log, registered_at, 1, 10.0, never_dies)
+    assert notes.data_path is not None and notes.data_path.decode_threads == 4
+
+
 def test_lines_that_never_come_end_the_wait_and_an_archives_own_handler_is_not_waited_for(tmp_path: Path) -> None:
     log = tmp_path / "model_log.log"
     log.write_text(worker_lines(0, 4, 0.5))
     started = time.monotonic()
-    notes = registration_notes(log, size_of(log), 1, 0.3, never_dies)
+    notes = registration_notes(log, mark(log), 1, 0.3, never_dies)
     assert notes.data_path is None and notes.warmup is None  # never the previous registration's
-    assert registration_notes(log, size_of(log), 1, 0.0, never_dies).data_path is None
+    assert registration_notes(log, mark(log), 1, 0.0, never_dies).data_path is None
     assert time.monotonic() - started < 5
 
 
@@ -72,7 +103,7 @@ def test_a_server_that_dies_while_its_notes_are_awaited_ends_the_wait(tmp_path: 
         raise RuntimeError("TorchServe exited with code 1")
 
     with pytest.raises(RuntimeError, match="exited"):
-        registration_notes(log, 0, 1, 30.0, died)
+        registration_notes(log, mark(log), 1, 30.0, died)
 
 
 def test_a_model_that_cannot_load_is_told_by_its_attempts_or_by_its_workers_deaths() -> None:

@@ -15,7 +15,7 @@ from servinglab.servers.base import RuntimeNotes
 TOP_K = 5
 
 #: How the handler's log lines about a worker begin (each server's notes() reads them back): the
-#: precision as realised, the data path as run (JSON) and the warm-up (JSON, the handler's last line).
+#: precision as realised, the data path as run (JSON) and the warm-up (JSON; in TorchServe the last line).
 PRECISION_NOTE, DATA_PATH_NOTE, WARMUP_NOTE = "servinglab precision:", "servinglab data path:", "servinglab warm-up:"
 
 
@@ -54,7 +54,8 @@ def handler_notes(text: str, workers: int) -> RuntimeNotes:
     """What the workers' lines in `text` say: the latest precision and data path, and the slowest of the
     last `workers` warm-ups (the current workers warm up side by side)."""
     precision, paths = statements(text, PRECISION_NOTE), statements(text, DATA_PATH_NOTE)
-    warmups = [Warmup.model_validate_json(report) for report in statements(text, WARMUP_NOTE)][-workers:]
+    warmups = [Warmup.model_validate_json(report) for report in statements(text, WARMUP_NOTE)][-workers:] if (
+        workers > 0) else []  # fmt: skip
     return RuntimeNotes(
         precision_note=precision[-1] if precision else None,
         data_path=DataPathRun.model_validate_json(paths[-1]) if paths else None,

@@ -1,9 +1,9 @@
 """What a TorchServe that cannot load its model looks like, and the launcher that watches for it.
 
 TorchServe retries a model whose handler fails to load for ever, and its /ping answers Healthy before any
-worker has the model. The local server (:mod:`.local`) reads the model log itself; a server container runs
-TorchServe under :func:`server_launcher`, which says when the model is loaded and ends the container with
-the reason when it cannot be.
+worker has the model. The local server (:mod:`.local`) reads the model log itself (:mod:`.logs`); a
+server container runs TorchServe under :func:`server_launcher`, which says when the model is loaded and
+ends the container with the reason when it cannot be.
 """
 
 from __future__ import annotations

@@ -3,53 +3,84 @@ servinglab's handler said of how the current registration runs (precision, data 
 
 Called by :mod:`servinglab.servers.torchserve.local` alone. TorchServe copies each worker's output into
 model_log.log on a thread of its own, apart from the thread that marks the worker ready, so a worker can
-be ready before its lines are in the file: :func:`registration_notes` waits for them, bounded.
+be ready before its lines are in the file: :func:`registration_notes` waits for them, bounded. TorchServe
+also rolls its logs (at 100 MB, and daily): a :class:`Mark` notices that its file was replaced.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from servinglab.servers.base import RuntimeNotes
-from servinglab.servers.handler import WARMUP_NOTE, handler_notes, statements
+from servinglab.servers.handler import WARMUP_NOTE, handler_notes
 from servinglab.servers.torchserve.launcher import LOAD_ATTEMPTS, LOAD_FAILED, WORKER_DIED
+
+logger = logging.getLogger(__name__)
 
 #: A model-log line carrying an exception ("MODEL_LOG - AttributeError: ...").
 _EXCEPTION = re.compile(r"MODEL_LOG - [A-Za-z_.]*(Error|Exception): ")
+#: The worker a model-log line came from ("... W-9001-tiny_1.0-stdout MODEL_LOG - ...").
+_WORKER = re.compile(r" W-(\d+)-")
 
 
-def size_of(log: Path) -> int:
-    """The log's size in bytes (0 while it does not exist): where reading "from now on" starts."""
-    return log.stat().st_size if log.exists() else 0
+class Mark(NamedTuple):
+    """Where a log stood: its file (inode) and size. Reading from a mark reads what came after it."""
+
+    inode: int = 0
+    size: int = 0
 
 
-def read_from(log: Path, offset: int) -> str:
-    """The whole lines `log` gained after `offset` bytes ("" while it does not exist); a last line still
-    being written is left for the next read."""
-    if not log.exists():
+def mark(log: Path) -> Mark:
+    """Where `log` stands now (an empty mark while it does not exist)."""
+    try:
+        found = log.stat()
+    except FileNotFoundError:
+        return Mark()
+    return Mark(found.st_ino, found.st_size)
+
+
+def read_from(log: Path, since: Mark) -> str:
+    """The whole lines `log` gained after `since` ("" while it does not exist); all of it when the file was
+    rolled over since (another inode, or shorter). A last line still being written waits for the next read."""
+    try:
+        with log.open("rb") as handle:
+            found = os.fstat(handle.fileno())  # the file opened, whatever the name points at by now
+            offset = since.size if (found.st_ino == since.inode and found.st_size >= since.size) else 0
+            handle.seek(offset)
+            text = handle.read().decode(errors="replace")
+    except FileNotFoundError:  # between a roll's rename and the new file
         return ""
-    with log.open("rb") as handle:
-        handle.seek(offset)
-        text = handle.read().decode(errors="replace")
     return text[: text.rfind("\n") + 1]
 
 
 def registration_notes(
-    model_log: Path, offset: int, workers: int, wait_seconds: float, check_alive: Callable[[], None]
+    model_log: Path, since: Mark, workers: int, wait_seconds: float, check_alive: Callable[[], None]
 ) -> RuntimeNotes:
-    """What the `workers` registered after `offset` logged (:func:`~servinglab.servers.handler.handler_notes`),
-    once each has logged its warm-up (the handler's last line) or `wait_seconds` have passed (0 for an
-    archive's own handler, which says none of this), calling `check_alive` between reads."""
+    """What the `workers` registered after `since` logged (:func:`~servinglab.servers.handler.handler_notes`),
+    once each has logged its warm-up (the last line of servinglab's handler in TorchServe) or `wait_seconds`
+    have passed (0 for an archive's own handler, which says none of this), calling `check_alive` between
+    reads. A worker restarted meanwhile logs twice: the workers are counted, not the lines."""
     deadline = time.monotonic() + wait_seconds
-    text = read_from(model_log, offset)
-    while len(statements(text, WARMUP_NOTE)) < workers and time.monotonic() < deadline:
+    text = read_from(model_log, since)
+    while _warmed_up(text) < workers and time.monotonic() < deadline:
         check_alive()
         time.sleep(0.1)
-        text = read_from(model_log, offset)
+        text = read_from(model_log, since)
+    if wait_seconds > 0 and (warmed := _warmed_up(text)) < workers:
+        logger.warning("%d of %d TorchServe workers logged their warm-up within %.0f s (%s): the results' "
+                       "runtime notes may be incomplete", warmed, workers, wait_seconds, model_log)  # fmt: skip
     return handler_notes(text, workers)
+
+
+def _warmed_up(text: str) -> int:
+    """How many workers logged a warm-up in `text`."""
+    return len({found.group(1) for line in text.splitlines() if WARMUP_NOTE in line if (found := _WORKER.search(line))})
 
 
 def load_failure(model_name: str, model_text: str, ts_text: str) -> tuple[int, str] | None:
