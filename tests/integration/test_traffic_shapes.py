@@ -61,8 +61,11 @@ def test_a_step_of_users_shared_by_two_generators_reports_each_step(
     one, four = level["phases"]
     assert (one["users"], four["users"]) == (1, 4) and level["errors"] == 0
     assert one["requests"] + four["requests"] == level["requests"]
-    # the tiny model batches: four users are served more requests than one
-    assert four["throughputRps"] > one["throughputRps"], (one, four)
+    # each step held its users: by Little's law, throughput x mean latency is the requests in flight, about
+    # the step's users in a closed loop (less by the generators' own gaps). Not "four users are served more":
+    # on a busy host (CI's) four users' latency grew tenfold, 37.5 rps at one user against 24.7 at four.
+    in_flight = [phase["throughputRps"] * phase["latencyMs"]["mean"] / 1000 for phase in (one, four)]
+    assert 0.5 <= in_flight[0] <= 1.05 and 2.0 <= in_flight[1] <= 4.2, (in_flight, one, four)
     assert level["generator"]["generators"] == 2
 
 
