@@ -106,7 +106,6 @@ class LocalTorchServe:
         self.started_at: float | None = None
         # where the model log and ts_log stood when the current registration began: what follows is its
         self.registered_at = (Mark(), Mark())
-        self.logs_notes = False  # whether the model carries servinglab's handler, which logs them
         self.gpus = visible_gpus()
         self.tmpdir: Path | None = None
 
@@ -137,9 +136,6 @@ class LocalTorchServe:
             else:
                 shutil.copy2(entry, target)
         (model_dir / "model-config.yaml").write_text(render_model_config(self.server, self.load))
-        # servinglab's handler logs how each worker runs (also a variant of it, as the verdict tests serve);
-        # an archive's own handler says nothing of the kind, and notes() does not wait for it
-        self.logs_notes = (model_dir / HANDLER_FILE).is_file()
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         metrics_path = self.workdir / "metrics.yaml"
         metrics_path.write_text(render_metrics_config())
@@ -342,9 +338,11 @@ class LocalTorchServe:
 
     def notes(self, wait_seconds: float = 15.0) -> RuntimeNotes:
         """What the current registration's workers logged about how they run (see
-        :func:`~servinglab.servers.torchserve.logs.registration_notes`)."""
+        :func:`~servinglab.servers.torchserve.logs.registration_notes`). Only servinglab's handler (or a
+        variant of it, as the verdict tests serve) says so: an archive's own handler is not waited for."""
+        ours = (self.workdir / "model-store" / self.model_name / HANDLER_FILE).is_file()
         return registration_notes(self.workdir / "logs" / "model_log.log", self.registered_at[0], self.server.workers,
-                                  wait_seconds if self.logs_notes else 0.0, self.check_alive)  # fmt: skip
+                                  wait_seconds if ours else 0.0, self.check_alive)  # fmt: skip
 
     def predict(self, body: bytes, content_type: str, timeout: float = 60.0) -> tuple[int, Any]:
         """One inference request (used by tests and the runner's sanity check)."""
