@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo smoke test lint typecheck unit integration k8s control-plane triton-env chart-crd images clean
+.PHONY: help setup demo smoke test lint typecheck unit integration k8s control-plane triton-env chart-crd images gpu-check outdated clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -56,6 +56,12 @@ k8s: setup control-plane triton-env ## tests against the local Kubernetes contro
 
 test: setup triton-env ## everything CI runs: lint, types, every test (slow parts side by side: hack/test.sh)
 	hack/test.sh
+
+gpu-check: ## the one GPU check on a GPU machine (JSON + Markdown in gpu-check/); DRY_RUN=1: its CPU dry run
+	hack/gpu-check.sh
+
+outdated: setup ## list the pinned dependencies with a newer release on PyPI (changes no pin)
+	$(BIN)/python hack/outdated.py
 
 clean: ## remove build outputs (keeps .venv)
 	rm -rf model-store/build .pytest_cache .mypy_cache .ruff_cache results-*.json

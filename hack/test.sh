@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# Everything CI runs (`make test`, the README's test command): lint, types, every test. The slow parts
-# that only wait on each other run side by side:
+# Everything CI runs (`make test`, the README's test command): lint, types, every test. The parts that
+# do not need each other start together, so a cold run costs about the control-plane build plus the
+# cluster tests, not the sum of everything:
 #   - the images (`hack/images.sh`, for the real-node tests) build in the background from the start;
-#   - the control plane is built or reused (cached by version) while they do;
-#   - lint and type checks;
-#   - then two pytest sessions at once: unit + integration (real TorchServe processes) and tests/k8s
-#     (its own control plane; the real-node tests wait for the images if they are still building).
-# Each session's output is prefixed ([local] / [k8s]) and kept whole under $SERVINGLAB_TEST_LOGS
-# (default test-logs/). The exit status is non-zero when any part failed; every part runs to its end.
+#   - the control plane is built or reused (cached by version) from the start;
+#   - unit + integration (real TorchServe processes) start at once: they need no control plane;
+#   - lint and type checks run one after another beside them;
+#   - tests/k8s (its own control plane) starts as soon as the control-plane build is done; its
+#     real-node tests wait for the images if they are still building.
+# Each part's output is prefixed ([local] / [k8s] / [lint] / [control-plane]) and kept whole under
+# $SERVINGLAB_TEST_LOGS (default test-logs/). Every part runs to its end; the exit status is non-zero
+# when any part failed.
 #
 #   hack/test.sh [PYTEST ARGS...]     extra arguments go to both pytest sessions
 set -uo pipefail
+# `wait -n -p` (bash 5.1+) collects the parts in the order they end
+((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501)) || { echo "hack/test.sh needs bash 5.1 or later" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 logs=${SERVINGLAB_TEST_LOGS:-test-logs}
 mkdir -p "$logs"
+# a part that does not run this time (tests/k8s after a failed control-plane build) leaves no old log behind
+rm -f "$logs"/{local,k8s,lint,control-plane}.log
 started=$SECONDS
 say() { printf '[test %s +%ds] %s\n' "$(date +%T)" "$((SECONDS - started))" "$*"; }
 
@@ -23,9 +30,20 @@ cleanup() { for pid in "${children[@]}"; do kill -- "-$pid" 2>/dev/null || kill 
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+background() { # NAME COMMAND...: run COMMAND in the background, its output prefixed [NAME] and kept in
+  # $logs/NAME.log; the job's status is COMMAND's. Its own process group (set -m), so cleanup ends all of it.
+  local name=$1
+  shift
+  set -m
+  ( "$@" 2>&1 | tee "$logs/$name.log" | sed -u "s/^/[$name] /"
+    exit "${PIPESTATUS[0]}" ) &
+  set +m
+  children+=("$!")
+}
+
 # the same images the suite's `images` fixture asks for (tests/conftest.py)
 export STANDIN=1 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://pypi.org/simple}
-set -m  # each background part in its own process group, so that cleanup ends all of it
+set -m
 hack/images.sh >"$logs/images.out" 2>"$logs/images.log" &
 images=$!
 children+=("$images")
@@ -36,40 +54,81 @@ say "images building in the background (log: $logs/images.log)"
 free_disk() { df -h --output=avail,target / "${TMPDIR:-/tmp}" "$HOME" 2>/dev/null | tail -n +2 | sort -u | tr -s ' ' | paste -sd ';'; }
 say "free disk:$(free_disk)"
 
-failed=()
-step() { # NAME COMMAND...: run in the foreground, note a failure, go on
+# Cold, the control-plane build is the longest part before any cluster test (about 18 minutes on CI's
+# machines); warm, it returns in well under a second. Only tests/k8s waits for it.
+background control-plane hack/build-control-plane.sh
+control_plane=$!
+
+pytest_session() { "$BIN/pytest" -p no:cacheprovider --durations=15 "$@"; }
+background local pytest_session tests/unit tests/integration "$@"
+local_tests=$!
+say "unit + integration started; control plane building or reused"
+
+# The checks run one after another (they are CPU-bound, and so are the tests beside them); a background
+# job cannot add to `failed`, so each failed check's name goes to a file read at the end.
+lint_failed="$logs/lint.failed"
+: >"$lint_failed"
+check() { # NAME COMMAND...
   local name=$1
   shift
   say "$name"
-  "$@" || failed+=("$name")
+  "$@" || echo "$name" >>"$lint_failed"
 }
-step control-plane hack/build-control-plane.sh
-step ruff "$BIN/ruff" check .
-step ruff-format "$BIN/ruff" format --check .
-step import-contracts "$BIN/lint-imports" --no-cache
-step mypy "$BIN/mypy"
+checks() {
+  check ruff "$BIN/ruff" check .
+  check ruff-format "$BIN/ruff" format --check .
+  check import-contracts "$BIN/lint-imports" --no-cache
+  check mypy "$BIN/mypy"
+}
+background lint checks
+lint=$!
 
-session() { # NAME PYTEST ARGS...: a pytest session in the background, output prefixed and logged
-  local name=$1
-  shift
-  ( "$BIN/pytest" -p no:cacheprovider --durations=15 "$@" 2>&1 | tee "$logs/$name.log" | sed -u "s/^/[$name] /"
-    exit "${PIPESTATUS[0]}" ) &
-}
-set -m
-session local tests/unit tests/integration "$@"
-local_tests=$!
-session k8s tests/k8s "$@"
-k8s_tests=$!
-set +m
-children+=("$local_tests" "$k8s_tests")
-say "unit + integration and tests/k8s running side by side"
-wait "$local_tests" || failed+=("unit+integration")
-say "unit + integration done"
-wait "$k8s_tests" || failed+=("k8s")
-say "tests/k8s done"
-# a failed background build is not a failure of its own: the real-node tests build the images themselves
-# when they are not there, and fail if they cannot
-wait "$images" || say "the background image build failed (see $logs/images.log); the tests built them"
+# Collect the parts in the order they end (not the order they started): each "done" line is on time, and
+# tests/k8s starts the moment the control plane is there.
+failed=()
+k8s_tests=
+pending=("$control_plane" "$local_tests" "$lint" "$images")
+while ((${#pending[@]})); do
+  ended=
+  wait -n -p ended "${pending[@]}"
+  status=$?
+  [[ -n $ended ]] || { failed+=(lost-a-part); say "wait returned no part ($status)"; break; }
+  still=()
+  for pid in "${pending[@]}"; do [[ $pid == "$ended" ]] || still+=("$pid"); done
+  pending=("${still[@]}")
+  case $ended in
+    "$control_plane")
+      if ((status == 0)); then
+        say "control plane ready"
+        background k8s pytest_session tests/k8s "$@"
+        k8s_tests=$!
+        pending+=("$k8s_tests")
+        say "tests/k8s started"
+      else
+        # the cluster fixture would only try the same build again
+        failed+=(control-plane k8s)
+        say "control-plane build failed (see $logs/control-plane.log): tests/k8s not run"
+      fi
+      ;;
+    "$local_tests")
+      ((status == 0)) || failed+=("unit+integration")
+      say "unit + integration done"
+      ;;
+    "$lint")
+      mapfile -t -O "${#failed[@]}" failed <"$lint_failed"
+      say "lint and type checks done"
+      ;;
+    "$k8s_tests")
+      ((status == 0)) || failed+=(k8s)
+      say "tests/k8s done"
+      ;;
+    "$images")
+      # a failed background build is not a failure of its own: the real-node tests build the images
+      # themselves when they are not there, and fail if they cannot
+      ((status == 0)) || say "the background image build failed (see $logs/images.log); the tests built them"
+      ;;
+  esac
+done
 
 if ((${#failed[@]})); then
   # what failed, from both sessions, last: CI shows the end of this output. First every failed test, then

@@ -310,7 +310,9 @@ class BatchMaker:
             if i in pixels or i in errors:
                 continue
             try:
-                pixels[i] = torch.from_numpy(decode_image(body, self.size)).permute(2, 0, 1).to(self.device)
+                # PIL's pixels are read-only: torch warns on (and may not write to) a tensor over them
+                decoded_pixels = np.array(decode_image(body, self.size))
+                pixels[i] = torch.from_numpy(decoded_pixels).permute(2, 0, 1).to(self.device)
             except BadInput as exc:
                 errors[i] = str(exc)
         valid = sorted(pixels)

@@ -1,13 +1,18 @@
-"""Triton's Python backend entry point: servinglab's built-in image classifiers served by Triton.
+"""Triton's Python backend entry point: servinglab's built-in image classifiers and a user's own TorchScript
+file or exported program served by Triton.
 
 servinglab writes it into the model repository as `<model>/1/model.py`, beside `servinglab_imaging.py`
-(the decoding, batching and precision code every server runs) and the model's build (`build/`: its
-`model.py` with `build_model()` and its seeded weights). The model configuration's parameters say the
-precision, the warm-up and the top-k of the answer (servinglab's renderer writes them from the spec).
+(the decoding, batching and precision code every server runs), `servinglab_image_handler.py` and the
+model's build (`build/`: a built-in's `model.py` with `build_model()` and its seeded weights, or the user's
+`model.pt`/`model.pt2` with its declared input, `servinglab-input.json`). The model configuration's
+parameters say the precision, the warm-up and the top-k of the answer (servinglab's renderer writes them
+from the spec).
 
-One request carries one encoded image (JPEG, PNG or a .npy uint8 tensor) as the one element of the BYTES
-input; Triton's dynamic batcher hands `execute` the requests of a batch. A request that cannot be decoded
-gets its own error; the rest of the batch is served. The answer is the top-k classes and probabilities.
+One request carries one body (an encoded image, a .npy array or a JSON list for a tensor input) as the one
+element of the BYTES input; Triton's dynamic batcher hands `execute` the requests of a batch. A request that
+cannot be decoded gets its own error; the rest of the batch is served. A built-in answers with its top-k
+classes and probabilities. A user's model is loaded, converted and run by the handler's own `load()` and
+`run()` (the very code TorchServe and LitServe run) and answers with the handler's JSON (the ANSWER output).
 
 The stub that runs this file ignores PYTHONPATH: the packages it needs (numpy 1 for the stub, then torch
 and pillow) are named in SERVINGLAB_TRITON_SITE (:mod:`servinglab.servers.triton.env`) and added first.
@@ -46,6 +51,9 @@ from servinglab_imaging import (  # noqa: E402
 
 #: The model's build, beside this file.
 BUILD_DIR = "build"
+#: Beside a user's packed model: its declared input (written by servinglab; the handler reads it).
+INPUT_FILE = "servinglab-input.json"
+SERIALIZED_FILES = ("model.pt", "model.pt2")
 
 
 class TritonPythonModel:
@@ -60,10 +68,14 @@ class TritonPythonModel:
             torch.cuda.set_device(self.device)
         self.top_k = int(parameters.get("top_k", "5"))
         self.channels_last = self.device.type == "cuda"  # pays off with cuDNN convolutions
+        build = Path(__file__).resolve().parent / BUILD_DIR
+        self.handler: Any = None
+        if (build / INPUT_FILE).is_file():
+            self._load_user_model(build, parameters, args, int(config.get("max_batch_size", 1)))
+            return
         self.plan = plan_precision(parameters.get("precision", "fp32"), self.device)
         print(f"servinglab precision: {self.plan.note}", flush=True)
 
-        build = Path(__file__).resolve().parent / BUILD_DIR
         definition = _import_file(build / "model.py", f"servinglab_model_{args['model_instance_name']}")
         self.input_size = int(getattr(definition, "INPUT_SIZE", 224))
         model = definition.build_model()
@@ -73,6 +85,23 @@ class TritonPythonModel:
         sizes = [int(size) for size in parameters.get("warmup_batch_sizes", "").split(",") if size]
         report = warm_up(self._forward_zeros, sizes, float(parameters.get("warmup_seconds", "60")))
         print(f"servinglab warm-up: {json.dumps(report)}", flush=True)
+
+    def _load_user_model(self, build: Path, parameters: dict[str, str], args: dict[str, Any], batch: int) -> None:
+        """A user's TorchScript/.pt2 model, loaded, converted and warmed up by the handler (as on every server)."""
+        from servinglab_image_handler import ServinglabImageHandler
+
+        settings = {
+            "precision": parameters.get("precision", "fp32"),
+            "topK": int(parameters.get("top_k", "5")),
+            "warmupBatchSizes": [int(size) for size in parameters.get("warmup_batch_sizes", "").split(",") if size],
+            "warmupSeconds": float(parameters.get("warmup_seconds", "60")),
+        }
+        serialized = next(name for name in SERIALIZED_FILES if (build / name).is_file())
+        gpu_id = int(args["model_instance_device_id"]) if self.device.type == "cuda" else None
+        self.handler = ServinglabImageHandler()
+        self.handler.load(build, serialized, None, settings, gpu_id, max(batch, 1))
+        print(f"servinglab precision: {self.handler.plan.note}", flush=True)
+        print(f"servinglab warm-up: {json.dumps(self.handler.warmup_report)}", flush=True)
 
     def _forward_zeros(self, size: int) -> None:
         batch = torch.zeros((size, 3, self.input_size, self.input_size), device=self.device, dtype=self.plan.dtype)
@@ -84,6 +113,8 @@ class TritonPythonModel:
             torch.cuda.synchronize(self.device)
 
     def execute(self, requests: list[Any]) -> list[Any]:
+        if self.handler is not None:
+            return self._execute_user_model(requests)
         images: list[np.ndarray] = []
         served: list[int] = []
         responses: list[Any] = [None] * len(requests)
@@ -111,6 +142,35 @@ class TritonPythonModel:
                     ]
                 )
         return responses
+
+    def _execute_user_model(self, requests: list[Any]) -> list[Any]:
+        """One batch through the handler's `run()`: each answer its JSON text, each rejection its own error."""
+        responses: list[Any] = [None] * len(requests)
+        rows: list[dict[str, bytes]] = []
+        served: list[int] = []
+        for index, request in enumerate(requests):
+            element = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy().reshape(-1)
+            if element.size != 1:
+                responses[index] = _refused(f"send one body per request, got {element.size}")
+                continue
+            rows.append({"body": bytes(element[0])})
+            served.append(index)
+        ran = self.handler.run(rows) if rows else None
+        for position, index in enumerate(served):
+            assert ran is not None
+            if position in ran.rejected:
+                responses[index] = _refused(ran.rejected[position])
+                continue
+            answer = np.array([[ran.responses[position].encode()]], dtype=np.object_)
+            responses[index] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("ANSWER", answer)])
+        return responses
+
+
+def _refused(message: str) -> Any:
+    """A request's own error (an HTTP 400); the rest of its batch is served."""
+    return pb_utils.InferenceResponse(
+        output_tensors=[], error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
+    )
 
 
 def _import_file(path: Path, name: str) -> Any:

@@ -2,7 +2,9 @@
 --generators-listen / --generators-join and their key in SERVINGLAB_GENERATOR_KEY, on 127.0.0.1,
 against a trivial endpoint. Strangers at the coordinator's port (a client that says nothing, clients
 with another key or the old spec-derived one, the old pickle protocol) are refused without holding
-up the generator that belongs; a pod without the key, or with another, stops at once saying why."""
+up the generator that belongs, and connections that say nothing never keep it out; a pod without the
+key, or with another, stops at once saying why; a generator that goes silent after joining ends the level
+at its deadline, named."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servinglab.loadgen import wire
+from servinglab.loadgen import messages, wire
 from servinglab.servers.process import free_ports
 
 TOOLS = Path(__file__).parent / "tools"
@@ -171,6 +173,73 @@ def test_a_pod_of_several_generators_without_a_usable_key_fails_at_once(
         assert not key or key not in outcome
     with pytest.raises(OSError):  # nobody ever listened
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def coordinator_probe(port: int, generators: int, key: bytes, *options: str) -> subprocess.Popen[str]:
+    """Pod 0's coordination alone (tools/coordinator_probe.py), with the deadlines `options` set."""
+    return subprocess.Popen(
+        [sys.executable, str(TOOLS / "coordinator_probe.py"), str(port), str(generators), *options],
+        env={**os.environ, wire.KEY_ENV: wire.key_to_text(key)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def test_connections_that_say_nothing_never_keep_a_generator_out() -> None:
+    (port,) = free_ports(1)
+    key = wire.new_key()
+    # four handshake slots; a silent connection would hold one for five minutes
+    probe = coordinator_probe(port, 1, key, "--max-pending", "4", "--handshake-seconds", "300")
+    silent = [connect_when_listening(port), *(socket.create_connection(("127.0.0.1", port)) for _ in range(11))]
+    for sock in silent:  # each was taken in (its challenge) or turned away (the end) before the generator comes
+        sock.settimeout(30)
+        sock.recv(len(wire.MAGIC) + 32)
+    joined, failures = None, []
+    deadline = time.monotonic() + 20  # retrying as join_coordinator does, far inside the silent ones' 300 s
+    while joined is None and time.monotonic() < deadline:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            joined = wire.join(sock, key)
+        except wire.WireError as exc:
+            failures.append(str(exc))
+            sock.close()
+            time.sleep(1.0)
+    try:
+        assert joined is not None, failures
+        out, err = probe.communicate(timeout=60)
+    finally:
+        for sock in silent:
+            sock.close()
+        if joined is not None:
+            joined.close()
+        if probe.poll() is None:
+            probe.kill()
+    assert json.loads(out.splitlines()[-1]) == {"joined": 1}, err[-3000:]
+    # twelve silent connections and the generator through four slots: the nine longest-waiting were dropped
+    assert err.count("dropped a load generator connection from") == 9, err[-3000:]
+
+
+def test_a_generator_that_goes_silent_after_joining_ends_the_level_naming_it() -> None:
+    (port,) = free_ports(1)
+    key = wire.new_key()
+    probe = coordinator_probe(port, 1, key, "--level", "2", "--reply-margin", "2")
+    sock = connect_when_listening(port)
+    named = f"load generator 1 of 1 (at 127.0.0.1:{sock.getsockname()[1]})"
+    generator = wire.join(sock, key)
+    try:
+        while (order := generator.recv(timeout_seconds=60))["kind"] != "level":
+            if order["kind"] == "clock":
+                generator.send(messages.clock(time.time()))
+        # its level's order arrived; now it says nothing more and keeps the connection open, as a
+        # generator on a node that vanished does
+        out, err = probe.communicate(timeout=120)
+    finally:
+        generator.close()
+        if probe.poll() is None:
+            probe.kill()
+    error = json.loads(out.splitlines()[-1])["error"]
+    assert error.startswith(f"{named} did not send its samples (due after "), err[-3000:]
+    assert error.endswith(", 1 s measured), nor in 2 s more: the level ends without it (its process, pod or node "
+                          "is gone, or it cannot keep up)"), error  # fmt: skip
 
 
 PLAN_ROUND_TRIP = """

@@ -34,12 +34,17 @@ def experiment_spec(**server: Any) -> ExperimentSpec:
     })  # fmt: skip
 
 
-def session_of(pid: int) -> list[psutil.Process]:
-    """The processes still in the session a server was started in (its API processes, workers, manager)."""
+def sessions_under(watchdog: int) -> set[int]:
+    """The sessions of a running server: its watchdog's and the server's own (the watchdog's child)."""
+    return {watchdog, *(child.pid for child in psutil.Process(watchdog).children())}
+
+
+def session_of(sessions: set[int]) -> list[psutil.Process]:
+    """The processes still in those sessions (the watchdog, LitServe's API processes, workers, manager)."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.pid != pid and os.getsid(proc.pid) == pid:
+            if os.getsid(proc.pid) in sessions:
                 found.append(proc)
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
@@ -57,6 +62,8 @@ def test_the_workers_report_the_requested_settings_batches_form_and_nothing_outl
     pid = server.process.pid
     try:
         assert server.wait_ready(180) > 0
+        sessions = sessions_under(pid)
+        assert len(sessions) == 2, "the watchdog's session and LitServe's"
         effective = server.effective()
         assert (effective.batch_size, effective.max_batch_delay_ms, effective.ready_workers) == (4, 300, 2)
         metrics = LITSERVE.metrics("tiny")
@@ -78,12 +85,14 @@ def test_the_workers_report_the_requested_settings_batches_form_and_nothing_outl
     assert code == 400 and "neither JPEG, PNG" in refused["error"], "one bad body is refused alone"
     assert notes.precision_note == "fp32 runs natively on CPU" and notes.warmup is not None
     deadline = time.monotonic() + 10
-    while (left := session_of(pid)) and time.monotonic() < deadline:
+    while (left := session_of(sessions)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"LitServe processes left behind: {[p.pid for p in left]}"
 
 
-def test_a_model_that_cannot_load_ends_the_server_at_once_with_its_reason(tmp_path: Path) -> None:
+def test_a_model_that_cannot_load_ends_the_server_at_once_with_its_reason(
+    tmp_path: Path, no_leftover_servers: float
+) -> None:
     spec = experiment_spec(batchSize=2, workers=2)
     served = LITSERVE.prepare_model(spec, tmp_path)
     weights = served.directory / "weights.pt"
@@ -92,14 +101,14 @@ def test_a_model_that_cannot_load_ends_the_server_at_once_with_its_reason(tmp_pa
     server = LITSERVE.local("tiny", served.directory, spec, tmp_path, reuse=False)
     server.start()
     assert server.process is not None
-    pid, started = server.process.pid, time.monotonic()
+    started = time.monotonic()
     with pytest.raises(ServerError) as raised:
         server.wait_ready(600)
     message = str(raised.value)
     assert message.startswith("ModelLoadFailed: LitServe's worker on cpu could not load tiny: "), message
     assert "UnpicklingError" in message or "weights" in message, message
     assert time.monotonic() - started < 120, "a broken model must not wait out the start-up timeout"
-    assert server.process is None and not session_of(pid)
+    assert server.process is None  # and `no_leftover_servers` finds none of its processes left
 
 
 def sweep_document(tmp_path: Path) -> Path:

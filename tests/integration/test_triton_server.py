@@ -1,6 +1,8 @@
 """A real tritonserver configured from the spec: an experiment end to end through `servinglab run`, the
 settings Triton reports are the requested ones and batches really form, a model Triton cannot load ends
-the start with Triton's reason, and a sweep's trials reconfigure one server through the repository API."""
+the start with Triton's reason, a sweep's trials reconfigure one server through the repository API, which
+refuses anyone without the runner's key, and a configuration changed behind the runner's back is caught
+before any load, locally and by the load Job's program."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -165,3 +169,61 @@ def test_a_sweep_reconfigures_one_triton_through_the_repository_api(
         assert trial["results"]["runtime"]["precisionNote"].startswith(config["precision"])
     assert trials[0]["results"]["coldStartSeconds"] > 0
     assert all(t["results"]["reconfiguredSeconds"] > 0 for t in trials[1:])
+
+
+def post(url: str, document: dict[str, Any]) -> int:
+    """The HTTP status of a POST of `document`, as anyone who reaches the port sends it."""
+    request = urllib.request.Request(url, data=json.dumps(document).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def overridden(server: LocalTriton, **changed: Any) -> dict[str, Any]:
+    """A load request with the model's served configuration, `changed` (Triton then ignores config.pbtxt)."""
+    served = json.loads(urllib.request.urlopen(f"{server.inference_url}/v2/models/tiny/config", timeout=30).read())
+    served["dynamic_batching"].pop("preferred_batch_size", None)  # Triton derived it from max_batch_size
+    return {"parameters": {"config": json.dumps(served | changed)}}
+
+
+def test_a_load_without_the_runner_s_key_is_refused_and_the_served_configuration_stays(
+    tiny_entry: Path, tmp_path: Path, no_leftover_servers: float
+) -> None:
+    """Every local user reaches the loopback port: without the runner's key the repository API neither loads
+    another configuration (or model.py) nor unloads the model; the runner's own reconfiguration still loads."""
+    with serve(tiny_entry, tmp_path, batchSize=4, maxBatchDelayMs=5, workers=1) as server:
+        server.wait_ready(120)
+        repository = f"{server.inference_url}/v2/repository"
+        assert post(f"{repository}/models/tiny/load", overridden(server, max_batch_size=2)) == 403
+        assert post(f"{repository}/models/tiny/unload", {}) == 403
+        assert server.applied().max_batch_size == 4 and server.model_state() == ("READY", "")
+        assert server.reconfigure(ServerSpec.model_validate({"kind": "triton", "gpus": 0, "batchSize": 8})) > 0
+        assert server.effective().batch_size == 8
+        key = server._repository_key
+    assert len(key) >= 32 and key not in (tmp_path / "tritonserver.log").read_text()
+
+
+def test_a_configuration_changed_behind_the_runner_s_back_is_caught_before_any_load(
+    servinglab_cmd: list[str], tiny_entry: Path, tmp_path: Path, no_leftover_servers: float
+) -> None:
+    spec_file = experiment(tmp_path, "changed", {"batchSize": 4, "maxBatchDelayMs": 5, "workers": 1}, [4])
+    with serve(tiny_entry, tmp_path / "server", batchSize=4, maxBatchDelayMs=5, workers=1) as server:
+        server.wait_ready(120)
+        # a load with another batch size by whoever holds the key (here the runner's own request)
+        server._http("/v2/repository/models/tiny/load", 120, json.dumps(overridden(server, max_batch_size=2)).encode())
+        with pytest.raises(ServerError) as local:
+            server.effective()  # what the local runner checks before it measures
+        run = subprocess.run(
+            [*servinglab_cmd, "loadtest", "--target", server.inference_url, "--model", "tiny", "--spec-file",
+             str(spec_file), "--output", str(tmp_path / "out.json"), "--termination-log", str(tmp_path / "ended")],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        served = triton_metrics.parse(server.metrics_text(), "tiny")
+    assert "max_batch_size is 2, the spec's is 4" in str(local.value)
+    assert run.returncode == 8, run.stderr[-3000:]  # ExitCode.SETTINGS_NOT_APPLIED
+    message = (tmp_path / "ended").read_text()
+    assert message.startswith("Triton serves tiny with another configuration") and "max_batch_size is 2" in message
+    assert "parameters" not in message and not (tmp_path / "out.json").exists()
+    assert served.get("nv_inference_request_success", 0) < 10  # the load Job's test request(s), no level

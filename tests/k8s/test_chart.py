@@ -36,10 +36,14 @@ from clusterenv.monitoring import DcgmExporter, Prometheus, grafana_expression, 
 from servinglab import servers
 from servinglab.api import parse_experiment
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest
-from servinglab.k8s import builders, credentials
+from servinglab.k8s import builders, credentials, modelsecrets
 from servinglab.k8s.client import PASSING_REFUSALS
 from servinglab.k8s.leader import LEASE_NAME
+from servinglab.loadgen import wire
+from servinglab.models.digests import KEY_ENV as CACHE_KEY_ENV
+from servinglab.models.fetch import AUTHORIZATION_ENV, MODEL_URL_ENV, MODEL_URL_KEY
 from servinglab.servers.base import PodInputs
+from servinglab.servers.podparts import MODEL_CACHE_KEY_FIELD
 
 pytestmark = [pytest.mark.k8s]
 
@@ -48,6 +52,8 @@ CHART = REPO / "charts" / "serving"
 RELEASE = "serving"
 OPERATOR = f"{RELEASE}-operator"  # the chart's name for the operator's Deployment, SA, Role, Service
 OPERATOR_PODS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+#: The chart's admission policies (`<operator>-<namespace>-<name>`), each with its binding.
+POLICIES = ("pods", "objects", "load-accounts", "job-accounts")
 
 
 def helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -114,11 +120,11 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
     # the leader-election Lease: named, in the operator's own namespace, whatever it watches
     assert roles[(f"{OPERATOR}-leader-election", namespace)]["rules"] == LEASE_RULES
     if variant == "default":
-        assert kinds == sorted(
+        assert kinds == sorted(  # ConfigMaps: the five dashboards; an admission policy and binding each
             ["CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount", "Role", "RoleBinding",
              "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ConfigMap",
              "ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "Pod", "NetworkPolicy",
-             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]  # ConfigMaps: the five dashboards
+             *["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * len(POLICIES)]
         )  # fmt: skip
         assert roles[(OPERATOR, namespace)]["metadata"]["namespace"] == namespace
         # the one cluster-scoped grant of a namespaced install: the GPU queue's watches of nodes and GPU pods
@@ -175,11 +181,20 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
 
 def test_pod_policy_is_bound_to_the_operators_service_account_and_needs_kubernetes_1_30(cluster: Cluster) -> None:
     documents = render(cluster, "ops", "--set", "serviceAccount.name=runner")
-    policy = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicy")
-    (matched,) = policy["spec"]["matchConditions"]
-    assert matched["expression"] == 'request.userInfo.username == "system:serviceaccount:ops:runner"'
-    binding = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    named = {(d["kind"], d["metadata"]["name"]): d for d in documents}
+    for policy_name in POLICIES:
+        policy = named[("ValidatingAdmissionPolicy", f"{OPERATOR}-ops-{policy_name}")]
+        (matched,) = policy["spec"]["matchConditions"]
+        if policy_name == "load-accounts":  # the accounts the operator makes for its load Jobs, not its own
+            assert '["system:serviceaccount:ops:"]' in matched["expression"]
+            assert "endsWith('-load')" in matched["expression"]
+        else:
+            assert matched["expression"] == 'request.userInfo.username == "system:serviceaccount:ops:runner"'
+        binding = named[("ValidatingAdmissionPolicyBinding", policy["metadata"]["name"])]["spec"]
+        assert binding.pop("paramRef", None) == (  # job-accounts: each ServiceAccount of the Job's namespace
+            {"selector": {}, "parameterNotFoundAction": "Allow"} if policy_name == "job-accounts" else None
+        )
+        assert binding == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     # ValidatingAdmissionPolicy is GA from 1.30: an older cluster gets a reason, not a half-installed chart
     old = helm(cluster, "template", RELEASE, str(CHART), "--kube-version", "1.29.4", check=False)
     assert old.returncode != 0 and "podPolicy.enabled needs ValidatingAdmissionPolicy" in old.stderr, old.stderr
@@ -332,6 +347,7 @@ OPERATOR_NEEDS = {
     "leases.coordination.k8s.io": {"create"},
     "nodes": {"list", "watch"},  # cluster-scoped: the GPU queue's nodes
     "namespaces": {"get"},  # the namespace's own pod defaults (its own Namespace object only)
+    "resourcequotas": {"list", "watch"},  # the GPU queue waits within the namespace's GPU quota
     "configmaps": {"get", "create", "patch"},
     "serviceaccounts": {"get", "create", "patch"},
     "services": {"get", "create", "patch", "delete"},
@@ -526,17 +542,18 @@ def test_experiment_succeeds_as_the_charts_service_account(
 # -- the pod policy: what the operator's ServiceAccount may create ------------------------------------
 
 POLICY_DENIAL = "servinglab operator pods:"
+OBJECTS_DENIAL = "servinglab operator objects:"
+LOAD_ACCOUNTS_DENIAL = "servinglab load accounts:"
+PROBE = "policy-probe"  # the experiment (never created) whose children the policy tests offer
 
 
-def operator_pods(namespace: str, **server: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def operator_pods(namespace: str, name: str = PROBE, **server: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The server Deployment and the load Job the operator builds (the server's pod plan through
-    servinglab.k8s.builders) for the chart test's experiment; `server` overrides spec.server fields."""
-    spec = parse_experiment(experiment("policy-probe", **server)).spec
-    owner = builders.Owner("policy-probe", namespace, str(uuid.uuid4()))
+    servinglab.k8s.builders) for the chart test's experiment `name`; `server` overrides spec.server fields."""
+    spec = parse_experiment(experiment(name, **server)).spec
+    owner = builders.Owner(name, namespace, str(uuid.uuid4()))
     image = "servinglab/servinglab:0.1.0"
-    inputs = PodInputs(
-        config_map="policy-probe-config", servinglab_image=image, experiment_file=builders.EXPERIMENT_FILE
-    )
+    inputs = PodInputs(config_map=f"{name}-config", servinglab_image=image, experiment_file=builders.EXPERIMENT_FILE)
     plan = servers.get(spec.server.kind).pod(spec, inputs)
     return builders.deployment(owner, spec, plan), builders.load_job(owner, spec, plan, image)
 
@@ -574,10 +591,10 @@ def policy_in_force(cluster: Cluster, identity: str, refused: dict[str, Any]) ->
         time.sleep(0.5)
 
 
-def refusal(cluster: Cluster, identity: str, manifest: dict[str, Any]) -> str:
+def refusal(cluster: Cluster, identity: str, manifest: dict[str, Any], denial: str = POLICY_DENIAL) -> str:
     result = create_as(cluster, identity, manifest)
-    assert result.returncode != 0, f"admitted: {json.dumps(manifest['spec']['template']['spec'])[:2000]}"
-    assert "ValidatingAdmissionPolicy" in result.stderr and POLICY_DENIAL in result.stderr, result.stderr
+    assert result.returncode != 0, f"admitted: {json.dumps(manifest.get('spec', manifest))[:2000]}"
+    assert "ValidatingAdmissionPolicy" in result.stderr and denial in result.stderr, result.stderr
     return " ".join(result.stderr.split())
 
 
@@ -633,13 +650,18 @@ def test_pod_policy_admits_the_operators_own_pods_and_refuses_any_other(cluster:
     assert create_as(cluster, None, altered(server, privileged)).returncode == 0
 
 
-def test_pod_policy_allow_lists_limit_images_and_node_selectors(cluster: Cluster, namespace: str) -> None:
+def test_pod_policy_allow_lists_limit_images_node_selectors_and_sent_secrets(cluster: Cluster, namespace: str) -> None:
     release = "serving-lists"
+    sendable = [
+        {"secret": "registry", "key": "token", "hosts": ["models.example.com"]},
+        {"secret": "mirror", "key": "token", "hosts": ["mirror.example.com"], "namespaces": ["elsewhere"]},
+    ]
     helm(
         cluster, "install", release, str(CHART), "-n", namespace, "--set", "crds.install=false",
         "--set", "dashboards.enabled=false",
         "--set-json", 'podPolicy.allowedImages=["servinglab/", "pytorch/torchserve:"]',
         "--set-json", 'podPolicy.allowedNodeSelectors={"nvidia.com/gpu.product": ["Tesla-T4", "NVIDIA-A10G"]}',
+        "--set-json", f"modelCredentials={json.dumps(sendable)}",
     )  # fmt: skip
     try:
         operator = f"system:serviceaccount:{namespace}:{release}-operator"
@@ -656,8 +678,212 @@ def test_pod_policy_allow_lists_limit_images_and_node_selectors(cluster: Cluster
         assert "this one selects nvidia.com/gpu.product=Tesla-V100" in refusal(cluster, operator, v100)
         pinned = altered(server, lambda pod: pod.update(nodeName="control-plane"))
         assert "nodeName control-plane" in refusal(cluster, operator, pinned)
+
+        # a server's model init container may send a Secret key that modelCredentials lists for this namespace
+        def sends(secret: str) -> dict[str, Any]:
+            credentials = secret_key(secret, "token", AUTHORIZATION_ENV)
+            return altered(server, lambda pod: pod["initContainers"][0].setdefault("env", []).append(credentials))
+
+        admitted = create_as(cluster, operator, sends("registry"))
+        assert admitted.returncode == 0, admitted.stderr
+        assert f"Deployment {PROBE}-server refers to model: mirror/token" in refusal(cluster, operator, sends("mirror"))
     finally:
         helm(cluster, "uninstall", release, "-n", namespace, "--wait")
+
+
+def secret_key(name: str, key: str, env: str = "TOKEN") -> dict[str, Any]:
+    return {"name": env, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}
+
+
+def test_pod_policy_lets_pods_see_only_the_operators_own_secrets(cluster: Cluster, installed: Installed) -> None:
+    """A leaked operator token cannot hand a pod a Secret it may not read (a ServiceAccount token it
+    minted, someone's credentials): no secret or projected volume, no envFrom, no pull Secrets, and env
+    keys only from the experiment's own generator key (a load Job) or modelCredentials (a server)."""
+    ns = installed.namespace
+    operator = f"system:serviceaccount:{ns}:{OPERATOR}"
+    server, load = operator_pods(ns)
+    token_volume = {"name": "token", "secret": {"secretName": "ci-admin-token"}}
+    mounted = altered(server, lambda pod: pod["volumes"].append(token_volume))
+    policy_in_force(cluster, operator, mounted)
+    # the load pods' generator key, as builders.load_job refers to it (key_secret: a generated name)
+    generator_key = secret_key(f"{PROBE}-load-key-x7k2p", builders.GENERATOR_KEY_FIELD, wire.KEY_ENV)
+    keyed = altered(load, lambda pod: pod["containers"][0]["env"].append(generator_key))
+    admitted = create_as(cluster, operator, keyed)
+    assert admitted.returncode == 0, admitted.stderr
+    # a server's model init container: its model's whole URL, the namespace's model cache key (modelsecrets)
+    model_url = secret_key(f"{PROBE}-server-model-url-q8z4t", MODEL_URL_KEY, MODEL_URL_ENV)
+    cache_key = secret_key(modelsecrets.MODEL_CACHE_KEY_SECRET, MODEL_CACHE_KEY_FIELD, CACHE_KEY_ENV)
+    fetching = altered(
+        server, lambda pod: pod["initContainers"][0].setdefault("env", []).extend([model_url, cache_key])
+    )
+    admitted = create_as(cluster, operator, fetching)
+    assert admitted.returncode == 0, admitted.stderr
+    volumes = "volumes are configMap, emptyDir or persistentVolumeClaim only (no secret, projected or other volume)"
+    assert f"{volumes}: not token" in refusal(cluster, operator, mounted)
+    projected = {"name": "sa", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}
+    assert f"{volumes}: not sa" in refusal(
+        cluster, operator, altered(server, lambda pod: pod["volumes"].append(projected))
+    )
+    foreign = secret_key("ci-admin-token", "token")
+    refused = refusal(cluster, operator, altered(load, lambda pod: pod["containers"][0]["env"].append(foreign)))
+    assert f"Job {PROBE}-load refers to loadgen: ci-admin-token/token" in refused
+    another_key = secret_key(f"{PROBE}-load-key-x7k2p", "token")  # its own Secret, but no other key than `key`
+    refused = refusal(cluster, operator, altered(load, lambda pod: pod["containers"][0]["env"].append(another_key)))
+    assert f"loadgen: {PROBE}-load-key-x7k2p/token" in refused
+    # no modelCredentials in this install: a server's model init container may send no Secret at all
+    model_credentials = secret_key("registry", "token", AUTHORIZATION_ENV)
+    sends = altered(server, lambda pod: pod["initContainers"][0].setdefault("env", []).append(model_credentials))
+    assert f"Deployment {PROBE}-server refers to model: registry/token" in refusal(cluster, operator, sends)
+    whole = altered(server, lambda pod: pod["containers"][0].update(envFrom=[{"secretRef": {"name": "ci-admin"}}]))
+    assert "torchserve: envFrom ci-admin" in refusal(cluster, operator, whole)
+    pulls = altered(server, lambda pod: pod.update(imagePullSecrets=[{"name": "ci-registry"}]))
+    assert "imagePullSecrets ci-registry" in refusal(cluster, operator, pulls)
+
+
+def probe_objects(namespace: str, uid: str) -> dict[str, dict[str, Any]]:
+    """What the operator makes for a load Job besides the Job (servinglab.k8s.builders), by kind."""
+    owner = builders.Owner(PROBE, namespace, uid)
+    return {
+        "Secret": builders.generator_key_secret(owner, wire.new_key()),
+        "ServiceAccount": builders.load_service_account(owner),
+        "Role": builders.load_role(owner),
+        "RoleBinding": builders.load_role_binding(owner),
+    }
+
+
+def changed(manifest: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A copy of `manifest` with top-level `fields` replaced (and `metadata` fields merged)."""
+    copy: dict[str, Any] = json.loads(json.dumps(manifest))
+    copy["metadata"] |= fields.pop("metadata", {})
+    return copy | fields
+
+
+def test_objects_policy_admits_the_operators_secret_and_load_account_only(
+    cluster: Cluster, installed: Installed
+) -> None:
+    """RBAC lets the operator create Secrets, ServiceAccounts, Roles and RoleBindings; the objects policy
+    refuses a leaked token anything but what an experiment's load Job needs: no ServiceAccount token
+    Secret, no account but `<experiment>-load`, no Role beyond its results ConfigMaps, no binding of any
+    other role (a ClusterRole with the operator's own rights among them) or to any other subject."""
+    ns = installed.namespace
+    operator = f"system:serviceaccount:{ns}:{OPERATOR}"
+    own = probe_objects(ns, str(uuid.uuid4()))
+    owned = {"ownerReferences": own["ServiceAccount"]["metadata"]["ownerReferences"]}
+    sa_token = {
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+        "metadata": {"name": "ci-admin-token", "namespace": ns, **owned,
+                     "annotations": {"kubernetes.io/service-account.name": "ci-admin"}},
+    }  # fmt: skip
+    policy_in_force(cluster, operator, sa_token)
+    for request in ("secrets", "serviceaccounts", "roles.rbac.authorization.k8s.io",
+                    "rolebindings.rbac.authorization.k8s.io"):  # fmt: skip
+        assert can_i(cluster, operator, "create", request, "-n", ns), request  # the policy, not RBAC, refuses
+    model_url = modelsecrets.model_url_secret(builders.Owner(PROBE, ns, str(uuid.uuid4())), "https://h/m?sig=s")
+    for manifest in (own["Secret"], own["ServiceAccount"], own["Role"], model_url,
+                     modelsecrets.model_cache_key_secret(ns)):  # fmt: skip
+        admitted = create_as(cluster, operator, manifest)
+        assert admitted.returncode == 0, (manifest["kind"], admitted.stderr)
+    # a binding's Role must exist (RBAC checks that the binder holds what it grants): the cluster admin's
+    cluster.kubectl.apply(changed(own["Role"], metadata={"ownerReferences": []}))
+    # ... and a ClusterRole granting only what the operator holds in the namespace, so RBAC would let it bind
+    deployer = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"{ns}-deployer"},
+        "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]}],
+    }  # fmt: skip
+    cluster.kubectl.apply(deployer)
+    try:
+        admitted = create_as(cluster, operator, own["RoleBinding"])
+        assert admitted.returncode == 0, admitted.stderr
+        refused = partial(refusal, cluster, operator, denial=OBJECTS_DENIAL)
+        assert "a Secret the operator creates is Opaque; this one is of type kubernetes.io/service-account-token" in (
+            refused(sa_token)
+        )
+        named = changed(own["Secret"], metadata={"name": "ci-admin-creds", "generateName": None})
+        refused_named = refused(named)
+        assert f"one of {PROBE}-load-key-... (only the key key)" in refused_named.replace(
+            f"{PROBE}-server-model-url-... (only the key url), ", ""
+        )  # (either order)
+        assert "this one is ci-admin-creds with key" in refused_named
+        assert "is owned by its ServingExperiment" in refused(changed(own["Secret"], metadata={"ownerReferences": []}))
+        account = changed(own["ServiceAccount"], metadata={"name": "ci-admin"})
+        assert f"load account {PROBE}-load; this one is ci-admin" in refused(account)
+        pulls = changed(own["ServiceAccount"], imagePullSecrets=[{"name": "ci-registry"}])
+        assert "lists no secrets and no imagePullSecrets" in refused(pulls)
+        deploys = changed(own["Role"], rules=deployer["rules"])
+        assert f"Role {PROBE}-load grants create deployments" in refused(deploys)
+        every_configmap = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"]}]
+        assert "grants get/patch configmaps" in refused(changed(own["Role"], rules=every_configmap))
+        cluster_role = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{ns}-deployer"}
+        bound = changed(own["RoleBinding"], roleRef=cluster_role)
+        assert f"binds ClusterRole {ns}-deployer to ServiceAccount {ns}/{PROBE}-load" in refused(bound)
+        someone = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}
+        widened = changed(own["RoleBinding"], subjects=[*own["RoleBinding"]["subjects"], someone])
+        assert "User /mallory" in refused(widened)
+    finally:
+        cluster.kubectl.run("delete", "clusterrole", f"{ns}-deployer", check=False)
+
+
+def test_load_accounts_write_nothing_but_configmaps(cluster: Cluster, installed: Installed) -> None:
+    """Whatever a load account comes to hold (here: a ClusterRole the cluster admin binds to it, as a
+    binding made with a leaked operator token would), it creates no pod, Deployment, Job or Secret: its
+    pods cannot escape the pod policy, which judges the operator's own requests."""
+    ns = installed.namespace
+    account = f"system:serviceaccount:{ns}:{PROBE}-load"
+    powers = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"{ns}-powers"},
+        "rules": [{"apiGroups": ["", "apps", "batch"], "resources": ["pods", "deployments", "jobs", "secrets",
+                                                                     "configmaps"], "verbs": ["create"]}],
+    }  # fmt: skip
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": f"{PROBE}-powers", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{ns}-powers"},
+        "subjects": [{"kind": "ServiceAccount", "name": f"{PROBE}-load", "namespace": ns}],
+    }  # fmt: skip
+    cluster.kubectl.apply(powers)
+    cluster.kubectl.apply(binding)
+    try:
+        server, load = operator_pods(ns)
+        # the server's own pod spec (Pod Security's restricted level, enforced here, would refuse a worse one)
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "escape", "namespace": ns},
+               "spec": altered(server, lambda _: None)["spec"]["template"]["spec"]}  # fmt: skip
+        assert eventually(lambda: can_i(cluster, account, "create", "pods", "-n", ns))
+        policy_in_force(cluster, account, pod)
+        refused = partial(refusal, cluster, account, denial=LOAD_ACCOUNTS_DENIAL)
+        assert f"writes only ConfigMaps; {account} may not CREATE pods" in refused(pod)
+        unowned = {"ownerReferences": []}  # (an owner would need update on its finalizers: not granted here)
+        assert "may not CREATE deployments.apps" in refused(changed(server, metadata=unowned))
+        assert "may not CREATE jobs.batch" in refused(changed(load, metadata=unowned))
+        assert "may not CREATE secrets" in refused(changed(probe_objects(ns, "")["Secret"], metadata=unowned))
+        parts = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{PROBE}-results-part-1", "namespace": ns},
+        }
+        admitted = create_as(cluster, account, parts)  # what a load pod writes: results in ConfigMaps
+        assert admitted.returncode == 0, admitted.stderr
+    finally:
+        cluster.kubectl.run("delete", "rolebinding", f"{PROBE}-powers", "-n", ns, check=False)
+        cluster.kubectl.run("delete", "clusterrole", f"{ns}-powers", check=False)
+
+
+def test_a_load_job_runs_only_as_an_account_its_own_experiment_controls(cluster: Cluster, installed: Installed) -> None:
+    """A Job with a forged owner reference (an experiment `ci` that does not exist) cannot borrow someone's
+    ServiceAccount named like a load account: the account must be controlled by the Job's experiment."""
+    ns = installed.namespace
+    operator = f"system:serviceaccount:{ns}:{OPERATOR}"
+    someones = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ci-load", "namespace": ns}}
+    cluster.kubectl.apply(someones)
+    try:
+        _, forged = operator_pods(ns, name="ci")
+        policy_in_force(cluster, operator, forged)
+        refused = refusal(cluster, operator, forged)
+        assert "a load Job runs as the ServiceAccount its own ServingExperiment controls" in refused
+        assert "ServiceAccount ci-load is not controlled by the experiment of Job ci-load" in refused
+        # (a Job whose account does not exist yet is admitted, and runs no pod until the account exists: the
+        # experiments above ran their Jobs as accounts their experiment controls, through this policy)
+    finally:
+        cluster.kubectl.run("delete", "serviceaccount", "ci-load", "-n", ns, check=False)
 
 
 # -- dashboards --------------------------------------------------------------------------------------

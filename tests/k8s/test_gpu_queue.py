@@ -5,13 +5,16 @@ and a GPU pod that is not the operator's.
 No stand-in kubelet: KWOK runs the server pods, which never get ready, so every admitted experiment
 holds its GPUs (a real bound pod) until it is deleted. The real scheduler places the pods; a pod left
 Pending for lack of a GPU shows as a FailedScheduling event, which must never appear.
+
+Then a namespace's ResourceQuota on GPUs, with the stand-in kubelet serving for real: two experiments
+against a quota of one GPU, while both T4 nodes are free, run one after the other.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,10 @@ import pytest
 
 from clusterenv import manifests
 from clusterenv.controlplane import Cluster, register_nodes
-from clusterenv.experiments import experiment
+from clusterenv.experiments import condition, experiment, wait_finished
+from clusterenv.kubelet import LocalKubelet
 from clusterenv.operatorproc import Operator
+from servinglab.api.conditions import epoch
 
 pytestmark = [pytest.mark.k8s]
 
@@ -139,3 +144,31 @@ def test_two_pools_and_two_namespaces_share_one_queue_without_blocking_or_overco
     finally:
         operator.stop()
         cluster.kubectl.run("delete", "pod", trainer, "-n", "default", "--wait=false", check=False)
+
+
+@pytest.mark.torchserve
+def test_two_experiments_against_a_quota_of_one_gpu_run_one_after_the_other_and_both_succeed(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    """Both T4 nodes are free, but the namespace may request one GPU in all: the second waits for the quota
+    (its server's pods would be refused, and it would end Rejected), and runs once the first has let go."""
+    kubelet_factory()
+    hard = {"requests.nvidia.com/gpu": "1"}
+    cluster.kubectl.apply({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpus"},
+                           "spec": {"hard": hard}}, namespace=namespace)  # fmt: skip
+
+    def counted() -> bool:
+        return bool(cluster.kubectl.get("resourcequota", "gpus", "-n", namespace).get("status", {}).get("hard"))
+
+    cluster.kubectl.wait_for(counted, 30, "the quota accounted for")
+    cluster.kubectl.apply(experiment("first"), namespace=namespace)
+    wait_state(cluster, namespace, "first", True, "", operator.log)
+    cluster.kubectl.apply(experiment("second"), namespace=namespace)
+    said = f"within the ResourceQuota gpus of namespace {namespace}: 1 of 1 in use, 0 left for new servers"
+    wait_state(cluster, namespace, "second", False, said, operator.log)
+    first = wait_finished(cluster, namespace, "first", operator.log, timeout=300)
+    second = wait_finished(cluster, namespace, "second", operator.log, timeout=300)
+    for body in (first, second):
+        assert condition(body, "Succeeded")["status"] == "True", (body["status"], operator.log())
+    assert epoch(second["status"]["startedAt"]) >= epoch(first["status"]["finishedAt"])
+    assert second["status"]["queuedSeconds"] > 0

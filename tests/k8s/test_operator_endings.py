@@ -42,6 +42,9 @@ GRACE = 3
 FAILING = 10
 #: "Ends fast": the issue's bar, from the moment the cause is there to the experiment's end.
 A_MINUTE = 60
+#: How long a server's node may stay NotReady here (the operator's default is 60 s), and a blip shorter than it.
+NODE_GRACE = 40
+BLIP = 20
 JOBS = [{"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["jobs"]}]
 # what Kyverno's require-requests-limits and its kin ask of every container
 REQUESTS_AND_LIMITS = (
@@ -57,6 +60,7 @@ def operator(cluster: Cluster, crd: None, namespace: str, tmp_path: Path) -> Ite
     env = {
         "SERVINGLAB_START_GRACE_SECONDS": str(GRACE),
         "SERVINGLAB_FAILING_SECONDS": str(FAILING),
+        "SERVINGLAB_NODE_GRACE_SECONDS": str(NODE_GRACE),
         "SERVINGLAB_MODEL_CREDENTIALS": json.dumps(allowed),
     }
     running = Operator(cluster, namespace, tmp_path, env).start()
@@ -404,6 +408,11 @@ def node_not_ready(cluster: Cluster, node: str) -> Iterator[None]:
     try:
         yield
     finally:
+        # Ready at once (a restarted kubelet's first report), then KWOK's again
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        back = {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
+                "lastTransitionTime": now}  # fmt: skip
+        kubectl.run("patch", "node", node, "--subresource=status", "-p", json.dumps({"status": {"conditions": [back]}}))
         kubectl.run("annotate", "node", node, f"{manifests.KWOK_NODE_ANNOTATION}=fake", "--overwrite")
         wait_schedulable(cluster, node)
 
@@ -422,16 +431,43 @@ def wait_schedulable(cluster: Cluster, node: str) -> None:
     cluster.kubectl.wait_for(back, 90, f"node {node} Ready and schedulable again")
 
 
-def test_a_lost_node_an_eviction_and_an_oom_kill_end_fast(
+def test_a_node_not_ready_for_a_moment_is_waited_out_and_one_not_ready_past_the_grace_ends_it_lost(
     cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
 ) -> None:
+    """A kubelet restart or a missed heartbeat: the node says NotReady for BLIP s mid-load while the server keeps
+    serving, and the experiment goes on. Then the node stays NotReady: ServerLost once NODE_GRACE s have passed."""
     kubelet = kubelet_factory()
     cluster.kubectl.apply(held(pinned("lost", "gpu-t4-0")), namespace=namespace)
     server_pod(cluster, namespace, kubelet, "lost")
-    with node_not_ready(cluster, "gpu-t4-0"):
-        message = ended(cluster, namespace, operator, "lost", "ServerLost", "startedAt")
-    assert "node gpu-t4-0 of server pod lost-server-" in message and "is not Ready (False, KubeletNotReady" in message
 
+    def loading() -> bool:
+        conditions = status(cluster, namespace, "lost").get("conditions") or []
+        return any(c["type"] == "LoadTestComplete" and c.get("reason") == "Running" for c in conditions)
+
+    cluster.kubectl.wait_for(loading, 180, "the load of lost running")
+    with node_not_ready(cluster, "gpu-t4-0"):
+        time.sleep(BLIP)
+    assert "finishedAt" not in status(cluster, namespace, "lost"), (status(cluster, namespace, "lost"), operator.log())
+    assert loading()
+
+    began = time.time()
+    with node_not_ready(cluster, "gpu-t4-0"):
+        body = wait_finished(cluster, namespace, "lost", operator.log, timeout=180)
+    failed = condition(body, "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "ServerLost"), (failed, operator.log())
+    message = str(failed["message"])
+    assert "node gpu-t4-0 of server pod lost-server-" in message and "is not Ready (" in message, message
+    assert epoch(body["status"]["finishedAt"]) - began >= NODE_GRACE - 1, (message, began)  # whole seconds
+    lasted = float(re.search(r"\) for (\d+) s$", message).group(1))  # type: ignore[union-attr]
+    assert lasted >= NODE_GRACE, message
+    gone = lambda: get(cluster, namespace, "deployment", "lost-server") is None  # noqa: E731
+    cluster.kubectl.wait_for(gone, 30, "the server of lost removed")
+
+
+def test_an_eviction_an_oom_kill_and_a_deleted_node_end_fast(
+    cluster: Cluster, namespace: str, operator: Operator, kubelet_factory: Callable[..., LocalKubelet]
+) -> None:
+    kubelet = kubelet_factory()
     cluster.kubectl.apply(held(pinned("evicted", "gpu-t4-1")), namespace=namespace)
     kubelet.evict_server(server_pod(cluster, namespace, kubelet, "evicted"))
     message = ended(cluster, namespace, operator, "evicted", "ServerEvicted", "startedAt")

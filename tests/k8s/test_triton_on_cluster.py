@@ -1,13 +1,16 @@
 """A Triton experiment on the test cluster: the operator deploys Triton's pod through the seam (its init
 container lays out the repository entry, the server container runs the Triton environment's launcher), the
 stand-in kubelet runs it as local processes, readiness is Triton's own word, and the load Job speaks the
-KServe v2 protocol and reads Triton's metrics through the Service; the chart's Triton dashboard shows the run."""
+KServe v2 protocol, checks the configuration Triton serves and reads its metrics through the Service; the chart's
+Triton dashboard shows the run; Triton's repository API on the inference port loads nothing."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +38,7 @@ def test_a_triton_experiment_succeeds_with_triton_s_breakdown_and_its_dashboard_
 ) -> None:
     kubelet = kubelet_factory()
     document = experiment("tiny-triton", kind="triton", batchSize=4, maxBatchDelayMs=20, workers=2)
+    document["spec"]["cleanup"] = {"deleteServer": False}  # its server stays, for the foreign load below
     cluster.kubectl.apply(document, namespace=namespace)
     body = wait_finished(cluster, namespace, "tiny-triton", operator.log)
     status = body["status"]
@@ -49,6 +53,20 @@ def test_a_triton_experiment_succeeds_with_triton_s_breakdown_and_its_dashboard_
         assert level["errors"] == 0 and level["requests"] > 0
         assert level["server"]["serverRequests"] >= level["requests"]  # Triton's own count, through the Service
         assert level["server"]["meanBatchSize"] > 0  # counters sampled mid-batch: one user can show 0.99
+
+    # anyone who reaches the inference port (the Service's) is refused a load of another configuration (or
+    # model.py): the pod's Triton has no model control, and it still serves the spec's configuration
+    (server,) = [pod for pod in kubelet.pods.values() if pod.labels.get("app.kubernetes.io/component") == "server"]
+    inference = f"http://127.0.0.1:{server.ports[server.named_ports['inference']]}"
+    served = json.loads(urllib.request.urlopen(f"{inference}/v2/models/tiny/config", timeout=30).read())
+    served["dynamic_batching"].pop("preferred_batch_size")  # derived from max_batch_size: a valid override
+    override = json.dumps({"parameters": {"config": json.dumps(served | {"max_batch_size": 1})}}).encode()
+    load = urllib.request.Request(f"{inference}/v2/repository/models/tiny/load", data=override, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(load, timeout=60)
+    assert refused.value.code == 503 and b"explicit model load / unload is not allowed" in refused.value.read()
+    after = json.loads(urllib.request.urlopen(f"{inference}/v2/models/tiny/config", timeout=30).read())
+    assert (after["max_batch_size"], sum(int(g["count"]) for g in after["instance_group"])) == (4, 2)
 
     # every query of the chart's Triton dashboard has data from this run (Prometheus scraped the pod)
     _, prometheus = monitoring

@@ -27,6 +27,8 @@ from usermodels import UserModels, file_server, make_local_ca, make_user_models
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
 
+SIGNATURE = "X-Amz-Signature=t0p-s3cret"
+
 
 @pytest.fixture(scope="module")
 def user_models(tmp_path_factory: pytest.TempPathFactory) -> UserModels:
@@ -65,7 +67,8 @@ def test_an_exported_program_from_a_url_with_credentials_and_bodies_from_a_confi
     )  # fmt: skip
     try:
         with file_server(user_models.folder, authorization="Bearer s3cret", tls=ca) as files:
-            url = f"{files.url}/{user_models.exported_regressor.name}"
+            # pre-signed: the query string is a credential, kept out of the experiment's ConfigMap
+            url = f"{files.url}/{user_models.exported_regressor.name}?{SIGNATURE}"
             digest = user_models.sha256(user_models.exported_regressor)
             model = {"name": "regressor", "input": {"kind": "tensor", "shape": [16]},
                      "source": {"url": url, "sha256": digest,
@@ -75,6 +78,8 @@ def test_an_exported_program_from_a_url_with_credentials_and_bodies_from_a_confi
             for name in ("regressor", "regressor-again"):
                 cluster.kubectl.apply(own_model_experiment(name, model, payload, "bf16"), namespace=namespace)
                 bodies[name] = wait_finished(cluster, namespace, name, operator.log)
+                config = json.dumps(cluster.kubectl.get("configmap", f"{name}-config", "-n", namespace))
+                assert SIGNATURE not in config and "?<redacted>" in config
     finally:
         operator.stop()
     for body in bodies.values():
@@ -82,12 +87,17 @@ def test_an_exported_program_from_a_url_with_credentials_and_bodies_from_a_confi
         (level,) = body["status"]["results"]
         assert level["errors"] == 0 and level["requests"] > 0
     described = bodies["regressor"]["status"]["model"]
-    assert described["source"] == url and described["sha256"] == digest and described["format"] == "exported"
+    assert described["source"] == url.replace(SIGNATURE, "<redacted>")
+    assert described["sha256"] == digest and described["format"] == "exported"
+    for body in bodies.values():  # the whole URL went to the model init container from the experiment's Secret
+        assert body["status"]["modelUrlSecret"].startswith(f"{body['metadata']['name']}-server-model-url-")
+    cache_key = cluster.kubectl.get("secret", "servinglab-model-cache-key", "-n", namespace)
+    assert cache_key["immutable"] is True and set(cache_key["data"]) == {"key"}
     # counted by the probe init container (the fetching one is told --no-count), its figures merged in
     assert described["parameters"] == 16 * 32 + 32 + 32 * 4 + 4
     assert described["flopsPerInference"] == 2 * (16 * 32 + 32 * 4)
     assert described["downloaded"] is True and bodies["regressor-again"]["status"]["model"]["downloaded"] is False
-    assert files.requests == [f"/{user_models.exported_regressor.name}"], "fetched once; the repeat hits the cache"
+    assert files.requests == [f"/{user_models.exported_regressor.name}?{SIGNATURE}"], "once; the repeat hits the cache"
 
 
 def test_credentials_the_platform_did_not_allow_are_refused_before_anything_is_created(

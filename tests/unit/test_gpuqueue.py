@@ -21,6 +21,7 @@ from servinglab.k8s.experiment.placement import (
     claim_of,
     gpu_pod_of,
     node_of,
+    quota_of,
     resource_problem,
     rules_of,
 )
@@ -65,13 +66,22 @@ class Cluster:
     experiments: list[dict[str, Any]] = field(default_factory=list)
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> annotations
     resource: str = GPU
+    quotas: list[dict[str, Any]] = field(default_factory=list)
 
     def decide(self) -> dict[str, Decision]:
         nodes = [n for raw in self.nodes if (n := node_of(raw, self.resource)) is not None]
         pods = [p for raw in self.pods if (p := gpu_pod_of(raw, self.resource)) is not None]
         claims = [c for raw in self.experiments if (c := claim_of(raw)) is not None]
         rules = {ns: rules_of({"metadata": {"name": ns, "annotations": a}}) for ns, a in self.namespaces.items()}
-        return plan(nodes, pods, claims, rules, self.resource)
+        quotas = [q for raw in self.quotas if (q := quota_of(raw, self.resource)) is not None]
+        return plan(nodes, pods, claims, rules, self.resource, quotas)
+
+
+def quota(namespace: str, hard: int, used: int, key: str = f"requests.{GPU}", **spec: Any) -> dict[str, Any]:
+    """A ResourceQuota as the API returns it once the quota controller has counted it."""
+    return {"metadata": {"name": f"q-{namespace}-{hard}", "namespace": namespace},
+            "spec": {"hard": {key: str(hard), "requests.cpu": "8"}, **spec},
+            "status": {"hard": {key: str(hard)}, "used": {key: str(used)}}}  # fmt: skip
 
 
 def outcome(decision: Decision) -> str:
@@ -80,6 +90,36 @@ def outcome(decision: Decision) -> str:
 
 TWO_T4_ONE_A100X4 = [node("t4-0", 1, T4), node("t4-1", 1, T4), node("a100-0", 4, A100)]
 TABLE = {
+    # ResourceQuotas on GPUs: an experiment waits for its namespace's quota instead of being refused its pods
+    "at its namespace's quota, an experiment waits though a node is free; another namespace's goes ahead": (
+        Cluster(
+            TWO_T4_ONE_A100X4,
+            [pod("t4-0", 1, "a1")],
+            [exp("a1", started=True), exp("a2", second=1), exp("b1", namespace="b", second=2)],
+            quotas=[quota("a", 1, 1)],
+        ),
+        {"a2": "wait 1", "b1": "admit"},
+    ),
+    "an admitted server not yet bound counts against its quota (the quota may not count it yet)": (
+        Cluster(TWO_T4_ONE_A100X4, [], [exp("a1", started=True), exp("a2", second=1)], quotas=[quota("a", 1, 0)]),
+        {"a2": "wait 1"},
+    ),
+    "the tightest of two quotas bounds; an earlier one admitted in the same plan takes its share": (
+        Cluster(
+            TWO_T4_ONE_A100X4,
+            experiments=[exp("a1", 1, A100), exp("a2", 1, A100, second=1), exp("a3", 1, A100, second=2)],
+            quotas=[quota("a", 4, 1), quota("a", 3, 1)],
+        ),
+        {"a1": "admit", "a2": "admit", "a3": "wait 1"},  # 3 - 1 left: two of the three
+    ),
+    "more than a quota's hard can never run; a scoped quota, or one on other resources, is not the queue's": (
+        Cluster(
+            TWO_T4_ONE_A100X4,
+            experiments=[exp("big", 2, A100), exp("b1", namespace="b", second=1), exp("c1", namespace="c", second=2)],
+            quotas=[quota("a", 1, 0), quota("b", 0, 0, scopes=["BestEffort"]), quota("c", 0, 0, key="requests.cpu")],
+        ),
+        {"big": "never", "b1": "admit", "c1": "admit"},
+    ),
     # the issue's findings, each now decided per node
     "T4 experiments are admitted while A100 experiments hold four GPUs": (
         Cluster(

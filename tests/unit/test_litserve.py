@@ -13,7 +13,7 @@ import pytest
 
 from servinglab import servers
 from servinglab.api import ExperimentSpec
-from servinglab.servers.base import ModelError, PodInputs, not_applied, reported
+from servinglab.servers.base import PodInputs, not_applied, reported
 from servinglab.servers.litserve import config, layout, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,16 +142,6 @@ def test_the_model_folder_holds_the_model_the_handler_files_and_what_to_load(tmp
     assert {"servinglab_litserve_api.py", "servinglab_image_handler.py", "servinglab_imaging.py"} <= names
     assert json.loads((served / config.SERVE_FILE).read_text()) == {"serializedFile": "weights.pt",
                                                                     "modelFile": "model.py"}  # fmt: skip
-
-
-def test_a_users_own_model_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    experiment = ExperimentSpec.model_validate(
-        {"model": {"name": "mine", "source": {"path": "/models/mine.pt"}}, "server": {"kind": "litserve"}}
-    )
-    with pytest.raises(ModelError) as raised:
-        servers.get("litserve").prepare_model(experiment, tmp_path)
-    assert raised.value.reason == "ModelNotSupported" and "/models/mine.pt" in str(raised.value)
-    assert not list(tmp_path.iterdir())
 
 
 def test_the_rendered_script_is_for_the_litserve_the_project_pins() -> None:

@@ -24,7 +24,7 @@ from servinglab import servers
 from servinglab.api import ModelRef, ModelSource, Precision, parse_experiment
 from servinglab.k8s import builders as resources
 from servinglab.models import builtins as models
-from servinglab.models import digests
+from servinglab.models import digests, fetch
 from servinglab.models.build import build
 from servinglab.models.catalogue import handler_paths
 from servinglab.servers.base import PodInputs
@@ -96,7 +96,8 @@ def test_a_build_that_changed_is_not_current_and_is_rebuilt(builds: Path) -> Non
     code.write_bytes(genuine + b"\nimport os  # anything at all runs in every later server\n")
     assert not models.is_current("tiny", builds)
     assert f"{models.MODEL_FILE} has sha256" in str(models.build_difference("tiny", builds))
-    digests.write_manifest(archive, archive.parent / models.DIGESTS_FILE)  # whoever wrote it, wrote this too
+    inputs = (archive.parent / models.STAMP_FILE).read_text().strip()
+    digests.write_manifest(archive, archive.parent / models.DIGESTS_FILE, inputs=inputs)  # unkeyed: a local build
     assert not models.is_current("tiny", builds), "the model's code is checked against the one this install ships"
     assert models.build_difference("tiny", builds) == f"{models.MODEL_FILE} is not the file this servinglab ships"
     _, rebuilt = build("tiny", builds)
@@ -241,7 +242,7 @@ def endless_server(announce: str | None = None) -> Iterator[tuple[str, list[int]
 def test_a_download_that_never_ends_is_refused_at_the_limit(tmp_path: Path) -> None:
     limit = 8 * 2**20
     with endless_server() as (url, sent), pytest.raises(modelsource.ModelSourceError) as refused:
-        modelsource.download(ModelSource(url=url, maxBytes=limit), tmp_path)
+        fetch.download(ModelSource(url=url, maxBytes=limit), tmp_path)
     assert refused.value.reason == "ModelTooLarge" and "bytes and counting" in str(refused.value)
     assert sum(sent) >= limit, "refused when the limit was reached, not before"
     assert list(tmp_path.iterdir()) == [], "the partial download is removed"
@@ -249,7 +250,7 @@ def test_a_download_that_never_ends_is_refused_at_the_limit(tmp_path: Path) -> N
 
 def test_a_download_that_announces_too_much_is_refused_before_its_body(tmp_path: Path) -> None:
     with endless_server(announce=str(64 * GIB)) as (url, _), pytest.raises(modelsource.ModelSourceError) as refused:
-        modelsource.download(ModelSource(url=url), tmp_path)
+        fetch.download(ModelSource(url=url), tmp_path)
     assert refused.value.reason == "ModelTooLarge"
     assert f"the server announces {64 * GIB} bytes (Content-Length)" in str(refused.value)
     assert list(tmp_path.iterdir()) == []

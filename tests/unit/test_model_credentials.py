@@ -17,6 +17,8 @@ from servinglab.api.results import to_json
 from servinglab.k8s import credentials
 from servinglab.k8s.experiment.diagnose import model_description
 from servinglab.k8s.settings import Settings
+from servinglab.models import fetch as modelfetch
+from servinglab.models.catalogue import INFO_FILE
 from servinglab.servers.torchserve import archive as modelsource
 from usermodels import LocalCa, file_server, make_local_ca
 
@@ -50,7 +52,7 @@ def described_as(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 def fetch(url: str, scratch: Path, authorization: str | None = TOKEN) -> modelsource.Fetched:
     scratch.mkdir(exist_ok=True)
-    return modelsource.download(ModelSource(url=url), scratch, authorization=authorization)
+    return modelfetch.download(ModelSource(url=url), scratch, authorization=authorization)
 
 
 def test_a_redirect_to_another_host_is_followed_without_the_credentials(
@@ -119,7 +121,7 @@ def test_what_status_says_of_a_model_redacts_its_url(trusted: LocalCa, tmp_path:
             ModelRef(name="own", source=ModelSource(url=url)), Precision.FP32, tmp_path / "m"
         )
     assert prepared.info["source"] == f"{registry.url}/own.mar?<redacted>"
-    assert "SIGNED" not in (tmp_path / "m" / modelsource.INFO_FILE).read_text()
+    assert "SIGNED" not in (tmp_path / "m" / INFO_FILE).read_text()
 
 
 # -- the platform's opt-in ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from servinglab.k8s.experiment.diagnose import (
     server_start_failure,
 )
 from servinglab.loadgen.payloads import PayloadError, own_payloads
+from servinglab.models import fetch
 from servinglab.servers.base import PodInputs, PodPlan
 from servinglab.servers.torchserve import archive as modelsource
 from usermodels import file_server
@@ -69,8 +70,12 @@ def test_a_file_is_recognised_by_its_content_not_its_name(tmp_path: Path, names:
 
 def test_the_handler_reads_the_input_declaration_the_packer_writes() -> None:
     import servinglab_image_handler  # shipped into the archive, so it cannot import servinglab's constant
+    from servinglab import paths
+    from servinglab.models.catalogue import INPUT_FILE
 
-    assert servinglab_image_handler.INPUT_FILE == modelsource.INPUT_FILE
+    assert servinglab_image_handler.INPUT_FILE == INPUT_FILE
+    triton_model = (paths.handlers_dir() / "servinglab_triton_model.py").read_text()  # imports Triton's stub
+    assert f'INPUT_FILE = "{INPUT_FILE}"' in triton_model
 
 
 def test_a_declared_format_that_the_file_contradicts_is_refused(tmp_path: Path) -> None:
@@ -98,10 +103,10 @@ def test_a_download_is_checked_and_then_served_from_the_cache_by_digest(tmp_path
         folder.mkdir()
     with file_server(served) as files:
         source = ModelSource(url=f"{files.url}/model.pt", sha256=digest)
-        first = modelsource.download(source, scratch[0], cache)
-        second = modelsource.download(source, scratch[1], cache)
+        first = fetch.download(source, scratch[0], cache)
+        second = fetch.download(source, scratch[1], cache)
         with pytest.raises(modelsource.ModelSourceError) as mismatch:
-            modelsource.download(ModelSource(url=f"{files.url}/model.pt", sha256="f" * 64), scratch[2], cache)
+            fetch.download(ModelSource(url=f"{files.url}/model.pt", sha256="f" * 64), scratch[2], cache)
     assert first.downloaded and not second.downloaded and first.sha256 == second.sha256 == digest
     assert first.path == scratch[0] / "model.pt" and second.path.read_bytes() == b"model bytes"
     assert (cache / "files" / digest / "model.pt").read_bytes() == b"model bytes"
@@ -139,7 +144,10 @@ def test_precision_cannot_be_claimed_for_an_archive_with_its_own_handler(tmp_pat
             },
             "authorizationSecret: credentials are sent over https only; url 'http://h/m.pt?<redacted>' is not https",
         ),
-        ({"name": "m", "source": {"url": "https://me:pw@h/m.pt"}}, "url: credentials in the URL (user:password@)"),
+        (
+            {"name": "m", "source": {"url": "https://me:pw@h/m.pt"}},
+            "url: 'https://h/m.pt' carries credentials (user:password@)",
+        ),
         (
             {"name": "m", "source": {"url": "https://h/m.pt", "maxBytes": 2**40}},
             "1099511627776 is above the maximum 274877906944",
@@ -210,6 +218,36 @@ def test_the_load_job_reads_bodies_from_the_configmap_it_mounts() -> None:
     args = pod["containers"][0]["args"]
     assert args[args.index("--payload-dir") + 1] == resources.PAYLOAD_DIR
     assert {"name": "payload", "configMap": {"name": "bodies"}} in pod["volumes"]
+
+
+@pytest.mark.parametrize(
+    ("model", "payload", "field", "value"),
+    [
+        ({"name": "m", "source": {"pvc": {"claimName": "other/weights", "path": "m.pt"}}}, None,
+         "spec.model.source.pvc.claimName", "other/weights"),
+        ({"name": "resnet50"}, {"files": ["a.jpg"], "configMap": "other/bodies"}, "spec.load.payload.configMap",
+         "other/bodies"),
+        ({"name": "resnet50"}, {"files": ["a.jpg"], "pvc": {"claimName": "../other", "path": "x"}},
+         "spec.load.payload.pvc.claimName", "../other"),
+    ],
+)  # fmt: skip
+def test_an_experiment_names_configmaps_and_claims_of_its_own_namespace_only(
+    model: dict[str, Any], payload: dict[str, Any] | None, field: str, value: str
+) -> None:
+    """The threat model's boundary is the namespace: a ConfigMap or claim is a bare name, mounted by the
+    experiment's own pods (which mount nothing of another namespace) and looked up in its namespace, so a
+    name that could reach another namespace's object through the API's paths is refused, naming the field."""
+    with pytest.raises(SpecError) as refused:
+        parse_experiment(document(model, payload))
+    assert f"{field}: '{value}'" in str(refused.value)
+    own = {"files": ["a.jpg"], "pvc": {"claimName": "bodies", "path": "x"}}
+    spec = parse_experiment(
+        document({"name": "m", "source": {"pvc": {"claimName": "weights", "path": "m.pt"}}}, own)
+    ).spec
+    server = resources.deployment(OWNER, spec, plan(spec))["spec"]["template"]["spec"]
+    load = resources.load_job(OWNER, spec, plan(spec), "servinglab:1")["spec"]["template"]["spec"]
+    claims = [v["persistentVolumeClaim"] for v in server["volumes"] + load["volumes"] if "persistentVolumeClaim" in v]
+    assert claims == [{"claimName": "weights", "readOnly": True}, {"claimName": "bodies", "readOnly": True}]
 
 
 def pod_with_init(state: dict[str, Any], last: dict[str, Any] | None = None) -> dict[str, Any]:

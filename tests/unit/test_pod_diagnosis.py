@@ -83,23 +83,34 @@ def test_an_evicted_server_and_one_killed_for_memory() -> None:
     assert diagnose.out_of_memory([pod(phase="Running", containerStatuses=[crashed])]) is None
 
 
-def node(ready: str, reason: str = "KubeletReady") -> dict[str, Any]:
-    conditions = [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": ready, "reason": reason}]
+def node(ready: str, reason: str = "KubeletReady", since: str | None = CREATED) -> dict[str, Any]:
+    said: dict[str, Any] = {"type": "Ready", "status": ready, "reason": reason}
+    if since is not None:
+        said["lastTransitionTime"] = since
+    conditions = [{"type": "MemoryPressure", "status": "False"}, said]
     return {"metadata": {"name": "gpu-t4-0"}, "status": {"conditions": conditions}}
 
 
-def test_a_server_whose_node_is_gone_or_not_ready_is_lost() -> None:
+def test_a_server_whose_node_is_gone_or_not_ready_past_the_grace_is_lost() -> None:
     running = pod(phase="Running")
     assert diagnose.nodes_of([running, pod(node=None)]) == ["gpu-t4-0"]
-    assert diagnose.lost_node([running], {"gpu-t4-0": node("True")}) is None
-    assert diagnose.lost_node([running], {"gpu-t4-0": None}) == (
+    assert diagnose.lost_node([running], {"gpu-t4-0": node("True")}, 30, NOW) is None
+    assert diagnose.lost_node([running], {"gpu-t4-0": None}, 30, NOW) == (
         "ServerLost",
         "node gpu-t4-0 of server pod x-server-1 was deleted",
     )
-    found = diagnose.lost_node([running], {"gpu-t4-0": node("Unknown", "NodeStatusUnknown")})
-    assert found == ("ServerLost", "node gpu-t4-0 of server pod x-server-1 is not Ready (Unknown, NodeStatusUnknown)")
+    # NotReady for 100 s: past a grace of 30 s, within one of 120 s (a kubelet restart, a missed heartbeat)
+    unknown = node("Unknown", "NodeStatusUnknown")
+    found = diagnose.lost_node([running], {"gpu-t4-0": unknown}, 30, NOW)
+    assert found == (
+        "ServerLost", "node gpu-t4-0 of server pod x-server-1 is not Ready (Unknown, NodeStatusUnknown) for 100 s"
+    )  # fmt: skip
+    assert diagnose.lost_node([running], {"gpu-t4-0": unknown}, 120, NOW) is None
+    # no transition time: how long it has lasted cannot be told, so it is not waited for
+    found = diagnose.lost_node([running], {"gpu-t4-0": node("False", "KubeletNotReady", since=None)}, 120, NOW)
+    assert found == ("ServerLost", "node gpu-t4-0 of server pod x-server-1 is not Ready (False, KubeletNotReady)")
     deleting = {**running, "metadata": {**running["metadata"], "deletionTimestamp": CREATED}}
-    assert diagnose.lost_node([deleting], {"gpu-t4-0": None}) is None  # going anyway: replaced_server's case
+    assert diagnose.lost_node([deleting], {"gpu-t4-0": None}, 30, NOW) is None  # going anyway: replaced_server's case
 
 
 def test_pods_the_api_refuses_to_create_and_a_missing_payload_claim() -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from servinglab.api import (
     ExperimentSpec,
@@ -16,9 +15,7 @@ from servinglab.api import (
     RequestProtocol,
     ResponseCheck,
     ServerSpec,
-    SpecError,
     load_sweep,
-    parse_experiment,
     trial_spec,
 )
 from servinglab.loadgen.payloads import CONTENT_TYPES, Payload, make_payloads
@@ -115,6 +112,43 @@ def test_what_triton_reports_is_read_back_as_the_effective_settings() -> None:
     assert config.read_applied({"max_batch_size": 0}).effective(0).max_batch_delay_ms is None
 
 
+def served(spec: ExperimentSpec, parameters: dict[str, str] | None = None, **changed: object) -> dict[str, object]:
+    """GET /v2/models/tiny/config as Triton answers when it serves the pod's config.pbtxt, but for `changed` and
+    `parameters` (as a GPU-less node runs it: its instances on the CPU)."""
+    wanted = config.expected(spec.server, spec.server.gpus, spec.load)
+    values = wanted.parameters | (parameters or {})
+    return {
+        "name": "tiny", "max_batch_size": wanted.max_batch_size,
+        "dynamic_batching": {"max_queue_delay_microseconds": str(wanted.max_queue_delay_us)},
+        "instance_group": [{"name": "tiny_0", "kind": "KIND_CPU", "count": wanted.instances}],
+        "parameters": {key: {"string_value": value} for key, value in values.items()},
+    } | changed  # fmt: skip
+
+
+def test_the_load_job_reads_what_triton_serves_and_names_each_field_that_differs() -> None:
+    spec = ExperimentSpec.model_validate(
+        {"model": {"name": "tiny"}, "server": {"kind": "triton", "gpus": 1, "batchSize": 4, "workers": 2}}
+    )
+    triton = get("triton")
+
+    def answering(document: dict[str, object]) -> Callable[[str], bytes]:
+        paths = {"/v2/models/tiny/config": json.dumps(document).encode(), "/v2/models/tiny/ready": b""}
+        return lambda path: paths[path]
+
+    effective, differs = triton.applied_settings(spec, "tiny", answering(served(spec)))
+    assert differs is None and effective is not None  # GPU instances on a GPU-less node's CPU are still them
+    assert (effective.batch_size, effective.ready_workers) == (4, 2)
+    # reloaded behind the operator's back: another batch size and precision, one instance
+    changed = served(spec, {"precision": "fp16"}, max_batch_size=16, instance_group=[{"kind": "KIND_GPU", "count": 1}])
+    _, differs = triton.applied_settings(spec, "tiny", answering(changed))
+    assert differs is not None and differs.startswith("Triton serves tiny with another configuration")
+    assert "max_batch_size is 16, the spec's is 4" in differs
+    assert "instance_group count is 1, the spec's is 2" in differs
+    assert "parameters.precision is 'fp16', the spec's is 'fp32'" in differs
+    # TorchServe and LitServe say nothing on their inference port
+    assert get("torchserve").applied_settings(spec, "tiny", answering(changed)) == (None, None)
+
+
 def test_triton_s_requests_are_kserve_v2_with_the_body_as_a_binary_element() -> None:
     body = make_payloads(PayloadFormat.JPEG, 32, 1, seed=1)[0]
     protocol = get("triton").request_protocol("tiny")
@@ -144,16 +178,6 @@ def test_a_kserve_v2_answer_without_outputs_fails_the_json_check() -> None:
     assert answer_problem(RequestProtocol(), 200, b'{"predictions":[]}', check) is None
 
 
-def test_a_user_model_on_triton_is_refused_naming_the_field() -> None:
-    document = {
-        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": "x"},
-        "spec": {"model": {"name": "mine", "source": {"url": "https://example.com/m.pt"}},
-                 "server": {"kind": "triton"}},
-    }  # fmt: skip
-    with pytest.raises(SpecError, match=r"model.source: server.kind triton serves the built-in models"):
-        parse_experiment(document)
-
-
 def test_the_triton_pod_is_restricted_ready_on_triton_s_own_word_and_bounded() -> None:
     spec = ExperimentSpec.model_validate({"model": {"name": "resnet50"}, "server": {"kind": "triton", "gpus": 1}})
     inputs = PodInputs(config_map="cm", servinglab_image="docker.io/servinglab/servinglab:0.1.0")
@@ -164,7 +188,10 @@ def test_the_triton_pod_is_restricted_ready_on_triton_s_own_word_and_bounded() -
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/models/resnet50/ready", "port": "inference"}
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"inference": 8000, "metrics": 8002}
-    assert "--allow-grpc=false" in container["args"] and "--model-control-mode=explicit" in container["args"]
+    assert "--allow-grpc=false" in container["args"]
+    # the repository API is on the inference port the Service exposes: a pod's Triton takes no loads through it
+    assert "--model-control-mode=none" in container["args"]
+    assert not [arg for arg in container["args"] if arg.startswith(("--model-control-mode=explicit", "--load-model"))]
     assert all("sizeLimit" in v["emptyDir"] for v in plan.volumes if "emptyDir" in v)
     assert "kind: KIND_GPU, gpus: [0]" in plan.config_files["config.pbtxt"]
     (init,) = plan.init_containers

@@ -8,11 +8,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from servinglab.api import Precision, ServerSpec
+from servinglab.servers.base import ServerError
 from servinglab.servers.torchserve import config as tsconfig
 from servinglab.servers.torchserve import launcher
+from servinglab.servers.torchserve.local import LocalTorchServe
 
 SERVER = ServerSpec(batch_size=16, max_batch_delay_ms=25, workers=3, precision=Precision.BF16)
 
@@ -152,3 +155,22 @@ def test_the_server_is_ready_once_every_worker_has_loaded_the_model(tmp_path: Pa
 def test_the_server_launcher_passes_on_torchserves_exit(tmp_path: Path) -> None:
     code, message, _ = run_launcher(tmp_path, 'test "$1" = --foreground && exit 7\n')
     assert code == 7 and message == "", "the args reach torchserve and its exit code is the container's"
+
+
+def test_a_local_work_directory_other_users_can_write_to_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """TorchServe loads what its model store holds and resolves relative registrations against its working
+    directory: a folder another local user can write to would let them plant a model (and its code)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    server = LocalTorchServe("tiny", tmp_path / "no-archive", ServerSpec(), shared)
+    with pytest.raises(ServerError) as refused:
+        server.prepare()
+    assert f"the work directory {shared} is writable by other users (mode 777)" in str(refused.value)
+    assert list(shared.iterdir()) == []
+    private = tmp_path / "private"
+    with pytest.raises(FileNotFoundError):  # past the check: the (missing) archive is copied next
+        LocalTorchServe("tiny", tmp_path / "no-archive", ServerSpec(), private).prepare()
+    assert (private.stat().st_mode & 0o777) == 0o700

@@ -133,6 +133,11 @@ Each rule says why; tests/k8s/test_chart.py checks them both ways with `kubectl 
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["get"]
+# The namespace's ResourceQuotas on GPUs: the GPU queue waits while admitting an experiment would exceed
+# one (its server's pods would be refused). List and watch only.
+- apiGroups: [""]
+  resources: ["resourcequotas"]
+  verbs: ["list", "watch"]
 # Events on each experiment's transitions.
 - apiGroups: [""]
   resources: ["events"]

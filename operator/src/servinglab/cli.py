@@ -311,15 +311,25 @@ def prepare_model(spec_file: Path, into: Path, mounted: Path | None, cache: Path
     """Fetch, check and lay out the experiment's own model in the model store (the server pod's first init
     container). Runs nothing of the user's. On success the termination message is the model's description
     (JSON, for the operator's status); on failure it is "<Reason>: <message>" and the exit code is 3."""
+    import os
+
     from servinglab import servers
+    from servinglab.models.fetch import MODEL_URL_ENV
     from servinglab.servers.base import ModelError
 
     spec = load_experiment(spec_file).spec
     if spec.model.source is None:
         _fail("prepare-model is for a model.source; built-in models are built by build-model", ExitCode.INVALID)
+    model = spec.model
+    if whole_url := os.environ.get(MODEL_URL_ENV):  # the spec file (a ConfigMap) has the URL's query redacted
+        try:
+            model = model.model_copy(update={"source": spec.model.source.with_url(whole_url)})
+        except ValueError as exc:
+            _report(termination_log, f"InvalidSpec: {MODEL_URL_ENV}: {exc}")
+            _fail(f"{MODEL_URL_ENV}: {exc}", ExitCode.INVALID)
     try:
         described = servers.get(spec.server.kind).prepare_user_model(
-            spec.model, spec.server.precision, into, mounted, cache, count
+            model, spec.server.precision, into, mounted, cache, count
         )
     except ModelError as exc:
         _report(termination_log, f"{exc.reason}: {exc}")

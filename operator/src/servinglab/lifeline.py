@@ -1,7 +1,7 @@
 """Local server processes that never outlive the command that started them.
 
 A local server holds GPU memory: TorchServe (a launcher, a JVM and Python workers), the raw-ceiling
-probe, and next LitServe and Triton. Stopping it in a `finally` is not enough — a SIGKILLed
+probe, LitServe and Triton. Stopping it in a `finally` is not enough — a SIGKILLed
 `servinglab run` runs no `finally` — and a parent-death signal reaches only a direct child, not a
 launcher's JVM or its workers. So :func:`spawn` puts a watchdog between this process and the server::
 
@@ -20,7 +20,7 @@ server's orphaned descendants, even one that left the group.
 Both ends of the pipe are close-on-exec, so no other child of this process holds the write end open
 (multiprocessing's generator processes are started by exec too). What this cannot cover: SIGKILL to the
 watchdog itself. Only the standard library, so the watchdog starts in milliseconds. Used by
-:mod:`servinglab.servers.torchserve.local` and :mod:`servinglab.measure.raw.probe`.
+:func:`servinglab.servers.process.start_guarded` (every local server) and :mod:`servinglab.measure.raw.probe`.
 """
 
 from __future__ import annotations

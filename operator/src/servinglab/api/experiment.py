@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from servinglab.api.load import LoadSpec
 from servinglab.api.meta import ObjectMeta, SpecModel, parse_document, read_document
-from servinglab.api.modelref import ModelRef
+from servinglab.api.modelref import ModelRef, redact_url, userinfo_refusal
 from servinglab.api.servers import ServerSpec
 
 
@@ -24,10 +24,38 @@ class SloSpec(SpecModel):
     p99_latency_ms: float | None = Field(default=None, gt=0, le=3_600_000)
 
 
+#: Where a Prometheus's credentials go: the operator's own settings, sent to the operator's own Prometheus only
+#: (never to a URL an experiment names, which could be anyone's).
+_PROMETHEUS_CREDENTIALS = (
+    "a Prometheus that needs credentials is the operator's: the chart's prometheusUrl with "
+    "prometheusAuthorizationSecret (a Secret key the operator sends as the Authorization header)"
+)
+
+
 class MetricsSpec(SpecModel):
     """Where GPU (DCGM) metrics are read from on Kubernetes."""
 
-    prometheus_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    prometheus_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s]+$",
+        description="The Prometheus to query (no credentials, query string or fragment: the spec is kept in "
+        "the experiment's ConfigMap); unset: the operator's.",
+    )
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if refusal := userinfo_refusal(value, _PROMETHEUS_CREDENTIALS):
+            raise ValueError(refusal)
+        if redact_url(value) != value:
+            raise ValueError(
+                f"'{redact_url(value)}' has a query string or fragment, which would be kept in the experiment's "
+                "ConfigMap (and the query API is appended to the URL); give the server's base URL; "
+                + _PROMETHEUS_CREDENTIALS
+            )
+        return value
 
 
 class CleanupSpec(SpecModel):
@@ -60,15 +88,6 @@ class ExperimentSpec(SpecModel):
     def _search_has_an_objective(self) -> ExperimentSpec:
         if self.load.rate_search is not None and self.slo.p99_latency_ms is None:
             raise ValueError("load.rateSearch needs slo.p99LatencyMs (the latency the peak rate must meet)")
-        return self
-
-    @model_validator(mode="after")
-    def _triton_serves_builtins(self) -> ExperimentSpec:
-        if self.server.kind == "triton" and self.model.source is not None:
-            raise ValueError(
-                "model.source: server.kind triton serves the built-in models (model.name without a source) so "
-                "far; serve your own model with server.kind torchserve"
-            )
         return self
 
 

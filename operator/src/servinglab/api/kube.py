@@ -1,4 +1,5 @@
-"""Kubernetes' own rules for values a spec hands to the API: label keys and values, quantities, resources.
+"""Kubernetes' own rules for values a spec hands to the API: label keys and values, quantities, resources,
+and the container runtime's for image references.
 
 The API server refuses a pod whose node selector, tolerations or resources break these rules; checked
 here, such a spec is refused when it is read (naming the field), instead of by the API server mid-run.
@@ -46,6 +47,60 @@ def label_value_problem(value: str) -> str | None:
             f"'{value}' is not a label value: at most 63 letters, digits, '-', '_' and '.', starting and ending "
             "with a letter or digit"
         )
+    return None
+
+
+# The image reference grammar of the distribution project (docker/distribution's reference package), which
+# the container runtimes parse with: [host[:port]/]path[:tag][@digest].
+_HOST_PART = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_HOST = re.compile(rf"^(?:{_HOST_PART}(?:\.{_HOST_PART})*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?$")
+_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+#: The digest algorithms the runtimes verify, and their length in (lowercase) hex digits.
+_DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
+#: The longest repository name (host and path) the grammar allows.
+_NAME_MAX = 255
+
+
+def image_problem(reference: str) -> str | None:
+    """Why `reference` is not a container image reference as the runtime parses it, or None: the registry
+    host (with a port) when the first component has a '.' or ':' or is localhost, then path components of
+    lowercase letters and digits joined by '.', '_', '__' or dashes, then a tag (at most 128 letters,
+    digits, '_', '.', '-', not starting with '.' or '-') and/or a digest (algorithm:hex)."""
+    rest, at, digest = reference.partition("@")
+    last_slash = rest.rfind("/")
+    name, colon, tag = rest.rpartition(":") if rest.rfind(":") > last_slash else (rest, "", "")
+    components = name.split("/")
+    host = components[0] if len(components) > 1 and (
+        "." in components[0] or ":" in components[0] or components[0] == "localhost"
+    ) else None  # fmt: skip
+    path = components[1:] if host is not None else components
+    if not name:
+        return f"'{reference}' is not an image reference: it names no repository"
+    if host is not None and not _HOST.match(host):
+        return f"'{reference}': '{host}' is not a registry host[:port]"
+    for component in path:
+        if not _COMPONENT.match(component):
+            what = "an empty path component" if not component else f"the path component '{component}'"
+            return (
+                f"'{reference}': {what} is not lowercase letters and digits joined by '.', '_', '__' or '-' "
+                "(the runtime would refuse to pull it)"
+            )
+    if len(name) > _NAME_MAX:
+        return f"'{reference}': the repository name is {len(name)} characters, above the limit of {_NAME_MAX}"
+    if colon and not _TAG.match(tag):
+        return (
+            f"'{reference}': the tag '{tag}' is not 1 to 128 letters, digits, '_', '.' and '-' (not starting with "
+            "'.' or '-')"
+        )
+    if at:
+        algorithm, _, hex_part = digest.partition(":")
+        wanted = _DIGEST_HEX.get(algorithm)
+        if wanted is None or len(hex_part) != wanted or not re.fullmatch(r"[0-9a-f]+", hex_part):
+            return (
+                f"'{reference}': '{digest}' is not a digest: sha256, sha384 or sha512, ':' and its lowercase hex "
+                "(64, 96 or 128 digits)"
+            )
     return None
 
 

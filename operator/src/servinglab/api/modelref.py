@@ -53,6 +53,24 @@ def redact_url(url: str) -> str:
     return f"{head}#<redacted>" if fragment_mark else head
 
 
+def userinfo_refusal(url: str, instead: str) -> str | None:
+    """Why a URL that names a user (`scheme://user:password@host/...`) is refused, or None when it names none:
+    the spec is kept in the experiment's ConfigMap, which the `view` role reads. The message shows the URL
+    without its credentials (and redacted) and says where they go instead."""
+    shown = redact_url(url)
+    scheme, marks, rest = shown.partition("://")
+    authority, slash, path = rest.partition("/")
+    if not marks or "@" not in authority:
+        return None
+    return (
+        f"'{scheme}://{authority.rsplit('@', 1)[-1]}{slash}{path}' carries credentials (user:password@), which "
+        f"would be kept in the experiment's ConfigMap; {instead}"
+    )
+
+
+_URL_CREDENTIALS = "put them in a Secret and name its key in authorizationSecret (sent as the Authorization header)"
+
+
 class ModelSource(SpecModel):
     """Where a model that is not built in comes from: exactly one of url, path and pvc."""
 
@@ -86,8 +104,8 @@ class ModelSource(SpecModel):
             raise ValueError(f"set exactly one of url, path, pvc (got {', '.join(given) or 'none'})")
         if self.url is not None and not re.match(r"^https?://[^/\s]+", self.url):
             raise ValueError(f"url: '{redact_url(self.url)}' is not an http(s) URL")
-        if self.url is not None and "@" in self.url.split("?", 1)[0].split("/")[2]:
-            raise ValueError("url: credentials in the URL (user:password@) are refused; use authorizationSecret")
+        if self.url is not None and (refusal := userinfo_refusal(self.url, _URL_CREDENTIALS)):
+            raise ValueError(f"url: {refusal}")
         if self.authorization_secret is not None and self.url is None:
             raise ValueError("authorizationSecret: only a url source sends credentials")
         if self.authorization_secret is not None and self.url is not None and not self.url.startswith("https://"):
@@ -97,6 +115,14 @@ class ModelSource(SpecModel):
         if self.sha256 is not None and self.format is ModelFormat.DIRECTORY:
             raise ValueError("sha256: a folder has no single digest; give it for a file (an archive, .pt, .pt2)")
         return self
+
+    def with_url(self, url: str) -> ModelSource:
+        """This source with its whole URL back: the experiment's ConfigMap keeps it redacted
+        (:func:`redact_url`), the init container gets the whole one from a Secret. ValueError when `url`
+        is not the one this source was redacted from."""
+        if self.url is None or redact_url(url) != self.url:
+            raise ValueError(f"url: '{redact_url(url)}' is not this source's url '{self.url}'")
+        return self.model_copy(update={"url": url})
 
     def describe(self) -> str:
         """The source as it may be shown: a URL's query string redacted (see :func:`redact_url`)."""

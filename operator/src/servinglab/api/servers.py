@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from servinglab.api.datapath import DataPath
-from servinglab.api.kube import Resources, label_key_problem, label_value_problem
+from servinglab.api.kube import Resources, image_problem, label_key_problem, label_value_problem
 from servinglab.api.meta import SpecModel
 
 
@@ -123,6 +123,8 @@ class ServerSpec(SpecModel):
     def _pinned_image(cls, value: str | None) -> str | None:
         if value is None:
             return value
+        if problem := image_problem(value):
+            raise ValueError(problem)
         last = value.rsplit("/", 1)[-1]
         if "@" not in last and ":" not in last:
             raise ValueError(f"'{value}' has no tag; pin a version (e.g. {value}:1.0)")

@@ -68,6 +68,9 @@ class ExperimentStatus(ResultModel):
     effective: EffectiveSettings | None = None
     #: The Secret of the load pods' generator key (several generators only): its name, never its value.
     generator_key_secret: str | None = None
+    #: The Secret of a model URL's query string (a pre-signed URL's signature), kept out of the
+    #: experiment's ConfigMap: its name, never its value.
+    model_url_secret: str | None = None
     finished_at: str | None = None
     cleaned_up_at: str | None = None
 

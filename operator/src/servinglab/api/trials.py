@@ -73,14 +73,25 @@ class SweepBest(ResultModel):
     verdict: Verdict | None = None
 
 
+class MissedRun(ResultModel):
+    """A confirmation run with no level within the objective: a miss of the tail, not a capacity of 0. Its
+    best level's p99 (the lowest) and that p99's upper bound at 95 % (absent when the level was too short)."""
+
+    round: int
+    p99_latency_ms: float | None = None
+    p99_upper_ms: float | None = None
+
+
 class CandidateRuns(ResultModel):
-    """One candidate of the confirmation: its first measurement (which made it a candidate) and its
-    alternated re-measurements, their geometric mean and 95 % interval, and whether it ties with the best."""
+    """One candidate of the confirmation: its first measurement (which made it a candidate), the capacities
+    of its alternated re-measurements that met the objective (in round order) and those that missed it,
+    the geometric mean and 95 % interval of the capacities, and whether it ties with the best."""
 
     trial: str
     config: TrialConfig
     first_rps: float | None = None
     runs_rps: list[float] = Field(default_factory=list)
+    missed: list[MissedRun] | None = None
     mean_rps: float | None = None
     low_rps: float | None = None
     high_rps: float | None = None
@@ -90,7 +101,10 @@ class CandidateRuns(ResultModel):
 class Confirmation(ResultModel):
     """The top candidates measured again, alternating: how the winner was named."""
 
-    state: str = Field(description="Running, Confirmed (one candidate is better than the others) or Tie.")
+    state: str = Field(
+        description="Running, Confirmed (one candidate is better than the others), Tie, or NoneWithinSlo "
+        "(no candidate met the objective in any of its runs)."
+    )
     rounds: int
     candidates: list[CandidateRuns] = Field(default_factory=list)
     winner: str | None = None

@@ -120,7 +120,8 @@ def _metadata(owner: Owner, name: str, component: str) -> Manifest:
 
 
 def config_map(owner: Owner, plan: PodPlan, experiment_document: Manifest) -> Manifest:
-    """The server's files (rendered from the spec by its kind) and the experiment the load Job reads."""
+    """The server's files (rendered from the spec by its kind) and the experiment the load Job reads (its
+    model URL redacted: see :func:`servinglab.k8s.modelsecrets.model_url_secret`)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

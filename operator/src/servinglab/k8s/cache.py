@@ -4,7 +4,11 @@ An :class:`Informer` keeps, for one collection (all namespaces or one; label- or
 digest of each object — what its readers need, made by a pure function that returns None for objects
 not worth keeping — and calls back when a digest changed. It lists page by page, watches from the
 list's resourceVersion, resumes a watch that ended, lists again when the version is too old (410), and
-backs off on errors (keeping the last error for whoever waits on it). An object the operator writes
+backs off on errors (keeping the last error for whoever waits on it). Any other exception (a bug in a
+digest, an answer the client does not map) would end the watch and freeze the cache's view without a
+word: it is logged with its traceback, counted (`servinglab_watch_restarts_total`), kept as the error,
+the cache marked unsynced until it has listed again, and the watch started afresh after a back-off.
+An object the operator writes
 itself may be :meth:`offered <Informer.offer>` at once (:meth:`servinglab.k8s.client.Kube.observe`):
 of two versions of an object, the newer resourceVersion wins, so a pass reads its own writes and a
 late watch event never takes them back. Used by the GPU queue (:mod:`.experiment.admission`).
@@ -14,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from servinglab.k8s.client import Gone, Kube, KubeError, Ref
+from servinglab.k8s.metrics import WATCH_RESTARTS
 
 LOG = logging.getLogger("servinglab.cache")
 T = TypeVar("T")
@@ -25,6 +31,8 @@ T = TypeVar("T")
 #: A watch the API server ends after this many seconds is resumed from where it was.
 WATCH_SECONDS = 240
 BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+#: A watch that has run this long since its last restart starts its back-off from the beginning again.
+HEALTHY_SECONDS = 60.0
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -67,6 +75,7 @@ class Informer(Generic[T]):
         self.synced = asyncio.Event()
         self.error: str | None = None
         self.events = 0
+        self.restarts = 0
 
     def values(self) -> list[T]:
         return [digest for digest, _ in self._items.values()]
@@ -125,7 +134,30 @@ class Informer(Generic[T]):
         self._ahead = {k: v for k, v in self._ahead.items() if listed is not None and v > listed}
 
     async def run(self) -> None:
-        """Keep the cache current until cancelled."""
+        """Keep the cache current until cancelled; a watch that fails in a way :meth:`_follow` does not
+        expect is started again, listing afresh, and says so."""
+        crashes, since = 0, time.monotonic()
+        while True:
+            try:
+                await self._follow()
+            except Exception as exc:  # anything else would silently freeze this cache
+                now = time.monotonic()
+                crashes = crashes + 1 if now - since < HEALTHY_SECONDS else 1
+                since = now
+                self.restarts += 1
+                self.error = f"the watch of {self.what} failed ({type(exc).__name__}: {exc}); restarted"
+                self.synced.clear()  # until it has listed again: its readers wait rather than trust it
+                WATCH_RESTARTS.labels(kind=self.ref.kind).inc()
+                delay = BACKOFF_SECONDS[min(crashes - 1, len(BACKOFF_SECONDS) - 1)]
+                LOG.error("the watch of %s failed; it lists again in %g s", self.what, delay, exc_info=exc)
+                await asyncio.sleep(delay)
+
+    @property
+    def what(self) -> str:
+        return f"{self.ref.kind}s in {self.ref.namespace or 'all namespaces'}"
+
+    async def _follow(self) -> None:
+        """List, then watch from there, for as long as the errors are the API's (expected)."""
         failures = 0
         version = ""
         while True:

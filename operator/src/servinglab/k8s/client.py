@@ -34,6 +34,7 @@ _PATHS = {
     ("v1", "Secret"): "/api/v1/namespaces/{namespace}/secrets",
     ("v1", "Pod"): "/api/v1/namespaces/{namespace}/pods",
     ("v1", "Event"): "/api/v1/namespaces/{namespace}/events",
+    ("v1", "ResourceQuota"): "/api/v1/namespaces/{namespace}/resourcequotas",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments",
     ("batch/v1", "Job"): "/apis/batch/v1/namespaces/{namespace}/jobs",
     ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",

@@ -2,12 +2,13 @@
 the results where the operator reads them.
 
 Pod 0 of the Job (the only pod, unless `load.generators` > 1) waits until the server answers a first
-request, checks the settings the server says it applied (where its metrics say: LitServe's do) against
-the spec, measures every level through the measurement driver (:mod:`servinglab.measure.driver`),
-reading the server's metrics at each window's edges, and writes a :class:`LoadJobResults` into the
-experiment's results ConfigMap (:mod:`servinglab.k8s.sink`). The other pods of an indexed Job join pod 0
-and generate their share of each level. Each way of ending has its exit code
-(:class:`~servinglab.api.exitcodes.ExitCode`) and a one-line termination message the operator shows.
+request, checks the settings the server says it applied (where its metrics say, as LitServe's do, or its
+inference port, as Triton's model configuration endpoint does) against the spec, measures every level
+through the measurement driver (:mod:`servinglab.measure.driver`), reading the server's metrics at each
+window's edges, and writes a :class:`LoadJobResults` into the experiment's results ConfigMap
+(:mod:`servinglab.k8s.sink`). The other pods of an indexed Job join pod 0 and generate their share of each
+level. Each way of ending has its exit code (:class:`~servinglab.api.exitcodes.ExitCode`) and a one-line
+termination message the operator shows.
 
 The caller must have imported Locust first (see :mod:`servinglab.entry`).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,13 +27,13 @@ from servinglab.api import ExperimentSpec, SpecError, load_experiment
 from servinglab.api.exitcodes import ExitCode
 from servinglab.api.results import EffectiveSettings, LoadJobResults, to_json
 from servinglab.k8s import sink
-from servinglab.loadgen import folder, generators, levels, shapes, wire
+from servinglab.loadgen import folder, generators, levels, meeting, shapes, wire
 from servinglab.loadgen.payloads import PayloadError, request_payloads
 from servinglab.measure.ceiling import ceiling_of
 from servinglab.measure.driver import ServerWindows, measure_load
 from servinglab.measure.windows import http_fetcher
 from servinglab.models.catalogue import request_image_size
-from servinglab.servers.base import reported
+from servinglab.servers.base import InferenceGet, Server, reported
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ def run(options: LoadJobOptions) -> Ending:
     kind = servers.get(spec.server.kind)
     windows = ServerWindows(http_fetcher(options.metrics_url), kind.metrics(options.model_name)) if (
         options.metrics_url) else None  # fmt: skip
-    effective, refused = _applied(spec, windows)
+    inference = _getter(target.url, load.request_timeout_seconds)
+    effective, refused = _applied(spec, options.model_name, windows, kind, inference)
     if refused is not None:
         return refused
     try:
@@ -117,16 +120,34 @@ def run(options: LoadJobOptions) -> Ending:
     return Ending(ExitCode.OK, summary)
 
 
-def _applied(spec: ExperimentSpec, windows: ServerWindows | None) -> tuple[EffectiveSettings | None, Ending | None]:
-    """What the server says it applied (None where its metrics do not say), or how the Job ends when that is
-    not what the spec asked for: checked before any load is sent."""
-    if windows is None:
-        return None, None
-    try:
-        effective, differs = reported(spec.server, windows.metrics, windows.fetch())
-    except OSError as exc:
-        return None, Ending(ExitCode.METRICS_UNREADABLE, f"reading the server's metrics failed: {exc}")
+def _applied(
+    spec: ExperimentSpec, model_name: str, windows: ServerWindows | None, kind: Server, get: InferenceGet
+) -> tuple[EffectiveSettings | None, Ending | None]:
+    """What the server says it applied, in its metrics or else on its inference port (None where it says
+    nothing), or how the Job ends when that is not what the spec asked for: checked before any load is sent."""
+    effective, differs = None, None
+    if windows is not None:
+        try:
+            effective, differs = reported(spec.server, windows.metrics, windows.fetch())
+        except OSError as exc:
+            return None, Ending(ExitCode.METRICS_UNREADABLE, f"reading the server's metrics failed: {exc}")
+    if effective is None:
+        try:
+            effective, differs = kind.applied_settings(spec, model_name, get)
+        except (OSError, ValueError) as exc:  # no load is sent to a server whose settings cannot be checked
+            return None, Ending(ExitCode.SETTINGS_NOT_APPLIED, f"reading the settings the server applied failed: {exc}")
     return effective, Ending(ExitCode.SETTINGS_NOT_APPLIED, differs) if differs is not None else None
+
+
+def _getter(base_url: str, timeout: float) -> InferenceGet:
+    """GETs on the server's inference port (urllib's HTTPError, an OSError, on an error status)."""
+
+    def get(path: str) -> bytes:
+        with urllib.request.urlopen(base_url + path, timeout=timeout) as response:
+            body: bytes = response.read()
+            return body
+
+    return get
 
 
 def _target(spec: ExperimentSpec, options: LoadJobOptions) -> levels.Target:
@@ -171,13 +192,13 @@ def _other_generators(
     count = spec.load.generators
     if not listen or key is None or not isinstance(count, int):
         return []
-    return generators.accept_generators(_host_port(listen), count - 1, key, timeout_seconds)
+    return meeting.accept_generators(_host_port(listen), count - 1, key, timeout_seconds)
 
 
 def _generate_for(coordinator: str, key: bytes, timeout_seconds: float) -> str | None:
     """Join the first load pod and generate its share of every level; why not, if it failed."""
     try:
-        generators.serve(generators.join_coordinator(_host_port(coordinator), key, timeout_seconds))
+        generators.serve(meeting.join_coordinator(_host_port(coordinator), key, timeout_seconds))
     except (generators.GeneratorError, EOFError, OSError) as exc:
         return f"load generator for {coordinator}: {exc}"
     return None

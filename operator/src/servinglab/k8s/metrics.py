@@ -3,6 +3,8 @@
 * `servinglab_experiments_finished_total{state}` — experiments that reached Succeeded / Failed;
 * `servinglab_experiments_running` — experiments this operator is driving now;
 * `servinglab_reconcile_errors_total{reason}` — API errors a reconcile pass retried;
+* `servinglab_watch_restarts_total{kind}` — watches of the operator's caches (the GPU queue's nodes, GPU
+  pods, experiments) that ended on an error they do not expect and were started again (:mod:`.cache`);
 * `servinglab_experiment_throughput_rps`, `servinglab_experiment_latency_p99_ms` — each finished
   experiment's result per level, labelled with its configuration so dashboards can compare
   configurations; `servinglab_experiment_best_throughput_rps` — its best level;
@@ -43,6 +45,9 @@ _CONFIG_LABELS = (
 FINISHED = Counter("servinglab_experiments_finished", "Experiments that finished, by state", ["state"])
 RUNNING = Gauge("servinglab_experiments_running", "Experiments this operator is driving now")
 RECONCILE_ERRORS = Counter("servinglab_reconcile_errors", "Reconcile passes that hit an API error", ["reason"])
+WATCH_RESTARTS = Counter(
+    "servinglab_watch_restarts", "Cache watches restarted after an error they do not expect", ["kind"]
+)
 # a level is a concurrency (closed loop) or an offered rate (open loop); the other label is empty
 _LEVEL_LABELS = ("concurrency", "rate_rps")
 THROUGHPUT = Gauge(

@@ -98,19 +98,32 @@ def query_text(function: str, metric: str, namespace: str, pod: str, window_seco
     return " or ".join(parts)
 
 
+def reader(experiment_url: str | None, operator_url: str | None, authorization: str | None) -> GpuMetrics | None:
+    """The reader of an experiment's GPU figures: its own Prometheus, else the operator's; None for neither.
+    The operator's credentials (from its Secret, never from a ConfigMap or a spec) go to the operator's own
+    Prometheus alone: a URL an experiment names could be anyone's."""
+    url = experiment_url or operator_url
+    if url is None:
+        return None
+    return GpuMetrics(url, authorization=authorization if url == operator_url else None)
+
+
 class GpuMetrics:
     """Reads the GPU figures of measured windows from one Prometheus."""
 
-    def __init__(self, url: str, timeout_seconds: float = 10.0) -> None:
+    def __init__(self, url: str, timeout_seconds: float = 10.0, authorization: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.shown = shown(self.url)
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self.headers = {"Authorization": authorization} if authorization else {}
 
     async def _instant(self, session: aiohttp.ClientSession, query: str, at: float) -> float | None:
         params = {"query": query, "time": f"{at:.3f}"}
         where = self.shown
         try:
-            async with session.get(f"{self.url}/api/v1/query", params=params, allow_redirects=False) as response:
+            async with session.get(
+                f"{self.url}/api/v1/query", params=params, headers=self.headers, allow_redirects=False
+            ) as response:
                 status, content_type = response.status, response.content_type
                 if 300 <= status < 400:
                     raise PrometheusError(f"{where}: HTTP {status}, a redirect (not followed)", "PrometheusRedirected")

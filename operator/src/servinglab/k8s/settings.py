@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from servinglab.api.kube import Resources
+from servinglab.api.kube import Resources, image_problem
 from servinglab.k8s import credentials
 from servinglab.k8s.experiment.placement import resource_problem
 from servinglab.servers.base import GPU_RESOURCE
@@ -31,6 +31,9 @@ class Settings:
     """Image of the model-builder init container and the load Job (SERVINGLAB_IMAGE)."""
     prometheus_url: str | None = None
     """Default Prometheus for GPU metrics when an experiment names none (SERVINGLAB_PROMETHEUS_URL)."""
+    prometheus_authorization: str | None = None
+    """The Authorization header sent to that Prometheus alone, never to one an experiment names
+    (SERVINGLAB_PROMETHEUS_AUTHORIZATION, from the Secret the chart's prometheusAuthorizationSecret names)."""
     poll_seconds: float = 2.0
     """How often a running experiment is reconciled (SERVINGLAB_POLL_SECONDS)."""
     unschedulable_grace_seconds: float = 30.0
@@ -56,6 +59,10 @@ class Settings:
     start_grace_seconds: float = 30.0
     """How long a pod may keep failing to start (an image that cannot be pulled, a missing Secret, a pod the
     API refuses to create, a missing payload) before the experiment fails (SERVINGLAB_START_GRACE_SECONDS)."""
+    node_grace_seconds: float = 60.0
+    """How long a server pod's node may stay not Ready (a kubelet restart, a missed heartbeat: its pods keep
+    serving) before the experiment fails as ServerLost (SERVINGLAB_NODE_GRACE_SECONDS). A deleted node ends
+    it at once."""
     load_resources: Resources = field(default_factory=lambda: LOAD_RESOURCES)
     """Each load pod's requests and limits when the experiment gives none (SERVINGLAB_LOAD_RESOURCES, JSON
     `{"requests": {...}, "limits": {...}}`; the chart's loadJob.resources)."""
@@ -66,9 +73,13 @@ class Settings:
         gpu_resource = env.get("SERVINGLAB_GPU_RESOURCE") or cls.gpu_resource
         if (problem := resource_problem(gpu_resource)) is not None:
             raise ValueError(f"SERVINGLAB_GPU_RESOURCE: {problem}")
+        image = env.get("SERVINGLAB_IMAGE", cls.servinglab_image)
+        if (problem := image_problem(image)) is not None:  # the chart's experimentImage: refused at start, not at pull
+            raise ValueError(f"SERVINGLAB_IMAGE: {problem}")
         return cls(
-            servinglab_image=env.get("SERVINGLAB_IMAGE", cls.servinglab_image),
+            servinglab_image=image,
             prometheus_url=env.get("SERVINGLAB_PROMETHEUS_URL") or None,
+            prometheus_authorization=env.get("SERVINGLAB_PROMETHEUS_AUTHORIZATION") or None,
             poll_seconds=float(env.get("SERVINGLAB_POLL_SECONDS", cls.poll_seconds)),
             unschedulable_grace_seconds=float(
                 env.get("SERVINGLAB_UNSCHEDULABLE_GRACE_SECONDS", cls.unschedulable_grace_seconds)
@@ -80,6 +91,7 @@ class Settings:
             gpu_resource=gpu_resource,
             failing_seconds=float(env.get("SERVINGLAB_FAILING_SECONDS", cls.failing_seconds)),
             start_grace_seconds=float(env.get("SERVINGLAB_START_GRACE_SECONDS", cls.start_grace_seconds)),
+            node_grace_seconds=float(env.get("SERVINGLAB_NODE_GRACE_SECONDS", cls.node_grace_seconds)),
             load_resources=_resources(env.get("SERVINGLAB_LOAD_RESOURCES", "")),
         )
 

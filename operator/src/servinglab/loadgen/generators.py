@@ -3,10 +3,9 @@
 One generator process is one gevent loop on one core (docs/benchmarks.md §2 and §8 give its
 capacity); a faster server needs more. A `GeneratorPool` runs `spec.load.generators` of them: local
 processes (each on a socket pair), or the other pods of an indexed load Job, which join the first pod
-over TCP (their clocks are aligned by a round trip). Both speak one protocol (:mod:`wire`: a mutual
-HMAC handshake on a random key, then MAC'd JSON frames of :mod:`messages`; nothing is unpickled);
-the first pod takes each connection's handshake in its own greenlet under a deadline, so a silent
-or foreign client never holds up the generators that belong. For each level the pool gives every
+over TCP (:mod:`meeting`; their clocks are aligned by a round trip). Both speak one protocol
+(:mod:`wire`: a mutual HMAC handshake on a random key, then MAC'd JSON frames of :mod:`messages`;
+nothing is unpickled). For each level the pool gives every
 generator its share — of the users, of the offered rate (each a Poisson
 process of rate/N with its own seed: their sum is a Poisson process at the full rate), or of a
 shaped run's schedule (every N-th send; each step's users) — and one common time at which all of
@@ -19,6 +18,10 @@ one process would have computed over the union of every request: nearest-rank pe
 samples, throughput from the first send to the last answer, errors by kind, stability windows, open-
 loop sent/late/dropped counts summed. Each generator's saturation is judged again against the merged
 p99 latency; any saturated generator flags the level, naming which (:func:`stats.merge_generator_verdicts`).
+Every answer the coordinator waits for is due by a deadline it knows (the level's set-up, warm-up and
+measured time, the drain's request timeout, plus REPLY_MARGIN_SECONDS): a generator that does not answer
+by then — its pod or node gone without closing the connection — ends the level with GeneratorError
+naming it, instead of holding the first pod until the Job's own deadline.
 
 Used by :func:`servinglab.loadgen.levels.run_load` when more than one generator is asked for.
 """
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import multiprocessing
 import os
 import socket
@@ -35,10 +37,6 @@ import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
-
-import gevent
-import gevent.event
-import gevent.pool
 
 from servinglab.loadgen import closed_loop, messages, open_loop, shapes, sharing, wire
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
@@ -48,7 +46,6 @@ from servinglab.loadgen.stats import (
     extension_seconds,
 )
 
-LOG = logging.getLogger(__name__)
 _T = TypeVar("_T")
 #: Users a generator spawns per second (Locust's advice); the common start leaves time for it.
 _SPAWN_RATE = 100
@@ -58,9 +55,8 @@ _SEED_STRIDE = 1_000_003
 _TICK_SECONDS = 0.25
 #: A local generator process has this long to start (a fresh interpreter importing Locust) and answer.
 _LOCAL_START_SECONDS = 120.0
-#: Handshakes in progress at once; a connection beyond them is closed at once (the real generators
-#: retry), so a flood of connections costs the coordinator a bounded number of greenlets and sockets.
-MAX_PENDING_HANDSHAKES = 64
+#: How long past its due time the coordinator waits for a generator's answer before giving it up.
+REPLY_MARGIN_SECONDS = 30.0
 
 
 class _CoordinatedTiming(LevelTiming):
@@ -124,103 +120,22 @@ def _socket_of(connection: Connection) -> socket.socket:
     return sock
 
 
-def accept_generators(
-    address: tuple[str, int], count: int, key: bytes, timeout_seconds: float,
-    handshake_seconds: float = wire.HANDSHAKE_SECONDS,
-) -> list[wire.Channel]:  # fmt: skip
-    """Wait for `count` generators to join over TCP (the other pods of an indexed load Job).
-
-    Each connection's handshake runs in its own greenlet under a deadline from its first byte, so a
-    silent, slow or wrong-keyed peer is dropped (and logged) without delaying anyone else; accepting
-    goes on until `count` generators joined or `timeout_seconds` passed (GeneratorError)."""
-    joined: list[wire.Channel] = []
-    refused: list[tuple[str, OSError]] = []
-    everyone = gevent.event.Event()
-    handshakes = gevent.pool.Pool(MAX_PENDING_HANDSHAKES)
-
-    def admit(sock: socket.socket, peer: Any) -> None:
-        try:
-            channel = wire.accept(sock, key, handshake_seconds)
-        except (wire.WireError, OSError) as exc:  # not one of ours: dropped
-            LOG.warning("refused a load generator connection from %s: %s", peer, exc)
-            refused.append((peer[0], exc))
-            sock.close()
-            return
-        except BaseException:  # killed: everyone joined, or the time is up
-            sock.close()
-            raise
-        if len(joined) == count:  # one too many (a generator that reconnected): not needed
-            channel.close()
-            return
-        joined.append(channel)
-        if len(joined) == count:
-            everyone.set()
-
-    def accept_all(server: socket.socket) -> None:
-        while True:
-            sock, peer = server.accept()
-            if handshakes.full():
-                LOG.warning("refused a load generator connection from %s: %d handshakes already in progress",
-                            peer, MAX_PENDING_HANDSHAKES)  # fmt: skip
-                sock.close()
-                continue
-            handshakes.spawn(admit, sock, peer)
-
-    with socket.create_server(address) as server:
-        acceptor = gevent.spawn(accept_all, server)
-        try:
-            everyone.wait(timeout_seconds)
-        finally:
-            acceptor.kill()
-            handshakes.kill()
-    if len(joined) < count:
-        for channel in joined:
-            channel.close()
-        # a peer with another key says most (a Secret mix-up); a silent one may be any port scanner
-        keyed = [(peer, exc) for peer, exc in refused if isinstance(exc, wire.AuthenticationFailed)]
-        example = f", e.g. {(keyed or refused)[-1][0]}: {(keyed or refused)[-1][1]}" if refused else ""
-        raise GeneratorError(
-            f"{len(joined)} of {count} load generators joined within {timeout_seconds:g} s; "
-            f"{len(refused)} connection(s) refused{example}"
-        )
-    return joined
-
-
-def join_coordinator(address: tuple[str, int], key: bytes, timeout_seconds: float) -> wire.Channel:
-    """Connect to the coordinator (pod 0 of an indexed load Job), retrying while it starts or is busy;
-    a coordinator that holds another key ends it at once."""
-    deadline = time.monotonic() + timeout_seconds
-    where = f"{address[0]}:{address[1]}"
-    while True:
-        sock: socket.socket | None = None
-        try:
-            sock = socket.create_connection(address, timeout=10)
-            return wire.join(sock, key)
-        except wire.AuthenticationFailed as exc:
-            if sock is not None:
-                sock.close()
-            raise GeneratorError(str(exc)) from None
-        except OSError as exc:  # not listening yet, or closed a connection it had no room for (WireError)
-            if sock is not None:
-                sock.close()
-            if time.monotonic() > deadline:
-                raise GeneratorError(f"cannot join the load coordinator at {where}: {exc}") from None
-            time.sleep(1.0)
-
-
 class GeneratorError(RuntimeError):
     """Generators could not be brought together."""
 
 
 class GeneratorPool:
     """Generators for a closed-loop (`LoadPlan`) or open-loop (`OpenLoopPlan`) run: `local` processes
-    started here, and `remote` ones already connected (whose clocks may differ from this one's)."""
+    started here, and `remote` ones already connected (whose clocks may differ from this one's). Each
+    answer is waited for until `reply_margin_seconds` past its due time."""
 
     def __init__(
-        self, plan: closed_loop.LoadPlan | open_loop.OpenLoopPlan, local: int, remote: Sequence[wire.Channel] = ()
-    ) -> None:
+        self, plan: closed_loop.LoadPlan | open_loop.OpenLoopPlan, local: int, remote: Sequence[wire.Channel] = (),
+        reply_margin_seconds: float = REPLY_MARGIN_SECONDS,
+    ) -> None:  # fmt: skip
         self.loop = "closed" if isinstance(plan, closed_loop.LoadPlan) else "open"
         self.plan = plan
+        self.reply_margin_seconds = reply_margin_seconds
         self._channels: list[wire.Channel] = []
         self._offsets: list[float] = []  # each generator's clock minus this one's
         self._processes: list[Any] = []
@@ -228,7 +143,10 @@ class GeneratorPool:
             self._start_local(local)
             for channel in remote:
                 self._channels.append(channel)
-                self._offsets.append(_clock_offset(channel))
+                try:
+                    self._offsets.append(_clock_offset(channel, reply_margin_seconds))
+                except (wire.WireError, OSError) as exc:
+                    raise GeneratorError(f"{self._name(len(self._channels) - 1)} did not answer: {exc}") from None
             self._send_plans()
         except BaseException:
             self.close()
@@ -318,8 +236,11 @@ class GeneratorPool:
         samples: list[Sample] = []
         measured = duration_seconds
         while True:
+            # due at the end of the measured period: set-up, warm-up and measured time after the order
+            due = time.monotonic() + measure_from + measured - time.time()
+            why = f"its samples (due after {setup + warmup_seconds:g} s of set-up and warm-up, {measured:g} s measured)"
             for i in active:
-                more = self._own_clock(i, self._receive(i, messages.receive_samples))
+                more = self._own_clock(i, self._receive(i, messages.receive_samples, due, why))
                 streamed[i].extend(more)
                 samples.extend(more)
             extra = extension_seconds(samples, measure_from, measured, self.plan.stability, time.time())
@@ -330,8 +251,11 @@ class GeneratorPool:
             measured += extra
             hooks.report(label, "extend", measured, self.plan.stability.max_duration_seconds or measured, len(samples))
         parts = []
+        # due once the requests still in flight have been answered or timed out
+        timeout = self.plan.request_timeout_seconds
+        due, why = time.monotonic() + timeout, f"its figures (due once its last requests ended, within {timeout:g} s)"
         for i in active:
-            stats = self._receive(i, messages.receive_done)  # its figures, and the samples not streamed yet
+            stats = self._receive(i, messages.receive_done, due, why)  # its figures, and the samples not streamed yet
             rest = self._own_clock(i, stats.samples)
             parts.append(dataclasses.replace(stats, samples=tuple(streamed[i] + rest)))
         hooks.ended(index)
@@ -340,11 +264,22 @@ class GeneratorPool:
             limits=self.plan.generator_limits, schedule=schedule,
         )  # fmt: skip
 
-    def _receive(self, number: int, read: Callable[[wire.Channel], _T]) -> _T:
+    def _name(self, number: int) -> str:
+        peer = self._channels[number].peer
+        return f"load generator {number + 1} of {len(self._channels)}" + (f" (at {peer})" if peer else "")
+
+    def _receive(self, number: int, read: Callable[[wire.Channel, float], _T], due: float, why: str) -> _T:
+        """What `read` reads from a generator by `due` (monotonic) plus the margin, else GeneratorError."""
+        margin = self.reply_margin_seconds
         try:
-            return read(self._channels[number])
+            return read(self._channels[number], due + margin)
+        except wire.DeadlinePassed:
+            raise GeneratorError(
+                f"{self._name(number)} did not send {why}, nor in {margin:g} s more: the level ends without it "
+                "(its process, pod or node is gone, or it cannot keep up)"
+            ) from None
         except (wire.WireError, OSError) as exc:
-            raise GeneratorError(f"load generator {number + 1} of {self.count}: {exc}") from None
+            raise GeneratorError(f"{self._name(number)}: {exc}") from None
 
     def _send(self, number: int, message: dict[str, Any]) -> None:
         try:
@@ -382,13 +317,14 @@ class GeneratorPool:
         self.close()
 
 
-def _clock_offset(channel: wire.Channel, rounds: int = 5) -> float:
-    """The other end's clock minus this one's, from the round trip with the least delay."""
+def _clock_offset(channel: wire.Channel, timeout_seconds: float, rounds: int = 5) -> float:
+    """The other end's clock minus this one's, from the round trip with the least delay (each answer due
+    within `timeout_seconds`)."""
     best: tuple[float, float] | None = None
     for _ in range(rounds):
         sent = time.time()
         channel.send(messages.clock())
-        theirs = messages.read_clock(channel.recv())
+        theirs = messages.read_clock(channel.recv(timeout_seconds))
         answered = time.time()
         if best is None or answered - sent < best[0]:
             best = (answered - sent, theirs - (sent + answered) / 2)

@@ -318,11 +318,11 @@ def send_samples(channel: Channel, samples: Sequence[Sample]) -> None:
         })  # fmt: skip
 
 
-def receive_samples(channel: Channel) -> list[Sample]:
-    """Every batch of samples up to the last one."""
+def receive_samples(channel: Channel, deadline: float | None = None) -> list[Sample]:
+    """Every batch of samples up to the last one, all by `deadline` (monotonic) when there is one."""
     samples: list[Sample] = []
     while True:
-        fields = _Fields(expect(channel.recv(), "samples"), "'samples' message")
+        fields = _Fields(expect(channel.recv(deadline=deadline), "samples"), "'samples' message")
         sent, latency = fields.column("sentAt"), fields.column("latencyMs")
         if len(sent) != len(latency) or len(sent) > SAMPLES_PER_MESSAGE:
             raise MessageError(f"'samples' message: {len(sent)} send times for {len(latency)} latencies")
@@ -346,9 +346,9 @@ def send_done(channel: Channel, stats: LevelStats) -> None:
     send_samples(channel, stats.samples)
 
 
-def receive_done(channel: Channel) -> LevelStats:
-    """A generator's level as it sent it (:func:`send_done`)."""
-    fields = _Fields(expect(channel.recv(), "done"), "'done' message")
+def receive_done(channel: Channel, deadline: float | None = None) -> LevelStats:
+    """A generator's level as it sent it (:func:`send_done`), all by `deadline` (monotonic) when there is one."""
+    fields = _Fields(expect(channel.recv(deadline=deadline), "done"), "'done' message")
     errors_by_kind, latency = fields.get("errorsByKind", dict), fields.get("latencyMs", dict)
     if not all(type(count) is int for count in errors_by_kind.values()):
         raise MessageError("'done' message: 'errorsByKind' is not a count per kind")
@@ -363,7 +363,7 @@ def receive_done(channel: Channel) -> LevelStats:
         generator=_verdict(fields), rate_rps=fields.number("rateRps", optional=True), open_loop=_open_loop(fields),
         repeats=fields.get("repeats", dict, optional=True), phases=fields.get("phases", list, optional=True),
     )  # fmt: skip
-    return dataclasses.replace(stats, samples=tuple(receive_samples(channel)))
+    return dataclasses.replace(stats, samples=tuple(receive_samples(channel, deadline)))
 
 
 def _camel(name: str) -> str:

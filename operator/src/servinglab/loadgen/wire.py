@@ -24,7 +24,8 @@ or alter samples, and must not stall the coordinator. So:
   MAX_FRAME_BYTES, or a message above MAX_MESSAGE_BYTES (or of more frames than that needs), is
   refused.
 - The handshake has a deadline from the first byte (the caller runs each in its own greenlet), so a
-  silent or slow client is dropped after HANDSHAKE_SECONDS and never blocks anyone else.
+  silent or slow client is dropped after HANDSHAKE_SECONDS and never blocks anyone else. After it, a
+  receive may have a deadline too (DeadlinePassed): the coordinator knows when each answer is due.
 
 Frame: u32 length (big-endian) of what follows | flags (1 byte: 1 = a message's last frame) |
 chunk | HMAC-SHA256(direction key, u64 sequence | flags | chunk). A message is the JSON (UTF-8) of
@@ -73,6 +74,10 @@ class AuthenticationFailed(WireError):
     """The peer does not hold the key (or a frame was altered)."""
 
 
+class DeadlinePassed(WireError):
+    """The peer said too little before a deadline (it may be gone without a word: a vanished node)."""
+
+
 def new_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
@@ -106,12 +111,12 @@ def _read_exact(sock: socket.socket, count: int, deadline: float | None, what: s
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise WireError(f"{what}: {got} of {count} bytes arrived before the deadline")
+                raise DeadlinePassed(f"{what}: {got} of {count} bytes arrived before the deadline")
             sock.settimeout(left)
         try:
             received = sock.recv_into(view[got:])
         except TimeoutError:
-            raise WireError(f"{what}: {got} of {count} bytes arrived before the deadline") from None
+            raise DeadlinePassed(f"{what}: {got} of {count} bytes arrived before the deadline") from None
         if received == 0:
             raise WireError(f"{what}: the peer closed the connection after {got} of {count} bytes")
         got += received
@@ -133,6 +138,7 @@ class Channel:
         self._sock = sock
         self._send_key, self._receive_key = send_key, receive_key
         self._sent = self._received = 0  # frames so far, each way: the sequence numbers
+        self.peer = _address_of(sock)
         sock.settimeout(None)  # after the handshake a message may take as long as a level does
 
     def send(self, message: dict[str, Any]) -> None:
@@ -153,9 +159,11 @@ class Channel:
             self._sock.sendall(b"".join((_LENGTH.pack(1 + len(chunk) + _MAC_BYTES), flags, chunk, mac)))
             self._sent += 1
 
-    def recv(self, timeout_seconds: float | None = None) -> dict[str, Any]:
-        """The next message: a JSON object whose every frame was authenticated, else WireError."""
-        deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    def recv(self, timeout_seconds: float | None = None, *, deadline: float | None = None) -> dict[str, Any]:
+        """The next message: a JSON object whose every frame was authenticated, else WireError
+        (DeadlinePassed when it is not whole within `timeout_seconds`, or by `deadline`, a monotonic time)."""
+        if timeout_seconds is not None:
+            deadline = time.monotonic() + timeout_seconds
         parts: list[bytes] = []
         size = 0
         while True:
@@ -188,6 +196,15 @@ class Channel:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _address_of(sock: socket.socket) -> str | None:
+    """The peer's "host:port" (a load pod's), None on a socket pair (a local process)."""
+    try:
+        address = sock.getpeername()
+    except OSError:
+        return None
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else None
 
 
 def _refuse_constant(name: str) -> Any:

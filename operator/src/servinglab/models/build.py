@@ -57,7 +57,8 @@ def _build_locked(model: BuiltinModel, target: Path) -> Path:
             shutil.rmtree(target)
         work.rename(target)
     (target.parent / STAMP_FILE).write_text(digest + "\n")
-    digests.write_manifest(target, target.parent / DIGESTS_FILE, inputs=digest)  # last: the build is whole
+    # last, once the build is whole; signed with the cache key when there is one (a shared cache)
+    digests.write_manifest(target, target.parent / DIGESTS_FILE, digests.env_key(), inputs=digest)
     return target
 
 

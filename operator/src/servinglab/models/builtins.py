@@ -4,8 +4,9 @@ A build (`servinglab build-model NAME`, :mod:`.build`, run in a child process) i
 model's code, its seeded weights and its counts (parameters, FLOPs per inference). Every server lays its
 own serving form out from it (TorchServe: its no-archive folder). A build is reused when the sha256 over
 all of its inputs is unchanged and the build still is what was built: a manifest of every file's digest is
-written last (:mod:`.digests`) and re-checked before reuse, as the build may sit on the model cache that
-server pods share. A build that differs is rebuilt; a copy that differs (:func:`install`) is refused.
+written last (:mod:`.digests`; keyed on Kubernetes, so that writing the cache is not enough to forge it) and
+re-checked before reuse, as the build may sit on the model cache that server pods share; a build holds its
+known files and no other. A build that differs is rebuilt; a copy that differs (:func:`install`) is refused.
 
 Used by the servers' model preparation (locally and in a server pod's init container). No torch here.
 """
@@ -33,6 +34,9 @@ MODEL_FILE = "model.py"
 #: Parameters, FLOPs and bytes moved per inference, counted when the model is built (same name as a user
 #: model's).
 COUNTS_FILE = "servinglab-counts.json"
+#: Every file a build holds, and no other: anything else (a numpy.py a server's import path would pick up)
+#: means it is not a build of ours.
+BUILD_FILES = (COUNTS_FILE, MODEL_FILE, WEIGHTS_FILE)
 #: Bumped whenever the way builds are produced changes, so old builds are rebuilt.
 RECIPE_VERSION = "3"
 
@@ -67,12 +71,17 @@ def _known_digests(model: BuiltinModel) -> dict[str, str]:
 
 def build_difference(name: str, build_root: Path | None = None, folder: Path | None = None) -> str | None:
     """None when `folder` (default: the build) is exactly the build its manifest lists, with this install's
-    model code; else what differs."""
+    model code, a build's files and no other; else what differs. Given a cache key (:func:`digests.env_key`),
+    the manifest must carry its HMAC and today's inputs: on a shared cache, whoever changes the files can
+    rewrite an unkeyed manifest too."""
     build = build_folder(name, build_root)
-    listed = digests.read_manifest(build.parent / DIGESTS_FILE)
+    model = get_builtin(name)
+    listed = digests.read_manifest(build.parent / DIGESTS_FILE, digests.env_key(), {"inputs": input_digest(model)})
     if listed is None:
-        return f"{build.parent / DIGESTS_FILE} is missing or unreadable"
-    return digests.difference(folder or build, listed, _known_digests(get_builtin(name)))
+        return f"{build.parent / DIGESTS_FILE} is missing, unreadable, of other inputs or not signed with the key"
+    if set(listed) != set(BUILD_FILES):
+        return f"the manifest lists {', '.join(sorted(listed))}, not a build's files ({', '.join(BUILD_FILES)})"
+    return digests.difference(folder or build, listed, _known_digests(model))
 
 
 def is_current(name: str, build_root: Path | None = None) -> bool:

@@ -37,6 +37,11 @@ from servinglab.api.modelref import MODEL_MAX_BYTES_LIMIT, redact_url
 
 #: Authorization header value for a URL source (from a Secret, in the fetching init container only).
 AUTHORIZATION_ENV = "SERVINGLAB_MODEL_AUTHORIZATION"
+#: A URL source's whole URL, query string and all (from a Secret, in the fetching init container only): the
+#: spec file in the experiment's ConfigMap has it redacted.
+MODEL_URL_ENV = "SERVINGLAB_MODEL_URL"
+#: The key of the Secret the operator keeps a model's whole URL in.
+MODEL_URL_KEY = "url"
 DOWNLOAD_TIMEOUT_SECONDS = 60.0
 #: The most files a folder or an archive may hold (each costs an inode on the node, whatever its size).
 MAX_FILES = 100_000

@@ -9,6 +9,8 @@ A server kind (one folder of :mod:`servinglab.servers`) gives:
 * a local server process (:meth:`Server.local` -> :class:`LocalServer`: start, ready when every worker
   has the model, reconfigure when the server can, stop, effective settings, metrics text, notes);
 * its metrics read into the typed breakdown (:meth:`Server.metrics` -> :class:`ServerMetrics`);
+* the settings it says it applied, checked against the spec before any load: in its metrics
+  (:meth:`ServerMetrics.effective`) or through its inference port (:meth:`Server.applied_settings`);
 * on Kubernetes, its configuration files and pod parts, and how to read a failed start
   (:mod:`servinglab.servers.base` keeps them neutral: plain manifests, reasons and messages);
 * the files that deploy a winning configuration (:meth:`Server.export_files`).
@@ -20,11 +22,12 @@ The local runner, the load Job, the operator and the sweep reach a server only t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from servinglab.api import ExperimentSpec, LoadSpec, ModelRef, Precision, RequestProtocol, ServerSpec
+from servinglab.api import ExperimentSpec, LoadSpec, ModelFormat, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
 from servinglab.api.results import DataPathRun, EffectiveSettings, ServerBreakdown, Warmup
 
@@ -50,6 +53,15 @@ class ModelError(RuntimeError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a server kind can serve, declared once beside the server (its preparation of a user's model reads
+    it; a format outside it is refused with ModelNotSupported before anything starts)."""
+
+    #: The formats of a user's own model (`model.source`) it serves.
+    user_model_formats: tuple[ModelFormat, ...]
 
 
 @dataclass(frozen=True)
@@ -114,13 +126,16 @@ def size_limit(size: int) -> str:
 class PodInputs:
     """What the operator gives a server's pod: its ConfigMap, the servinglab image (the model-building
     init container), the model cache claim (if the chart names one), the experiment's file name in
-    the ConfigMap, and the resource its GPUs are requested as."""
+    the ConfigMap, the resource its GPUs are requested as, the Secret of the model URL whose query
+    string the ConfigMap does not hold, and the Secret of the key that signs the model cache's manifests."""
 
     config_map: str
     servinglab_image: str
     model_cache_claim: str | None = None
     experiment_file: str = "experiment.yaml"
     gpu_resource: str = GPU_RESOURCE
+    model_url_secret: str | None = None
+    model_cache_key_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +162,14 @@ class ServerMetrics(Protocol):
         ...
 
 
-def reported(server: ServerSpec, metrics: ServerMetrics, text: str) -> tuple[EffectiveSettings | None, str | None]:
+#: A GET of a path on the server's inference port (its body); OSError (urllib's HTTPError too) when it fails.
+InferenceGet = Callable[[str], bytes]
+#: What a server says it applied (None where it does not say), and why that is not what the spec asked for
+#: (None when it is, or when nothing is said).
+Reported = tuple[EffectiveSettings | None, str | None]
+
+
+def reported(server: ServerSpec, metrics: ServerMetrics, text: str) -> Reported:
     """What the server says in its metrics `text` that it applied (None where they do not say), and why that
     is not what the spec asked for (None when it is, or when nothing is said)."""
     effective = metrics.effective(text)
@@ -223,6 +245,7 @@ class Server(Protocol):
     #: Whether a running server takes a new configuration without restarting (a sweep's trials); one that
     #: cannot is restarted with it (LitServe: no management API).
     reconfigurable: bool
+    capabilities: Capabilities
 
     def request_path(self, model_name: str) -> str: ...
 
@@ -250,6 +273,12 @@ class Server(Protocol):
         ...
 
     def metrics(self, model_name: str) -> ServerMetrics: ...
+
+    def applied_settings(self, spec: ExperimentSpec, model_name: str, get: InferenceGet) -> Reported:
+        """What the server says on its inference port that it runs with, checked against the spec (the load
+        Job does before it sends load; Triton's model configuration endpoint). (None, None) where it says
+        nothing there: TorchServe's management API is never exposed beyond the pod, LitServe's metrics say."""
+        ...
 
     def export_files(self, spec: ExperimentSpec) -> dict[str, str]:
         """The files that deploy this configuration in production, by name."""

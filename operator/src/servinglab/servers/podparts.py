@@ -5,23 +5,28 @@ context. Each kind's pod module (e.g. :mod:`servinglab.servers.torchserve.pod`) 
 An init container from the servinglab image (`model`) builds the built-in model (seeded weights, no
 downloads) or fetches, checks and lays out the user's (`servinglab prepare-model`: a URL, with credentials
 from a Secret mounted into it alone, or a claim mounted read-only into it alone) into an emptyDir, laid out
-as the server kind serves it. It runs only servinglab's code, so it alone mounts the model cache claim
-(read-write: it keeps downloads and builds there). A user's model is then counted (`servinglab
-count-model`, which loads it: a .pt2 unpickles) by a second init container (`probe`) with the model store
-read-only and no cache, claim or credentials. Every emptyDir has a sizeLimit (the model store's from the
-source's maxBytes), so a model cannot fill the node's disk.
+as the server kind serves it. A URL's query string (a pre-signed URL's signature) reaches it from the
+operator's per-experiment Secret, never from the ConfigMap, whose spec has it redacted. It runs only
+servinglab's code, so it alone mounts the model cache claim (read-write: it keeps downloads and builds
+there), and it alone gets the key that signs the builds' manifests there (the operator's key Secret). A
+user's model is then counted (`servinglab count-model`, which loads it: a .pt2 unpickles) by a second init
+container (`probe`) with the model store read-only and no cache, claim or credentials. Every emptyDir has a
+sizeLimit (the model store's from the source's maxBytes), so a model cannot fill the node's disk.
 """
 
 from __future__ import annotations
 
 from servinglab.api import ExperimentSpec
-from servinglab.models.fetch import AUTHORIZATION_ENV
+from servinglab.models.digests import KEY_ENV as CACHE_KEY_ENV
+from servinglab.models.fetch import AUTHORIZATION_ENV, MODEL_URL_ENV, MODEL_URL_KEY
 from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, PodInputs, restricted, size_limit
 
 #: Where a pvc model source's claim is mounted, in the init container only.
 MODEL_SOURCE_DIR = "/model-source"
 #: Where the operator's model cache claim is mounted, in the init container only.
 MODEL_CACHE_DIR = "/model-cache"
+#: The key of the model cache key's Secret that holds the key.
+MODEL_CACHE_KEY_FIELD = "key"
 
 _GI = 2**30
 #: What a built-in model may take (resnet50's archive is about 100 MB), in place of a source's maxBytes.
@@ -67,9 +72,12 @@ def model_init_container(
         {"name": "config", "mountPath": config_dir, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    env: list[Manifest] = []
     if cached:
         mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
-    env: list[Manifest] = []
+    if cached and inputs.model_cache_key_secret is not None:  # signs and checks the builds' manifests there
+        key = {"name": inputs.model_cache_key_secret, "key": MODEL_CACHE_KEY_FIELD}
+        env.append({"name": CACHE_KEY_ENV, "valueFrom": {"secretKeyRef": key}})
     source = spec.model.source
     if source is None:
         builds = f"{MODEL_CACHE_DIR if cached else '/tmp/model-cache'}/builtin"
@@ -86,6 +94,9 @@ def model_init_container(
             secret = source.authorization_secret
             env.append({"name": AUTHORIZATION_ENV,
                         "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})  # fmt: skip
+        if inputs.model_url_secret is not None:  # a pre-signed URL: the ConfigMap's spec has its query redacted
+            whole_url = {"name": inputs.model_url_secret, "key": MODEL_URL_KEY}
+            env.append({"name": MODEL_URL_ENV, "valueFrom": {"secretKeyRef": whole_url}})
         script = (
             f"servinglab prepare-model --spec-file {config_dir}/{inputs.experiment_file} "
             f"--into {model_store}/{model}{options} --no-count --termination-log /dev/termination-log\n"
@@ -103,14 +114,16 @@ def model_init_container(
     return container
 
 
-def probe_init_container(spec: ExperimentSpec, inputs: PodInputs, model_store: str) -> Manifest:
-    """The init container that counts a user's model (`servinglab count-model`): loading it runs the user's
-    code (a .pt2 unpickles), so it sees the model store read-only and its own /tmp, nothing else: no cache
-    claim, no source claim, no credentials. Its termination message is the counts."""
+def probe_init_container(spec: ExperimentSpec, inputs: PodInputs, model_store: str, packed: str = "") -> Manifest:
+    """The init container that counts a user's model (`servinglab count-model`; `packed`: where in the model's
+    folder the server laid it out): loading it runs the user's code (a .pt2 unpickles), so it sees the model
+    store read-only and its own /tmp, nothing else: no cache claim, no source claim, no credentials. Its
+    termination message is the counts."""
+    folder = "/".join(part for part in (model_store, spec.model.name, packed) if part)
     return {
         "name": PROBE_INIT,
         "image": inputs.servinglab_image,
-        "command": ["servinglab", "count-model", f"{model_store}/{spec.model.name}"],
+        "command": ["servinglab", "count-model", folder],
         "args": ["--termination-log", "/dev/termination-log"],
         "volumeMounts": [
             {"name": "model-store", "mountPath": model_store, "readOnly": True},
@@ -121,9 +134,10 @@ def probe_init_container(spec: ExperimentSpec, inputs: PodInputs, model_store: s
 
 
 def model_init_containers(spec: ExperimentSpec, inputs: PodInputs, model_store: str, config_dir: str,
-                          then: str = "") -> list[Manifest]:  # fmt: skip
-    """The model's init containers: `model`, and `probe` for a user's model."""
-    probe = [probe_init_container(spec, inputs, model_store)] if spec.model.source is not None else []
+                          then: str = "", packed: str = "") -> list[Manifest]:  # fmt: skip
+    """The model's init containers: `model`, and `probe` for a user's model (laid out at `packed` in its
+    folder)."""
+    probe = [probe_init_container(spec, inputs, model_store, packed)] if spec.model.source is not None else []
     return [model_init_container(spec, inputs, model_store, config_dir, then), *probe]
 
 

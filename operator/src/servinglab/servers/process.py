@@ -1,6 +1,7 @@
 """What every local server process needs from this machine: free loopback ports, how many GPUs it may
-use, one request to it, and stopping it with everything it started. Used by the servers' local processes
-(and by the tests' stand-ins, which need free ports too).
+use, starting it under a watchdog that stops it with everything it started (even when this process is
+killed), and one request to it. Used by the servers' local processes (and by the tests' stand-ins, which
+need free ports too).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import urllib.error
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from servinglab import lifeline
 
 #: Where free ports are looked for: below the kernel's ephemeral range, which outgoing connections draw
 #: from. A port picked there (bound to 0) can be taken by any client's connection before the server binds
@@ -73,25 +75,26 @@ def visible_gpus() -> int:
     return len(result.stdout.split())
 
 
-def stop_group(process: subprocess.Popen[bytes], grace_seconds: float = 15.0) -> None:
-    """Terminate a server started in its own session (its process group), then kill any survivor, the
-    descendants that left the group included."""
+def start_guarded(
+    command: list[str], *, log: Path, cwd: Path, env: dict[str, str], grace_seconds: float
+) -> lifeline.Guarded:
+    """Start a server in its own process group under a watchdog (:mod:`servinglab.lifeline`), its output
+    appended to `log`: stopping it ends every process it started, and so does the watchdog when this
+    process dies without stopping it (SIGKILL included). The guard's `process` is the watchdog, whose exit
+    status is the server's."""
+    with open(log, "ab") as out:
+        return lifeline.spawn(
+            command, grace_seconds=grace_seconds, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def stop_guarded(guard: lifeline.Guarded) -> None:
+    """End a guarded server's process group (SIGTERM, SIGKILL after its grace period), then kill any
+    descendant that left the group."""
     descendants: list[psutil.Process] = []
     with contextlib.suppress(psutil.Error):
-        descendants = psutil.Process(process.pid).children(recursive=True)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig is signal.SIGTERM:
-            _, alive = psutil.wait_procs(descendants, timeout=grace_seconds)
-            if not alive:
-                break
+        descendants = psutil.Process(guard.process.pid).children(recursive=True)
+    guard.stop()
     for proc in descendants:  # anything that left the group (setsid) still goes
         with contextlib.suppress(psutil.Error):
             proc.kill()

@@ -1,9 +1,9 @@
 """The GPU queue on the cluster: whether an experiment may deploy its server now, and if not, where it
 stands. The decision is pure (:mod:`.gpuqueue`); this keeps what it reads current, without listing
 anything per pass: watch-fed caches (:mod:`servinglab.k8s.cache`) of the GPU nodes, of the pods that
-hold GPUs in any namespace (bound, not finished), and of the unfinished experiments of every watched
-namespace — one queue for all of them — plus each namespace's pod defaults, read at most every
-:data:`RULES_SECONDS`. A decision to admit is remembered until the cache shows the experiment started,
+hold GPUs in any namespace (bound, not finished), of the unfinished experiments and the ResourceQuotas
+of every watched namespace — one queue for all of them — plus each namespace's pod defaults, read at
+most every :data:`RULES_SECONDS`. A decision to admit is remembered until the cache shows the experiment started,
 so two passes never take the same GPU; a change that may let someone in wakes the queued experiments
 (:meth:`GpuQueue.changed`). Started by :mod:`servinglab.k8s.main`; asked by the experiment reconciler
 before anything is deployed, and by the sweep reconciler for how many trials could run at once.
@@ -31,6 +31,7 @@ from servinglab.k8s.experiment.placement import (
     claim_of,
     gpu_pod_of,
     node_of,
+    quota_of,
     rules_of,
 )
 from servinglab.k8s.experiment.status import Experiment
@@ -76,6 +77,13 @@ class GpuQueue:
             )  # fmt: skip
             for namespace in (namespaces or [""])
         }
+        # a namespace's GPU quota bounds it as nodes do: admitted past it, its server's pods would be refused
+        self.quotas = {
+            namespace: Informer(
+                kube, Ref("v1", "ResourceQuota", namespace), lambda b: quota_of(b, resource), on_change=self._changed
+            )  # fmt: skip
+            for namespace in (namespaces or [""])
+        }
         self._rules: dict[str, tuple[NamespaceRules, float]] = {}
         self._refreshing = asyncio.Lock()
         self._pending: dict[str, tuple[Claim, float]] = {}
@@ -87,7 +95,7 @@ class GpuQueue:
         kube.observe(self._written)
 
     def start(self) -> GpuQueue:
-        informers: list[Informer[Any]] = [self.nodes, self.pods, *self.experiments.values()]
+        informers: list[Informer[Any]] = [self.nodes, self.pods, *self.experiments.values(), *self.quotas.values()]
         self._tasks = [asyncio.create_task(informer.run()) for informer in informers]
         return self
 
@@ -123,7 +131,7 @@ class GpuQueue:
 
     def unsynced(self) -> str | None:
         """What the queue is still waiting to read (with the last error), or None once it has it all."""
-        informers: list[Informer[Any]] = [self.nodes, self.pods, *self.experiments.values()]
+        informers: list[Informer[Any]] = [self.nodes, self.pods, *self.experiments.values(), *self.quotas.values()]
         missing = [i for i in informers if not i.synced.is_set()]
         if not missing:
             return None
@@ -169,7 +177,8 @@ class GpuQueue:
         if self._plan[0] != self._generation or self._pending:
             rules = {namespace: known[0] for namespace, known in self._rules.items()}
             nodes, pods = self.nodes.values(), self.pods.values()
-            decisions = gpuqueue.plan(nodes, pods, self._claims(), rules, self.resource)
+            quotas = [quota for informer in self.quotas.values() for quota in informer.values()]
+            decisions = gpuqueue.plan(nodes, pods, self._claims(), rules, self.resource, quotas)
             self._plan = (self._generation, decisions)
             self._reported = {uid: seen for uid, seen in self._reported.items() if uid in decisions}
         return self._plan[1]

@@ -10,10 +10,10 @@ import asyncio
 from servinglab.api import ExperimentSpec
 from servinglab.api import conditions as cond
 from servinglab.api.results import GpuFigures, LevelResult, LoadJobResults
-from servinglab.k8s import builders
+from servinglab.k8s import builders, promql
 from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.experiment.status import Experiment, summary_of
-from servinglab.k8s.promql import GpuMetrics, PrometheusError
+from servinglab.k8s.promql import PrometheusError
 from servinglab.k8s.sink import Reader, ResultsMissing, ResultsUnreadable
 from servinglab.measure.document import GPU_SOURCES, server_settings
 from servinglab.measure.levels import with_device
@@ -114,10 +114,11 @@ async def gpu_figures(
     experiment: Experiment, spec: ExperimentSpec, levels: list[LevelResult]
 ) -> tuple[dict[int, GpuFigures], tuple[bool, str, str]]:
     """Each level's GPU figures over its measured window, and the GPUMetricsAvailable condition's value."""
-    url = spec.metrics.prometheus_url or experiment.settings.prometheus_url
-    if url is None:
+    settings = experiment.settings
+    reader = promql.reader(spec.metrics.prometheus_url, settings.prometheus_url, settings.prometheus_authorization)
+    if reader is None:
         return {}, (False, "NotConfigured", "no Prometheus URL in spec.metrics or the operator settings")
-    reader, pod = GpuMetrics(url), experiment.status.server_pod or ""
+    pod = experiment.status.server_pod or ""
     figures: dict[int, GpuFigures] = {}
     try:
         for index, level in enumerate(levels):

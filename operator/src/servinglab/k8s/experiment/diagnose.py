@@ -236,9 +236,13 @@ def nodes_of(pods: list[Manifest]) -> list[str]:
     return sorted(name for name in names if name)
 
 
-def lost_node(pods: list[Manifest], nodes: dict[str, Manifest | None]) -> Failure | None:
-    """A live server pod whose node is gone (deleted) or not Ready (its kubelet silent or unhealthy): ServerLost.
-    `nodes`: each name of :func:`nodes_of` and the Node read, None if there is none by that name."""
+def lost_node(
+    pods: list[Manifest], nodes: dict[str, Manifest | None], grace_seconds: float, now: float
+) -> Failure | None:
+    """A live server pod whose node is gone (deleted), or not Ready (its kubelet silent or unhealthy) for
+    longer than `grace_seconds` since its Ready condition last changed: ServerLost. A kubelet restart or a
+    missed heartbeat makes a node NotReady for a moment while its pods keep serving. `nodes`: each name of
+    :func:`nodes_of` and the Node read, None if there is none by that name."""
     for pod in pods:
         name = pod.get("spec", {}).get("nodeName")
         if not name or name not in nodes or pod["metadata"].get("deletionTimestamp"):
@@ -248,12 +252,18 @@ def lost_node(pods: list[Manifest], nodes: dict[str, Manifest | None]) -> Failur
             return "ServerLost", f"node {name} of server pod {pod_name} was deleted"
         conditions: list[Manifest] = node.get("status", {}).get("conditions", [])
         ready: Manifest = next((c for c in conditions if c.get("type") == "Ready"), {})
-        if ready.get("status") != "True":
-            said = ": ".join(str(ready[k]) for k in ("reason", "message") if ready.get(k))
-            return "ServerLost", (
-                f"node {name} of server pod {pod_name} is not Ready ({ready.get('status', 'Unknown')}"
-                f"{', ' + said if said else ''})"
-            )
+        if ready.get("status") == "True":
+            continue
+        since = ready.get("lastTransitionTime")
+        lasted = now - epoch(since) if since else None  # no time: cannot wait it out
+        if lasted is not None and lasted <= grace_seconds:
+            continue
+        said = ": ".join(str(ready[k]) for k in ("reason", "message") if ready.get(k))
+        how_long = f" for {lasted:.0f} s" if lasted is not None else ""
+        return "ServerLost", (
+            f"node {name} of server pod {pod_name} is not Ready ({ready.get('status', 'Unknown')}"
+            f"{', ' + said if said else ''}){how_long}"
+        )
     return None
 
 

@@ -15,6 +15,10 @@ One :func:`plan` decides for every queued experiment of every watched namespace 
   So no admitted server is ever left Pending for want of a GPU the queue promised it.
 * A request that none of the nodes could ever hold fails at once, naming the largest offer. A node that
   takes no pods for the moment (cordoned, not ready: the taints Kubernetes itself sets) is waited for.
+* A namespace's ResourceQuotas on the GPU resource bound it too: an experiment waits while admitting it
+  would exceed a quota's hard minus used (less what its admitted servers not yet counted there will
+  take), in its namespace's order, without holding up other namespaces; one asking for more than a
+  quota's hard fails at once. Else its server's pods would be refused and it would end Rejected.
 
 The reconciler (:mod:`.admission`) keeps the digests current from watch-fed caches and asks for the
 decision about its experiment.
@@ -25,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from servinglab.k8s.experiment.placement import Claim, GpuPod, NamespaceRules, Node, effective
+from servinglab.k8s.experiment.placement import Claim, GpuPod, NamespaceRules, Node, Quota, effective
 
 GPU = "nvidia.com/gpu"
 """The GPU resource unless the operator is told another (:class:`servinglab.k8s.settings.Settings`)."""
@@ -74,6 +78,7 @@ def plan(
     claims: Iterable[Claim],
     rules: Mapping[str, NamespaceRules],
     resource: str = GPU,
+    quotas: Iterable[Quota] = (),
 ) -> dict[str, Decision]:
     """The decision for each claim not yet admitted, by uid. Claims are taken in order; one admitted here
     counts as placed-pending for those after it, so following the whole plan never overcommits."""
@@ -101,10 +106,14 @@ def plan(
             placing[key] = placing.get(key, 0) + 1
     waiting: dict[frozenset[str], int] = {}
     decisions: dict[str, Decision] = {}
+    quota = _Quotas(quotas, claims, bound, resource)
     for claim in sorted((c for c in claims if not c.admitted), key=lambda c: c.order):
         found = pool_of(claim)
         if found.never is not None:
             decisions[claim.uid] = Decision(False, never=found.never)
+            continue
+        if (limited := quota.decision(claim)) is not None:
+            decisions[claim.uid] = limited  # waiting for its namespace's quota holds up no one else's nodes
             continue
         fits, ready = found.nodes, found.ready
         unit = claim.gpus == 1
@@ -114,10 +123,11 @@ def plan(
         same = placing.get((fits, True), 0) if unit else 0
         unplaced = sum(count for (other, _), count in placing.items() if other & fits) - same
         most = max((free[name] for name in ready), default=0)
-        room = sum(max(free[name], 0) for name in ready) - same >= 1 if unit else most >= claim.gpus
-        if not ahead and not unplaced and room:
+        fit = sum(max(free[name], 0) for name in ready) - same >= 1 if unit else most >= claim.gpus
+        if not ahead and not unplaced and fit:
             decisions[claim.uid] = Decision(True, position=1)
             placing[(fits, unit)] = placing.get((fits, unit), 0) + 1
+            quota.take(claim)
             continue
         waiting[fits] = waiting.get(fits, 0) + 1
         in_use = sum(by_name[name].gpus - max(free[name], 0) for name in fits)
@@ -133,6 +143,52 @@ def plan(
             message += f"; {len(fits) - len(ready)} of the nodes take no pods now (cordoned, not ready or tainted)"
         decisions[claim.uid] = Decision(False, waiting=message, position=ahead + 1)
     return decisions
+
+
+class _Quotas:
+    """Per namespace with GPU quotas: the GPUs new servers may still request there (the tightest quota's hard
+    minus used, less the admitted servers whose pods it may not count yet: those not bound to a node, some
+    perhaps counted twice until they are), and the claims waiting for it, which keep their order."""
+
+    def __init__(self, quotas: Iterable[Quota], claims: Iterable[Claim], bound: set[str], resource: str) -> None:
+        self.resource = resource
+        self.room: dict[str, int] = {}
+        self.tightest: dict[str, Quota] = {}
+        self.smallest: dict[str, Quota] = {}
+        self.behind: dict[str, int] = {}
+        for quota in quotas:
+            namespace = quota.namespace
+            if namespace not in self.room or quota.hard - quota.used < self.room[namespace]:
+                self.room[namespace], self.tightest[namespace] = quota.hard - quota.used, quota
+            if namespace not in self.smallest or quota.hard < self.smallest[namespace].hard:
+                self.smallest[namespace] = quota
+        for claim in claims:
+            if claim.admitted and claim.uid not in bound and claim.namespace in self.room:
+                self.room[claim.namespace] -= claim.gpus
+
+    def decision(self, claim: Claim) -> Decision | None:
+        """Never (more than a quota's hard), wait (over what is left, or others of its namespace wait), or
+        None: the quotas let it in."""
+        namespace, resource = claim.namespace, self.resource
+        if (smallest := self.smallest.get(namespace)) is not None and claim.gpus > smallest.hard:
+            return Decision(False, never=(
+                f"the ResourceQuota {smallest.name} of namespace {namespace} allows {smallest.hard} {resource} in "
+                f"all, and the server asks for {claim.gpus}"
+            ))  # fmt: skip
+        if namespace not in self.room or (not self.behind.get(namespace) and self.room[namespace] >= claim.gpus):
+            return None
+        ahead = self.behind.get(namespace, 0)
+        self.behind[namespace] = ahead + 1
+        quota = self.tightest[namespace]
+        return Decision(False, position=ahead + 1, waiting=(
+            f"waiting for {claim.gpus} {resource} within the ResourceQuota {quota.name} of namespace {namespace}: "
+            f"{quota.used} of {quota.hard} in use, {max(self.room[namespace], 0)} left for new servers; position "
+            f"{ahead + 1} in the namespace's queue ({ahead} ahead)"
+        ))  # fmt: skip
+
+    def take(self, claim: Claim) -> None:
+        if claim.namespace in self.room:
+            self.room[claim.namespace] -= claim.gpus
 
 
 def capacity(claim: Claim, nodes: Iterable[Node], rules: NamespaceRules) -> int:

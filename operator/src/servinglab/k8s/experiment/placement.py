@@ -2,9 +2,10 @@
 
 The GPU queue (:mod:`.gpuqueue`) reasons about digests, not about whole objects: a GPU node (labels,
 taints, allocatable GPUs), a pod bound to a node that holds GPUs (anyone's), an experiment that wants
-or holds GPUs, and the defaults a namespace imposes on its pods. Each digest is built here from the
-API's JSON by a function that returns None for what does not matter to the queue (a node without the
-GPU resource, a pod that holds none, a finished experiment), so the watch-fed caches keep only these.
+or holds GPUs, a namespace's ResourceQuota on GPUs, and the defaults a namespace imposes on its pods.
+Each digest is built here from the API's JSON by a function that returns None for what does not matter
+to the queue (a node without the GPU resource, a pod that holds none, a finished experiment, a quota on
+no GPUs), so the watch-fed caches keep only these.
 
 Matching follows the scheduler: a node hosts a pod when every nodeSelector label is on it, it is not
 cordoned, and every NoSchedule/NoExecute taint is tolerated. A namespace's
@@ -151,6 +152,32 @@ def gpu_pod_of(body: Mapping[str, Any], resource: str) -> GpuPod | None:
         return None
     experiment = str((body["metadata"].get("labels") or {}).get(EXPERIMENT_UID_LABEL) or "")
     return GpuPod(str(spec["nodeName"]), gpus, experiment)
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A ResourceQuota on the GPU resource (`requests.<resource>`): how many GPUs its namespace's pods may
+    request in all, and how many they request now (as the quota controller last counted)."""
+
+    namespace: str
+    name: str
+    hard: int
+    used: int
+
+
+def quota_of(body: Mapping[str, Any], resource: str) -> Quota | None:
+    """The quota's GPU bound; None without one, or for a scoped quota (priority classes, terminating pods,
+    ...: it may not apply to a server pod, and one that does not would hold the queue for nothing). The
+    spec's bound is taken before the quota controller has counted it (the API refuses pods till then)."""
+    spec, status, meta = body.get("spec") or {}, body.get("status") or {}, body.get("metadata") or {}
+    if spec.get("scopes") or spec.get("scopeSelector"):
+        return None
+    key = f"requests.{resource}"
+    hard = (spec.get("hard") or {}).get(key)
+    if hard is None:
+        return None
+    return Quota(str(meta.get("namespace") or ""), str(meta.get("name") or ""), _count(hard),
+                 _count((status.get("used") or {}).get(key)))  # fmt: skip
 
 
 @dataclass(frozen=True)

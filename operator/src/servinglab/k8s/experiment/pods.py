@@ -45,7 +45,7 @@ async def server_failure(experiment: Experiment, pods: list[Manifest], deploymen
     found = diagnose.evicted(pods) or diagnose.out_of_memory(pods) or diagnose.start_failure(pods, "server", grace, now)
     if found is not None:
         return found
-    return diagnose.lost_node(pods, await _nodes(experiment, pods))
+    return diagnose.lost_node(pods, await _nodes(experiment, pods), experiment.settings.node_grace_seconds, now)
 
 
 async def payload_problem(experiment: Experiment, spec: ExperimentSpec) -> str | None:

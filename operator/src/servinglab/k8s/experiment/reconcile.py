@@ -31,8 +31,8 @@ from servinglab import servers
 from servinglab.api import KIND, ExperimentSpec, SpecError, parse_experiment
 from servinglab.api import conditions as cond
 from servinglab.api.status import ExperimentSummary, ResultsRef
-from servinglab.k8s import builders, credentials
-from servinglab.k8s.client import Forbidden, Kube, KubeError, Ref
+from servinglab.k8s import builders, credentials, modelsecrets
+from servinglab.k8s.client import Conflict, Forbidden, Kube, KubeError, Ref
 from servinglab.k8s.experiment import diagnose, pods, snapshot
 from servinglab.k8s.experiment.admission import GpuQueue, admitted
 from servinglab.k8s.experiment.collect import collect, job_message
@@ -104,6 +104,8 @@ def _plan(experiment: Experiment, spec: ExperimentSpec) -> PodPlan:
         model_cache_claim=experiment.settings.model_cache_claim,
         experiment_file=builders.EXPERIMENT_FILE,
         gpu_resource=experiment.settings.gpu_resource,
+        model_url_secret=experiment.status.model_url_secret,
+        model_cache_key_secret=modelsecrets.MODEL_CACHE_KEY_SECRET if experiment.settings.model_cache_claim else None,
     )
     return servers.get(spec.server.kind).pod(spec, inputs)
 
@@ -199,10 +201,10 @@ async def _predecessor(experiment: Experiment, ref: Ref) -> Obstacle | None:
     return Obstacle(f"{ref} exists and does not belong to this experiment; delete or rename it", True)
 
 
-async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -> bool | None:
-    """Apply the children; None (nothing applied) while a predecessor's children are still there."""
+def _children(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -> tuple[Manifest, ...]:
+    """The experiment's children but the Job and its Secrets, in the order they are applied (pure)."""
     owner = experiment.owner
-    manifests = (
+    return (
         builders.config_map(owner, plan, snapshot.document(experiment.name, spec)),
         builders.results_config_map(owner),
         builders.load_service_account(owner),
@@ -217,6 +219,12 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -
         # last: once its pod runs it holds a GPU, so everything it needs must have been accepted first
         builders.deployment(owner, spec, plan),
     )
+
+
+async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -> bool | None:
+    """Apply the children; None (nothing applied) while a predecessor's children are still there."""
+    owner = experiment.owner
+    manifests = _children(experiment, spec, plan)
     job = experiment.child("batch/v1", "Job", experiment.names.load)
     for ref in (*(Ref.of(manifest) for manifest in manifests), job):
         if (obstacle := await _predecessor(experiment, ref)) is None:
@@ -240,8 +248,39 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -
             await experiment.fail("Forbidden", f"the load pods' key: {exc}; the operator needs create on secrets")
             return True
         await experiment.patch(generator_key_secret=secret["metadata"]["name"])
+    if modelsecrets.needs_model_url_secret(spec) and not experiment.status.model_url_secret:
+        # As the generator key's, and for the same reasons; `spec` here is the live one (the snapshot, which
+        # has the URL redacted, is written below, so a restart after it finds the name in status).
+        assert spec.model.source is not None and spec.model.source.url is not None
+        try:
+            secret = await experiment.kube.create(modelsecrets.model_url_secret(owner, spec.model.source.url))
+        except Forbidden as exc:
+            if not exc.refusal:
+                raise
+            await experiment.fail("Forbidden", f"the model URL's Secret: {exc}; the operator needs create on secrets")
+            return True
+        await experiment.patch(model_url_secret=secret["metadata"]["name"])
+        manifests = _children(experiment, spec, _plan(experiment, spec))  # the server's pod names the Secret
+    if experiment.settings.model_cache_claim and not await _model_cache_key(experiment):
+        return True
     for manifest in manifests:
         await _apply(experiment, manifest)
+    return True
+
+
+async def _model_cache_key(experiment: Experiment) -> bool:
+    """The namespace's model cache key Secret exists (created now, or found: 409); False once the experiment
+    has failed for it. The operator never reads it (no get on Secrets): it was made by the operator, or by
+    whoever may create Secrets in the namespace, who may also read them."""
+    try:
+        await experiment.kube.create(modelsecrets.model_cache_key_secret(experiment.namespace))
+    except Conflict:
+        pass  # made for an earlier experiment: the cache's manifests are signed with it
+    except Forbidden as exc:
+        if not exc.refusal:
+            raise
+        await experiment.fail("Forbidden", f"the model cache's key: {exc}; the operator needs create on secrets")
+        return False
     return True
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import yaml
 
 from servinglab.api import API_GROUP, API_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
+from servinglab.api.modelref import redact_url
 from servinglab.k8s import builders
 from servinglab.k8s.experiment.status import Experiment
 from servinglab.servers.base import Manifest
@@ -46,7 +47,13 @@ class _NoAliases(yaml.SafeLoader):
 
 
 def document(name: str, spec: ExperimentSpec) -> Manifest:
-    """The experiment as its children read it and as it is kept (pure): the validated spec, defaults in."""
+    """The experiment as its children read it and as it is kept (pure): the validated spec, defaults in, the
+    model URL's query string redacted (a pre-signed URL's signature: the `view` role reads ConfigMaps; the
+    model init container gets the whole URL from a Secret, :func:`~servinglab.k8s.builders.model_url_secret`)."""
+    source = spec.model.source
+    if source is not None and source.url is not None:
+        redacted = source.model_copy(update={"url": redact_url(source.url)})
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"source": redacted})})
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": KIND,

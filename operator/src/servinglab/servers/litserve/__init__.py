@@ -6,8 +6,9 @@ same handler code as TorchServe), lays models out as plain folders (:mod:`.layou
 (:mod:`.local`), reads the LitAPI's counters (:mod:`.metrics`) and lays out its pod (:mod:`.pod`).
 Everything else reaches it through :func:`servinglab.servers.get`.
 
-It serves servinglab's built-in models; a user's own model (`model.source`) is refused with
-ModelNotSupported, before anything starts.
+It serves servinglab's built-in models and a user's own TorchScript file or exported program (`model.source`,
+with servinglab's handler, as every server); an archive with its own handler is refused with ModelNotSupported,
+before anything starts.
 """
 
 from __future__ import annotations
@@ -17,17 +18,25 @@ from pathlib import Path
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
 from servinglab.api.results import EffectiveSettings, ServerBreakdown
-from servinglab.models import builtins
+from servinglab.models import builtins, usermodel
 from servinglab.models.catalogue import request_image_size
-from servinglab.servers.base import ModelError, PodInputs, PodPlan, ServedModel, container_resources
+from servinglab.models.fetch import ModelSourceError, cache_dir
+from servinglab.servers.base import (
+    Capabilities,
+    InferenceGet,
+    ModelError,
+    PodInputs,
+    PodPlan,
+    Reported,
+    ServedModel,
+    container_resources,
+)
 from servinglab.servers.litserve import layout, metrics, pod
 from servinglab.servers.litserve.config import API_PATH, MODEL_LOAD_FAILED
 from servinglab.servers.litserve.local import LocalLitServe
 
 #: The image a pod runs when the spec names none (hack/images.sh builds it; pinned to this release).
 DEFAULT_IMAGE = "servinglab/litserve:0.1.0"
-#: The reason a user's own model is refused.
-NOT_SUPPORTED = "ModelNotSupported"
 
 
 class LitServeMetrics:
@@ -50,6 +59,7 @@ class LitServe:
     kind = "litserve"
     name = "LitServe"
     reconfigurable = False  # no management API: a new configuration is a restart
+    capabilities = Capabilities(user_model_formats=usermodel.PACKED)
     default_image = DEFAULT_IMAGE
 
     def request_path(self, model_name: str) -> str:
@@ -60,13 +70,16 @@ class LitServe:
         return RequestProtocol()
 
     def prepare_model(self, spec: ExperimentSpec, workdir: Path) -> ServedModel:
-        """The built-in model laid out from its build (built once, in a child process)."""
+        """The built-in model laid out from its build (built once, in a child process), or the user's model
+        fetched, checked and laid out (:meth:`prepare_user_model`, counted here)."""
         model = spec.model
-        if model.source is not None:
-            raise ModelError(NOT_SUPPORTED, self._unsupported(model))
-        build = builtins.ensure_built(model.name)
-        served = layout.layout_builtin(build, workdir / "prepared-litserve" / model.name, link_weights=True)
         size = request_image_size(model, spec.load.payload)
+        target = workdir / "prepared-litserve" / model.name
+        if model.source is not None:
+            described = self.prepare_user_model(model, spec.server.precision, target, None, cache_dir(), True)
+            return ServedModel(target, size, described)
+        build = builtins.ensure_built(model.name)
+        served = layout.layout_builtin(build, target, link_weights=True)
         return ServedModel(served, size, builtins.description(model.name, build))
 
     def layout_builtin(self, name: str, build: Path, into: Path) -> None:
@@ -75,21 +88,24 @@ class LitServe:
     def prepare_user_model(
         self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool
     ) -> ModelDescription:
-        raise ModelError(NOT_SUPPORTED, self._unsupported(model))
-
-    @staticmethod
-    def _unsupported(model: ModelRef) -> str:
-        where = model.source.describe() if model.source is not None else model.name
-        return (
-            f"{where}: servinglab serves its built-in models on LitServe; serve your own model with "
-            "server.kind: torchserve"
-        )
+        """The user's model fetched, checked and laid out at `into` (a server pod's first init container:
+        nothing of the user's runs here without `count`); raises :class:`ModelError`."""
+        try:
+            prepared = usermodel.prepare(model, into, layout.user_layout(model.input), self.name,
+                                         self.capabilities.user_model_formats, mounted=mounted, cache=cache,
+                                         count=count)  # fmt: skip
+        except ModelSourceError as exc:
+            raise ModelError(exc.reason, str(exc)) from None
+        return ModelDescription.model_validate(prepared.info)
 
     def local(self, model_name: str, served: Path, spec: ExperimentSpec, workdir: Path, reuse: bool) -> LocalLitServe:
         return LocalLitServe(model_name, served, spec, workdir)
 
     def metrics(self, model_name: str) -> LitServeMetrics:
         return LitServeMetrics()
+
+    def applied_settings(self, spec: ExperimentSpec, model_name: str, get: InferenceGet) -> Reported:
+        return None, None  # its metrics say (LitServeMetrics.effective)
 
     def export_files(self, spec: ExperimentSpec) -> dict[str, str]:
         """server.py: the script that starts LitServe with this configuration (beside the model folder)."""

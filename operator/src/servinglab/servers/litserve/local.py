@@ -3,7 +3,9 @@
 The local runner and the LitServe tests use this. The server runs the rendered script (the same one a pod
 and an export run) with this venv's Python, on free loopback ports, in its own process group (its API
 processes, its inference workers and its queue manager go with it), its counters in a folder of its own
-work directory. LitServe has no management API: a new configuration is a restart from the same model
+work directory. It runs under a watchdog (:mod:`servinglab.lifeline`, through
+:func:`~servinglab.servers.process.start_guarded`): the group ends when this process stops it or dies,
+SIGKILL included. LitServe has no management API: a new configuration is a restart from the same model
 folder (:meth:`LocalLitServe.reconfigure`, whose seconds are what a sweep's trial pays for it).
 """
 
@@ -19,6 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from servinglab import lifeline
 from servinglab.api import ExperimentSpec, LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings
 from servinglab.servers.base import RuntimeNotes, ServerError
@@ -26,7 +29,18 @@ from servinglab.servers.handler import handler_notes
 from servinglab.servers.litserve.config import API_PATH, METRICS_DIR_ENV, SCRIPT, render_script
 from servinglab.servers.litserve.metrics import effective as reported_settings
 from servinglab.servers.litserve.metrics import parse
-from servinglab.servers.process import descendants_running, free_ports, post, stop_group, tail_of, visible_gpus
+from servinglab.servers.process import (
+    descendants_running,
+    free_ports,
+    post,
+    start_guarded,
+    stop_guarded,
+    tail_of,
+    visible_gpus,
+)
+
+#: How long LitServe may take to stop on SIGTERM before what is left of it is killed.
+STOP_GRACE_SECONDS = 15.0
 
 
 class LocalLitServe:
@@ -41,7 +55,8 @@ class LocalLitServe:
         self.inference = f"http://127.0.0.1:{inference}"
         self.metrics_address = f"127.0.0.1:{metrics_port}"
         self.gpus = visible_gpus()
-        self.process: subprocess.Popen[bytes] | None = None
+        self.guard: lifeline.Guarded | None = None
+        self.process: subprocess.Popen[bytes] | None = None  # the watchdog; its exit status is LitServe's
         self.started_at: float | None = None
 
     @property
@@ -70,11 +85,9 @@ class LocalLitServe:
             "--failure-log", str(self.failure_log),
         ]  # fmt: skip
         self.started_at = time.monotonic()
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                command, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,  # own process group: stop() reaches the API processes and workers
-            )  # fmt: skip
+        # own process group under a watchdog: the API processes, workers and queue manager go with it
+        self.guard = start_guarded(command, log=self.log, cwd=self.workdir, env=env, grace_seconds=STOP_GRACE_SECONDS)
+        self.process = self.guard.process
 
     def wait_ready(self, timeout_seconds: float) -> float:
         """Block until LitServe's /health says every worker is set up (the model loaded and warmed up)
@@ -120,10 +133,12 @@ class LocalLitServe:
         return tail_of(self.log, lines)
 
     def stop(self) -> None:
-        """Terminate the process group, then kill any survivor; idempotent."""
-        if self.process is None:
+        """End the process group (SIGTERM, SIGKILL after STOP_GRACE_SECONDS), then kill any survivor;
+        idempotent."""
+        if self.guard is None:
             return
-        stop_group(self.process)
+        stop_guarded(self.guard)
+        self.guard = None
         self.process = None
         shutil.rmtree(self.workdir / "metrics", ignore_errors=True)
 

@@ -18,9 +18,12 @@ from servinglab.models import builtins
 from servinglab.models.catalogue import request_image_size
 from servinglab.servers.base import (
     OUT_OF_MEMORY,
+    Capabilities,
+    InferenceGet,
     ModelError,
     PodInputs,
     PodPlan,
+    Reported,
     ServedModel,
     container_resources,
 )
@@ -38,6 +41,7 @@ class TorchServe:
     kind = "torchserve"
     name = "TorchServe"
     reconfigurable = True  # the management API registers the model again with new settings
+    capabilities = Capabilities(user_model_formats=archive.FORMATS)
     default_image = DEFAULT_IMAGE
 
     def request_path(self, model_name: str) -> str:
@@ -86,6 +90,9 @@ class TorchServe:
     def metrics(self, model_name: str) -> ModelCounters:
         # its metrics do not say its batching (its management API does, inside the pod only)
         return ModelCounters(model_name, metrics.parse, metrics.breakdown)
+
+    def applied_settings(self, spec: ExperimentSpec, model_name: str, get: InferenceGet) -> Reported:
+        return None, None  # its management API, which says, is never exposed beyond the pod
 
     def export_files(self, spec: ExperimentSpec) -> dict[str, str]:
         """config.properties (as a pod serves it), model-config.yaml and metrics.yaml."""

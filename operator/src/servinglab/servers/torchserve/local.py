@@ -14,7 +14,6 @@ and the model store lies in the work directory, which must not be writable by ot
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -31,14 +30,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import psutil
-
 from servinglab import lifeline
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings
 from servinglab.models.catalogue import HANDLER_FILE
 from servinglab.servers.base import RuntimeNotes, ServerError
-from servinglab.servers.process import descendants_running, free_ports, post, tail_of, visible_gpus
+from servinglab.servers.process import (
+    descendants_running,
+    free_ports,
+    post,
+    start_guarded,
+    stop_guarded,
+    tail_of,
+    visible_gpus,
+)
 from servinglab.servers.torchserve.config import (
     Addresses,
     config_properties,
@@ -181,17 +186,10 @@ class LocalTorchServe:
         ]  # fmt: skip
         self.started_at = time.monotonic()
         self.registered_at = self._marks()
-        with open(self.workdir / "logs" / "launcher.log", "ab") as log:
-            # its own process group under a watchdog: stop() ends every descendant, and so does the
-            # watchdog when this process dies without stopping it
-            self.guard = lifeline.spawn(
-                command,
-                grace_seconds=STOP_GRACE_SECONDS,
-                cwd=self.workdir,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        self.guard = start_guarded(
+            command, log=self.workdir / "logs" / "launcher.log", cwd=self.workdir, env=env,
+            grace_seconds=STOP_GRACE_SECONDS,
+        )  # fmt: skip
         self.process = self.guard.process
 
     def wait_ready(self, timeout_seconds: float) -> float:
@@ -281,14 +279,7 @@ class LocalTorchServe:
         descendant that left the group; idempotent."""
         if self.guard is None:
             return
-        descendants: list[psutil.Process] = []
-        with contextlib.suppress(psutil.Error):
-            descendants = psutil.Process(self.guard.process.pid).children(recursive=True)
-        self.guard.stop()
-        for proc in descendants:  # anything that left the group (setsid) still goes
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(descendants, timeout=5)
+        stop_guarded(self.guard)
         self.guard = None
         self.process = None
         if self.tmpdir is not None:

@@ -4,24 +4,37 @@ The real `tritonserver` (2.51, as the PyTriton wheel ships it, in an environment
 serves a model repository servinglab writes: config.pbtxt from the spec (:mod:`.config`) and servinglab's
 Python model over the model's build (:mod:`.repository`). It runs locally (:mod:`.local`), reads its
 metrics (:mod:`.metrics`), lays out its pod (:mod:`.pod`) and speaks the KServe v2 protocol with binary data
-(:mod:`.wire`). Everything else reaches it through :func:`servinglab.servers.get`.
+(:mod:`.wire`); what it serves is read back from its model configuration endpoint and compared, field by field,
+with what servinglab wrote before any load (:meth:`Triton.applied_settings`, and locally
+:meth:`.local.LocalTriton.effective`). Its repository API is closed to everyone else: a pod has no model
+control, a local server's takes a key only its runner holds. Everything else reaches it through
+:func:`servinglab.servers.get`.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
-from servinglab.models import builtins
-from servinglab.models.catalogue import BUILTINS, request_image_size
-from servinglab.servers.base import ModelError, PodInputs, PodPlan, ServedModel, container_resources
+from servinglab.models import builtins, usermodel
+from servinglab.models.catalogue import request_image_size
+from servinglab.models.fetch import ModelSourceError, cache_dir
+from servinglab.servers.base import (
+    Capabilities,
+    InferenceGet,
+    ModelError,
+    PodInputs,
+    PodPlan,
+    Reported,
+    ServedModel,
+    container_resources,
+    not_applied,
+)
 from servinglab.servers.counters import ModelCounters
-from servinglab.servers.triton import metrics, pod, repository, wire
+from servinglab.servers.triton import config, metrics, pod, repository, wire
 from servinglab.servers.triton.local import LocalTriton
-
-#: The reason a user's own model ends with on Triton (only the built-in models are laid out for it so far).
-NOT_SUPPORTED = "ModelNotSupported"
 
 
 class Triton:
@@ -29,7 +42,8 @@ class Triton:
 
     kind = "triton"
     name = "Triton"
-    reconfigurable = True  # the repository API loads the model again with a new config.pbtxt
+    reconfigurable = True  # locally the repository API loads the model again with a new config.pbtxt
+    capabilities = Capabilities(user_model_formats=usermodel.PACKED)
 
     def request_path(self, model_name: str) -> str:
         return wire.request_path(model_name)
@@ -39,15 +53,17 @@ class Triton:
         return wire.PROTOCOL
 
     def prepare_model(self, spec: ExperimentSpec, workdir: Path) -> ServedModel:
-        """The built-in model's build laid out as a repository entry (built once, in a child process)."""
+        """The built-in model's build laid out as a repository entry (built once, in a child process), or the
+        user's model fetched, checked and laid out as one (:meth:`prepare_user_model`, counted here)."""
         model = spec.model
+        size = request_image_size(model, spec.load.payload)
+        target = workdir / "prepared" / model.name
         if model.source is not None:
-            raise ModelError(NOT_SUPPORTED, _user_models_refused(model))
+            described = self.prepare_user_model(model, spec.server.precision, target, None, cache_dir(), True)
+            return ServedModel(target, size, described)
         build = builtins.ensure_built(model.name)
-        served = repository.layout_builtin(build, workdir / "prepared" / model.name, link_weights=True)
-        return ServedModel(
-            served, request_image_size(model, spec.load.payload), builtins.description(model.name, build)
-        )
+        served = repository.layout_builtin(build, target, link_weights=True)
+        return ServedModel(served, size, builtins.description(model.name, build))
 
     def layout_builtin(self, name: str, build: Path, into: Path) -> None:
         """A server pod's checked copy of a built-in build, moved into its repository entry."""
@@ -56,7 +72,15 @@ class Triton:
     def prepare_user_model(
         self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool
     ) -> ModelDescription:
-        raise ModelError(NOT_SUPPORTED, _user_models_refused(model))
+        """The user's TorchScript/.pt2 model fetched, checked and laid out as the repository entry `into` (a
+        server pod's first init container: nothing of the user's runs here without `count`)."""
+        try:
+            prepared = usermodel.prepare(model, into, repository.user_layout(model.input), self.name,
+                                         self.capabilities.user_model_formats, mounted=mounted, cache=cache,
+                                         count=count)  # fmt: skip
+        except ModelSourceError as exc:
+            raise ModelError(exc.reason, str(exc)) from None
+        return ModelDescription.model_validate(prepared.info)
 
     def local(self, model_name: str, served: Path, spec: ExperimentSpec, workdir: Path, reuse: bool) -> LocalTriton:
         return LocalTriton(model_name, served, spec.server, workdir, spec.load)
@@ -64,6 +88,19 @@ class Triton:
     def metrics(self, model_name: str) -> ModelCounters:
         # its metrics do not say how the model is batched (its repository index and config.pbtxt do)
         return ModelCounters(model_name, metrics.parse, metrics.breakdown)
+
+    def applied_settings(self, spec: ExperimentSpec, model_name: str, get: InferenceGet) -> Reported:
+        """The configuration Triton serves (its model configuration endpoint) against the config.pbtxt the pod
+        was given, each differing field named; its instances are ready when the model is (strict readiness)."""
+        applied = config.read_applied(json.loads(get(wire.config_path(model_name))))
+        try:
+            get(wire.ready_path(model_name))
+            ready = applied.instances
+        except OSError:  # not READY (HTTP 400)
+            ready = 0
+        effective = applied.effective(ready)
+        wanted = config.expected(spec.server, spec.server.gpus, spec.load)
+        return effective, config.differences(model_name, wanted, applied) or not_applied(spec.server, effective)
 
     def export_files(self, spec: ExperimentSpec) -> dict[str, str]:
         """The model's config.pbtxt, as a pod serves it: `<repository>/<model>/config.pbtxt` beside the entry
@@ -85,13 +122,6 @@ class Triton:
             return server.image
         repository_name, _, tag = inputs.servinglab_image.rpartition(":")
         return f"{repository_name.rpartition('/')[0] or 'servinglab'}/triton:{tag}"
-
-
-def _user_models_refused(model: ModelRef) -> str:
-    return (
-        f"model {model.name}: Triton serves servinglab's built-in models so far ({', '.join(BUILTINS)});"
-        " serve your own model with server.kind: torchserve"
-    )
 
 
 TRITON = Triton()

@@ -1,5 +1,5 @@
-"""Pure renderers of a Triton model's `config.pbtxt` from a validated spec, and the reading of the
-configuration Triton says it applied.
+"""Pure renderers of a Triton model's `config.pbtxt` from a validated spec, the reading of the
+configuration Triton says it applied, and its comparison with what was written (:func:`differences`).
 
 The spec's knobs map onto Triton's model configuration:
 
@@ -11,7 +11,8 @@ The spec's knobs map onto Triton's model configuration:
   (`handlers/servinglab_triton_model.py`) reads when an instance starts.
 
 The input is one BYTES element per request (the encoded image, as the load generator sends it in the
-KServe v2 protocol); the outputs are the top-k classes and their probabilities. Used by the local Triton
+KServe v2 protocol); the outputs are a built-in's top-k classes and their probabilities, or a user's
+model's answer (the handler's JSON, one BYTES element). Used by the local Triton
 (:mod:`.local`), its pod (:mod:`.pod`) and the export of a winning configuration.
 """
 
@@ -24,10 +25,12 @@ from typing import Any
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings
 
-#: The model's input tensor (one BYTES element: an encoded image) and its outputs.
+#: The model's input tensor (one BYTES element: an encoded image) and its outputs: a built-in's top-k classes
+#: and probabilities; a user's model's answer, the handler's JSON (as TorchServe and LitServe answer).
 INPUT_NAME = "INPUT"
 OUTPUT_CLASSES = "CLASSES"
 OUTPUT_PROBABILITIES = "PROBABILITIES"
+OUTPUT_ANSWER = "ANSWER"
 TOP_K = 5
 #: The one version servinglab serves of a model (Triton's repository layout: <model>/<version>/).
 VERSION = "1"
@@ -51,10 +54,39 @@ def _quote(text: str) -> str:
     return json.dumps(text)  # a protobuf text-format string is a JSON string for what is written here
 
 
-def render_config(model_name: str, server: ServerSpec, gpus: int, load: LoadSpec | None = None) -> str:
+def render_config(
+    model_name: str, server: ServerSpec, gpus: int, load: LoadSpec | None = None, user_model: bool = False
+) -> str:
     """config.pbtxt of `model_name` served by servinglab's Python model; `gpus` is how many GPUs the server
-    may use (0: the instances run on the CPU)."""
-    parameters = {
+    may use (0: the instances run on the CPU); a `user_model` answers with the handler's JSON."""
+    parameters = _parameters(server, load)
+    groups = _instance_groups(server.workers, gpus)
+    outputs = (
+        [f'  {{ name: "{OUTPUT_ANSWER}", data_type: TYPE_STRING, dims: [1] }}']
+        if user_model
+        else [
+            f'  {{ name: "{OUTPUT_CLASSES}", data_type: TYPE_INT64, dims: [{TOP_K}] }},',
+            f'  {{ name: "{OUTPUT_PROBABILITIES}", data_type: TYPE_FP32, dims: [{TOP_K}] }}',
+        ]
+    )
+    lines = [
+        f"name: {_quote(model_name)}",
+        'backend: "python"',
+        f"max_batch_size: {server.batch_size}",
+        f'input [{{ name: "{INPUT_NAME}", data_type: TYPE_STRING, dims: [1] }}]',
+        "output [",
+        *outputs,
+        "]",
+        f"dynamic_batching {{ max_queue_delay_microseconds: {server.max_batch_delay_ms * 1000} }}",
+        f"instance_group [{', '.join(groups)}]",
+        *(f"parameters {{ key: {_quote(k)}, value: {{ string_value: {_quote(v)} }} }}" for k, v in parameters.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _parameters(server: ServerSpec, load: LoadSpec | None) -> dict[str, str]:
+    """What servinglab's Python model reads when an instance starts."""
+    return {
         "precision": str(server.precision),
         "warmup_batch_sizes": ",".join(map(str, warmup_batch_sizes(server.batch_size, load)))
         if server.warmup_seconds > 0
@@ -62,21 +94,6 @@ def render_config(model_name: str, server: ServerSpec, gpus: int, load: LoadSpec
         "warmup_seconds": f"{server.warmup_seconds:g}",
         "top_k": str(TOP_K),
     }
-    groups = _instance_groups(server.workers, gpus)
-    lines = [
-        f"name: {_quote(model_name)}",
-        'backend: "python"',
-        f"max_batch_size: {server.batch_size}",
-        f'input [{{ name: "{INPUT_NAME}", data_type: TYPE_STRING, dims: [1] }}]',
-        "output [",
-        f'  {{ name: "{OUTPUT_CLASSES}", data_type: TYPE_INT64, dims: [{TOP_K}] }},',
-        f'  {{ name: "{OUTPUT_PROBABILITIES}", data_type: TYPE_FP32, dims: [{TOP_K}] }}',
-        "]",
-        f"dynamic_batching {{ max_queue_delay_microseconds: {server.max_batch_delay_ms * 1000} }}",
-        f"instance_group [{', '.join(groups)}]",
-        *(f"parameters {{ key: {_quote(k)}, value: {{ string_value: {_quote(v)} }} }}" for k, v in parameters.items()),
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def _instance_groups(workers: int, gpus: int) -> list[str]:
@@ -124,3 +141,31 @@ def read_applied(config: dict[str, Any]) -> AppliedConfig:
         kinds=tuple(str(group.get("kind", "")) for group in groups),
         parameters=parameters,
     )
+
+
+def expected(server: ServerSpec, gpus: int, load: LoadSpec | None = None) -> AppliedConfig:
+    """What Triton reports when it serves the config.pbtxt :func:`render_config` writes."""
+    groups = _instance_groups(server.workers, gpus)
+    return AppliedConfig(
+        max_batch_size=server.batch_size,
+        max_queue_delay_us=server.max_batch_delay_ms * 1000,
+        instances=server.workers,
+        kinds=("KIND_GPU",) * len(groups) if gpus else ("KIND_CPU",),
+        parameters=_parameters(server, load),
+    )
+
+
+def differences(model_name: str, wanted: AppliedConfig, applied: AppliedConfig) -> str | None:
+    """Why the configuration Triton serves is not the one servinglab wrote (each differing field, in effect
+    and asked for), or None. The instances' kind is not compared: a GPU-less stand-in node (the test
+    cluster's) runs the GPU instances on the CPU."""
+    fields = [
+        ("max_batch_size", applied.max_batch_size, wanted.max_batch_size),
+        ("dynamic_batching.max_queue_delay_microseconds", applied.max_queue_delay_us, wanted.max_queue_delay_us),
+        ("instance_group count", applied.instances, wanted.instances),
+        *((f"parameters.{key}", applied.parameters.get(key), value) for key, value in wanted.parameters.items()),
+    ]
+    differing = [f"{name} is {have!r}, the spec's is {want!r}" for name, have, want in fields if have != want]
+    if not differing:
+        return None
+    return f"Triton serves {model_name} with another configuration than the spec's: {'; '.join(differing)}"

@@ -1,19 +1,28 @@
 """A real `tritonserver` as a child process: write its model repository, start, wait until the model is
-READY, reconfigure through the repository API, read, stop.
+READY, reconfigure through the repository API, read (and check) the configuration it serves, stop.
 
 The local runner and the Triton tests use this. Each server has its own work folder (the repository, the
 log) and free loopback ports; gRPC is off (the load speaks HTTP). The model is loaded explicitly
 (`--model-control-mode=explicit`), so a sweep's next configuration is a new config.pbtxt loaded through
 `POST /v2/repository/models/<model>/load`: Triton loads the new instances and swaps them in, the process
-and the Python runtime stay. A model that cannot be loaded does not end the server
+and the Python runtime stay. The repository API is restricted to this object (`--http-restricted-api`):
+its calls carry a random key made per start (:mod:`secrets`), so another user of this machine, who can
+reach the loopback port, is refused (HTTP 403) and can load neither other code nor another configuration.
+The key is never logged nor put in an error message; it is on tritonserver's command line (Triton takes it
+from nowhere else), which /proc shows other users unless it is mounted with hidepid. Before any load,
+what Triton serves is read back and compared with what was written (:meth:`LocalTriton.effective`). A
+model that cannot be loaded does not end the server
 (`--exit-on-error=false`): the repository index says UNAVAILABLE with Triton's reason, which ends the
-wait with `ModelLoadFailed: ...`.
+wait with `ModelLoadFailed: ...`. tritonserver runs in its own process group under a watchdog
+(:mod:`servinglab.lifeline`, through :func:`~servinglab.servers.process.start_guarded`): it and its Python
+backend's stubs end when this process stops them or dies, SIGKILL included.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import time
@@ -23,17 +32,30 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from servinglab import lifeline
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings
 from servinglab.servers.base import RuntimeNotes, ServerError
 from servinglab.servers.handler import handler_notes
-from servinglab.servers.process import descendants_running, free_ports, stop_group, tail_of, visible_gpus
-from servinglab.servers.triton.config import AppliedConfig, read_applied, render_config
+from servinglab.servers.process import (
+    descendants_running,
+    free_ports,
+    start_guarded,
+    stop_guarded,
+    tail_of,
+    visible_gpus,
+)
+from servinglab.servers.triton.config import AppliedConfig, differences, expected, read_applied, render_config
 from servinglab.servers.triton.env import TritonEnvMissing, find_env
-from servinglab.servers.triton.repository import CONFIG_FILE
+from servinglab.servers.triton.repository import CONFIG_FILE, serves_user_model
 from servinglab.servers.triton.wire import MODEL_LOAD_FAILED, encode_body, request_path
 
 _LOG = "tritonserver.log"
+#: The header that carries the key of the restricted repository API.
+REPOSITORY_KEY_HEADER = "servinglab-repository-key"
+_REPOSITORY_PATHS = "/v2/repository/"
+#: How long tritonserver may take to stop on SIGTERM before what is left of it is killed.
+STOP_GRACE_SECONDS = 15.0
 
 
 class LocalTriton:
@@ -50,7 +72,9 @@ class LocalTriton:
         self.repository = workdir / "repository"
         self.http_port, self.metrics_port = free_ports(2)
         self.gpus = visible_gpus()
-        self.process: subprocess.Popen[bytes] | None = None
+        self._repository_key = ""  # made per start
+        self.guard: lifeline.Guarded | None = None
+        self.process: subprocess.Popen[bytes] | None = None  # the watchdog; its exit status is tritonserver's
         self.started_at: float | None = None
 
     # -- files -----------------------------------------------------------------------------------
@@ -63,7 +87,7 @@ class LocalTriton:
         self._write_config(self.server, self.load)
 
     def _write_config(self, server: ServerSpec, load: LoadSpec | None) -> None:
-        config = render_config(self.model_name, server, self.gpus, load)
+        config = render_config(self.model_name, server, self.gpus, load, serves_user_model(self.prepared))
         (self.repository / self.model_name / CONFIG_FILE).write_text(config)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -75,10 +99,13 @@ class LocalTriton:
             raise ServerError(str(exc)) from None
         self.prepare()
         environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._repository_key = secrets.token_urlsafe(32)
         command = [
             str(found.launcher),
             f"--model-repository={self.repository}",
             "--model-control-mode=explicit", f"--load-model={self.model_name}",
+            # load/unload (and the index) only with the key: another local user could load code or a config
+            f"--http-restricted-api=model-repository:{REPOSITORY_KEY_HEADER}={self._repository_key}",
             "--exit-on-error=false", "--strict-readiness=true", "--disable-auto-complete-config",
             "--http-address=127.0.0.1", f"--http-port={self.http_port}", "--allow-grpc=false",
             "--metrics-address=127.0.0.1", f"--metrics-port={self.metrics_port}",
@@ -89,11 +116,10 @@ class LocalTriton:
             "--exit-timeout-secs=10",
         ]  # fmt: skip
         self.started_at = time.monotonic()
-        with open(self.workdir / _LOG, "ab") as log:
-            self.process = subprocess.Popen(
-                command, cwd=self.workdir, env=environment, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+        self.guard = start_guarded(
+            command, log=self.workdir / _LOG, cwd=self.workdir, env=environment, grace_seconds=STOP_GRACE_SECONDS
+        )
+        self.process = self.guard.process
 
     def wait_ready(self, timeout_seconds: float) -> float:
         """Block until the model is READY (every instance loaded); the seconds since start (cold start)."""
@@ -166,11 +192,13 @@ class LocalTriton:
     def log_tail(self, lines: int = 20) -> str:
         return tail_of(self.workdir / _LOG, lines)
 
-    def stop(self, grace_seconds: float = 15.0) -> None:
-        """Terminate the process group (tritonserver and its stubs), then kill any survivor; idempotent."""
-        if self.process is None:
+    def stop(self) -> None:
+        """End the process group (tritonserver and its stubs; SIGTERM, SIGKILL after STOP_GRACE_SECONDS),
+        then kill any survivor; idempotent."""
+        if self.guard is None:
             return
-        stop_group(self.process, grace_seconds)
+        stop_guarded(self.guard)
+        self.guard = None
         self.process = None
 
     def __enter__(self) -> LocalTriton:
@@ -185,8 +213,9 @@ class LocalTriton:
     # -- HTTP ------------------------------------------------------------------------------------
 
     def _http(self, path: str, timeout: float = 10.0, data: bytes | None = None, url: str | None = None) -> bytes:
+        headers = {REPOSITORY_KEY_HEADER: self._repository_key} if path.startswith(_REPOSITORY_PATHS) else {}
         request = urllib.request.Request(
-            (url or self.inference_url) + path, data=data, method="POST" if data else "GET"
+            (url or self.inference_url) + path, data=data, headers=headers, method="POST" if data else "GET"
         )
         with urllib.request.urlopen(request, timeout=timeout) as response:
             body: bytes = response.read()
@@ -197,7 +226,12 @@ class LocalTriton:
         return read_applied(json.loads(self._http(f"/v2/models/{self.model_name}/config")))
 
     def effective(self) -> EffectiveSettings:
+        """What Triton serves; :class:`ServerError` naming each differing field when that is not the
+        configuration this object wrote (a load behind its back)."""
         applied = self.applied()
+        wanted = expected(self.server, self.gpus, self.load)
+        if (differs := differences(self.model_name, wanted, applied)) is not None:
+            raise ServerError(differs)
         try:
             self._http(f"/v2/models/{self.model_name}/ready")
             ready = applied.instances  # READY: Triton has loaded every instance

@@ -6,20 +6,22 @@ build-model NAME --into /models/NAME --server triton`: the build is copied, chec
 laid out beside servinglab's Python model) and drops in the experiment's config.pbtxt; with a model cache
 claim it keeps builds there (mounted into it alone). The server container (the Triton image hack/images.sh
 builds) runs `servinglab-tritonserver`, the Triton environment's launcher, over the read-only repository:
-HTTP and metrics on all interfaces, gRPC off, the model loaded explicitly (the repository API stays inside
-the pod: nothing but the inference and metrics ports is exposed by the Service). It is ready when Triton
-says the model is READY (every instance loaded); a model Triton cannot load ends the container with the
-termination message "ModelLoadFailed: <Triton's reason>". Non-root, read-only root file system, every
-emptyDir bounded.
+HTTP and metrics on all interfaces, gRPC off, and no model control (`--model-control-mode=none`): a pod
+serves one configuration, so Triton loads the repository's one model at start and refuses every load and
+unload through its repository API (HTTP 503), which is on the inference port the Service exposes: nobody
+who reaches that port can load other code or quietly reload the model with other settings (the load Job
+also reads the configuration back before it sends load). It is ready when Triton says the model is READY
+(every instance loaded); a model Triton cannot load ends the container with the termination message
+"ModelLoadFailed: <Triton's reason>". Non-root, read-only root file system, every emptyDir bounded.
 """
 
 from __future__ import annotations
 
 from servinglab.api import ExperimentSpec
 from servinglab.servers.base import Manifest, PodInputs, PodPlan, restricted, size_limit
-from servinglab.servers.podparts import model_init_containers
-from servinglab.servers.triton.config import render_config
-from servinglab.servers.triton.repository import CONFIG_FILE
+from servinglab.servers.podparts import model_bytes, model_init_containers, model_volumes
+from servinglab.servers.triton.config import VERSION, render_config
+from servinglab.servers.triton.repository import BUILD_DIR, CONFIG_FILE
 from servinglab.servers.triton.wire import MODEL_LOAD_FAILED
 
 INFERENCE_PORT = 8000
@@ -32,8 +34,6 @@ SERVER_LOG = "/tmp/tritonserver.log"
 TRITON_UID = 65532
 
 _GI = 2**30
-#: What a built-in model's repository entry may take (resnet50's build is about 100 MB).
-MODEL_BYTES = _GI
 #: /tmp: the launcher's copy of the log, the stubs' scratch.
 TMP_BYTES = _GI
 #: /dev/shm: the Python backend's stubs exchange every batch's tensors with Triton there.
@@ -41,7 +41,7 @@ SHM_BYTES = 2 * _GI
 
 
 def config_pbtxt(spec: ExperimentSpec) -> str:
-    return render_config(spec.model.name, spec.server, spec.server.gpus, spec.load)
+    return render_config(spec.model.name, spec.server, spec.server.gpus, spec.load, spec.model.source is not None)
 
 
 def server_launcher(model: str, log: str = SERVER_LOG, termination_log: str = "/dev/termination-log") -> str:
@@ -73,8 +73,8 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
         "args": [
             "servinglab-tritonserver",
             f"--model-repository={REPOSITORY}",
-            "--model-control-mode=explicit",
-            f"--load-model={model}",
+            # the repository API is on the exposed inference port: no loads through it
+            "--model-control-mode=none",
             "--strict-readiness=true",
             "--disable-auto-complete-config",
             f"--http-port={INFERENCE_PORT}",
@@ -111,24 +111,25 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
 
 
 def plan(spec: ExperimentSpec, inputs: PodInputs, image: str, resources: Manifest) -> PodPlan:
+    # the model store sized for the model (a user's: its maxBytes), the probe's /tmp and the claims as needed
     volumes: list[Manifest] = [
         {"name": "config", "configMap": {"name": inputs.config_map}},
-        {"name": "model-store", "emptyDir": {"sizeLimit": size_limit(2 * MODEL_BYTES)}},
-        {"name": "tmp", "emptyDir": {"sizeLimit": size_limit(TMP_BYTES + MODEL_BYTES)}},
+        *model_volumes(spec, inputs.model_cache_claim),
+        {"name": "tmp", "emptyDir": {"sizeLimit": size_limit(TMP_BYTES + model_bytes(spec))}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": size_limit(SHM_BYTES)}},
     ]
-    if inputs.model_cache_claim:
-        volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": inputs.model_cache_claim}})
     return PodPlan(
         config_files={CONFIG_FILE: config_pbtxt(spec)},
         config_dir=CONFIG_DIR,
-        # the shared model init container (built-ins only on Triton), which drops config.pbtxt beside the model
+        # the shared model init containers (a user's model is counted where it lies: 1/build), the first of
+        # which drops config.pbtxt beside the model
         init_containers=model_init_containers(
             spec,
             inputs,
             REPOSITORY,
             CONFIG_DIR,
             then=f"cp {CONFIG_DIR}/{CONFIG_FILE} {REPOSITORY}/{spec.model.name}/{CONFIG_FILE}\n",
+            packed=f"{VERSION}/{BUILD_DIR}",
         ),
         containers=[server_container(spec, image, resources)],
         volumes=volumes,

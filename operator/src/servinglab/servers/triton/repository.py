@@ -7,8 +7,11 @@
 
 Called by the local Triton's model preparation and, in a server pod's init container, by `servinglab
 build-model --into <repository>/<model> --server triton` (the build is copied there, checked against its
-digests, then moved into `1/build/`). Only built-in models so far: the user's own models are refused with
-a reason before anything starts.
+digests, then moved into `1/build/`). A user's TorchScript file or exported program is laid out the same way
+(:func:`user_layout`, through :mod:`servinglab.models.usermodel`): `1/build/` holds `model.pt`/`model.pt2`
+and its declared input (`servinglab-input.json`), and servinglab's Python model then runs the handler's own
+`load()` and `run()` (as TorchServe and LitServe do) and answers with the handler's JSON (one BYTES output,
+ANSWER). An archive with its own handler is refused with ModelNotSupported before anything starts.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import shutil
 from pathlib import Path
 
 from servinglab import paths
+from servinglab.api import ModelFormat, ModelInput, ModelSource
+from servinglab.models import usermodel
 from servinglab.models.builtins import WEIGHTS_FILE
-from servinglab.models.catalogue import HANDLER_HELPERS
+from servinglab.models.catalogue import HANDLER_FILE, HANDLER_HELPERS, INPUT_FILE
+from servinglab.models.fetch import Fetched
 from servinglab.servers.triton.config import VERSION
 
 #: servinglab's Triton model, in handlers/.
@@ -28,8 +34,10 @@ BUILD_DIR = "build"
 
 
 def model_files() -> list[Path]:
-    """The files of servinglab's Python model: the entry point and the shared handler helpers."""
-    return [paths.handlers_dir() / MODEL_SOURCE, *(paths.handlers_dir() / name for name in HANDLER_HELPERS)]
+    """The files of servinglab's Python model: the entry point, the handler (a user's model runs its `load()`
+    and `run()`) and the shared handler helpers."""
+    names = (MODEL_SOURCE, HANDLER_FILE, *HANDLER_HELPERS)
+    return [paths.handlers_dir() / name for name in names]
 
 
 def layout_builtin(build: Path, target: Path, link_weights: bool = False) -> Path:
@@ -53,6 +61,33 @@ def layout_builtin(build: Path, target: Path, link_weights: bool = False) -> Pat
                 (into / entry.name).symlink_to(entry.resolve())
             elif entry.is_file():
                 shutil.copyfile(entry, into / entry.name)
+    _copy_model_files(version)
+    return target
+
+
+def _copy_model_files(version: Path) -> None:
     for source in model_files():
         shutil.copyfile(source, version / ("model.py" if source.name == MODEL_SOURCE else source.name))
-    return target
+
+
+def user_layout(model_input: ModelInput | None) -> usermodel.LayOut:
+    """How the user's fetched TorchScript/.pt2 file is laid out at a target: the file and its declared input
+    in `1/build/` (where it is counted and described), servinglab's model beside it."""
+
+    def lay_out(source: ModelSource, fetched: Fetched, fmt: ModelFormat, target: Path) -> usermodel.Staged:
+        build = target / VERSION / BUILD_DIR
+        usermodel.stage_packed(fetched, fmt, build, model_input)
+        _copy_model_files(target / VERSION)
+        return usermodel.Staged(build)
+
+    return lay_out
+
+
+def packed_folder(target: Path) -> Path:
+    """Where a repository entry's model is: the folder the probe counts."""
+    return target / VERSION / BUILD_DIR
+
+
+def serves_user_model(target: Path) -> bool:
+    """Whether the entry at `target` is a user's packed model (answered with the handler's JSON)."""
+    return (packed_folder(target) / INPUT_FILE).is_file()

@@ -1,6 +1,7 @@
 """How requests reach Triton: the KServe v2 inference path, and one body as the binary BYTES element of the
 model's input (what the load generator sends, :mod:`servinglab.loadgen.protocol`; here for the server's own
-test request, :meth:`.local.LocalTriton.predict`). Also the reason a server that cannot load its model ends
+test request, :meth:`.local.LocalTriton.predict`), and where Triton says which configuration it serves. Also
+the reason a server that cannot load its model ends
 with.
 """
 
@@ -18,6 +19,16 @@ PROTOCOL = RequestProtocol(encoding=RequestEncoding.KSERVE_V2_BINARY, input_name
 
 def request_path(model_name: str) -> str:
     return f"/v2/models/{model_name}/infer"
+
+
+def config_path(model_name: str) -> str:
+    """The model configuration Triton serves (JSON), on the inference port."""
+    return f"/v2/models/{model_name}/config"
+
+
+def ready_path(model_name: str) -> str:
+    """200 when the model is READY (with strict readiness: every instance loaded)."""
+    return f"/v2/models/{model_name}/ready"
 
 
 def encode_body(body: bytes) -> tuple[bytes, dict[str, str]]:
