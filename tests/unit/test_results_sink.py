@@ -233,3 +233,17 @@ def test_trailing_bytes_after_the_gzip_stream_are_refused() -> None:
     packed = gzip.compress(json.dumps(windows_document(1, 3)).encode()) + b"more"
     with pytest.raises(ResultsUnreadable, match="truncated or followed by other bytes"):
         decode_results(gzip_head(packed), lambda name: None)
+
+
+def test_a_levels_percentile_bounds_are_read_and_must_be_numbers() -> None:
+    bounds: dict[str, object] = {"lower": 9.1, "upper": 9.9, "confidence": 0.95, "samples": 400}
+    level = {"throughputRps": 9.0, "requests": 400, "errors": 0, "windowStart": 1.0, "windowEnd": 2.0,
+             "latencyMs": {"p99": 9.5, "intervals": {"p99": bounds}}}  # fmt: skip
+
+    def stored() -> dict[str, object]:
+        return {"metadata": {"name": "x-results"}, "data": {"results.json": json.dumps({"results": [level]})}}
+
+    assert decode_results(stored(), lambda name: None)["results"][0]["latencyMs"]["intervals"]["p99"]["upper"] == 9.9
+    bounds["upper"] = "9.9"
+    with pytest.raises(ResultsUnreadable, match=r"results\[0\].latencyMs.intervals.p99.upper is not a number"):
+        decode_results(stored(), lambda name: None)

@@ -11,6 +11,7 @@ import pytest
 
 from servinglab.api import ServingSweep, SweepSpec, TrialConfig
 from servinglab.api.meta import ObjectMeta
+from servinglab.api.results import ExperimentResults
 from servinglab.api.trials import SUCCEEDED, TrialRecord
 from servinglab.sweep import confirm, rollup
 
@@ -155,3 +156,51 @@ def test_the_best_says_how_sure_it_is_at_every_stage_of_a_sweep() -> None:
     off = SWEEP.model_copy(update={"spec": spec(rounds=0)})
     document = rollup.document(off, trials, "done", "t0", [])
     assert document.best is not None and document.best.confidence == "Unconfirmed" and document.confirmation is None
+
+
+def stalled(of: TrialRecord, round_: int, p99_ms: float, upper_ms: float | None) -> TrialRecord:
+    """A confirmation run with no level within the SLO: its one level's p99 (and bound) over it."""
+    intervals = {"p99": {"upper": upper_ms, "confidence": 0.95, "samples": 900}} if upper_ms is not None else None
+    level = {"concurrency": 16, "throughputRps": 70.0, "requests": 900, "errors": 0,
+             "latencyMs": {"p99": p99_ms, **({"intervals": intervals} if intervals else {})}}  # fmt: skip
+    results = ExperimentResults.model_validate({"experiment": of.name, "model": "tiny", "results": [level]})
+    return rerun(of, round_, None).model_copy(update={"results": results, "reason": "NoLevelWithinSlo"})
+
+
+def test_a_stalled_run_is_a_miss_not_a_zero_and_its_candidate_stays_a_contender() -> None:
+    # seen on Triton: batch 8 ran 1,480 and 1,288 rps, then one run stalled (p99 223 ms over 100 ms); averaged
+    # in as 0 it made "304 rps" and a "3016 %" noise that tied everything
+    a, b, c = trial(0, 16, 1500.0), trial(1, 4, 800.0), trial(2, 1, 320.0)
+    done = [rerun(a, 1, 1480.0), rerun(b, 1, 700.0), rerun(c, 1, 300.0),
+            rerun(a, 2, 1288.0), rerun(b, 2, 720.0), rerun(c, 2, 310.0),
+            stalled(a, 3, 223.0, 241.0), rerun(b, 3, 690.0), rerun(c, 3, 305.0)]  # fmt: skip
+    found = confirm.decide(spec(), [a, b, c], done)
+    assert found is not None and (found.state, found.winner) == ("Confirmed", a.name), found
+    top = found.candidates[0]
+    assert top.runs_rps == [1480.0, 1288.0] and top.mean_rps == pytest.approx((1480 * 1288) ** 0.5, abs=1e-2)
+    assert top.missed is not None and [(m.round, m.p99_latency_ms, m.p99_upper_ms) for m in top.missed] == [
+        (3, 223.0, 241.0)
+    ]
+    assert found.note is not None and "missed the objective in 1 of 3 runs" in found.note
+    assert "3016" not in found.note and found.candidates[1].missed is None
+    document = rollup.document(SWEEP, [a, b, c], "done", "t0", done)
+    assert document.best is not None and document.best.trial == a.name
+    assert document.best.capacity_rps == pytest.approx((1480 * 1288) ** 0.5, abs=1e-2)
+
+
+def test_a_candidate_that_misses_in_most_runs_is_not_the_winner() -> None:
+    # the cheapest configuration's one good run is the highest of all: it still misses the SLO in two of three
+    a, b = trial(0, 1, 20000.0), trial(1, 16, 150.0)
+    done = [rerun(a, 1, 20000.0), rerun(b, 1, 100.0), stalled(a, 2, 400.0, None), rerun(b, 2, 104.0),
+            stalled(a, 3, 380.0, 395.0), rerun(b, 3, 98.0)]  # fmt: skip
+    found = confirm.decide(spec(candidates=2), [a, b], done)
+    assert found is not None and (found.state, found.winner, found.tied_with) == ("Confirmed", b.name, []), found
+    loser = next(c for c in found.candidates if c.trial == a.name)
+    assert loser.runs_rps == [20000.0] and loser.missed is not None and len(loser.missed) == 2 and not loser.tied
+    assert loser.missed[0].p99_upper_ms is None  # that run was too short for a bound: its p99 alone
+    # no candidate meeting the objective in any run: no winner, said so
+    none = [stalled(a, r, 400.0, 410.0) for r in (1, 2, 3)] + [stalled(b, r, 300.0, 320.0) for r in (1, 2, 3)]
+    nobody = confirm.decide(spec(candidates=2), [a, b], none)
+    assert nobody is not None and nobody.state == "NoneWithinSlo" and nobody.winner is None
+    document = rollup.document(SWEEP.model_copy(update={"spec": spec(candidates=2)}), [a, b], "done", "t0", none)
+    assert document.best is not None and document.best.confidence == "Unconfirmed"

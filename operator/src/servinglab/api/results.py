@@ -37,6 +37,31 @@ def to_json(model: BaseModel) -> JsonObject:
 # -- one level ----------------------------------------------------------------------------------------
 
 
+class PercentileInterval(ResultModel):
+    """How sure a percentile is: distribution-free bounds (ms) from order statistics, each one-sided at
+    `confidence`, over `samples` successful requests. A bound that so few samples cannot give is absent;
+    without an upper bound, `samplesNeeded` says how many it would take."""
+
+    lower: float | None = None
+    upper: float | None = None
+    confidence: float
+    samples: int
+    samples_needed: int | None = None
+
+    @property
+    def too_short(self) -> bool:
+        return self.upper is None
+
+
+class LatencyIntervals(ResultModel):
+    """The percentiles' confidence bounds (absent in documents written before they were computed)."""
+
+    p50: PercentileInterval | None = None
+    p90: PercentileInterval | None = None
+    p95: PercentileInterval | None = None
+    p99: PercentileInterval | None = None
+
+
 class Latency(ResultModel):
     """Exact nearest-rank percentiles of the successful requests (ms); None when none succeeded."""
 
@@ -47,6 +72,11 @@ class Latency(ResultModel):
     max: float | None = None
     min: float | None = None
     mean: float | None = None
+    intervals: LatencyIntervals | None = None
+
+    @property
+    def p99_interval(self) -> PercentileInterval | None:
+        return self.intervals.p99 if self.intervals is not None else None
 
 
 class Window(ResultModel):
@@ -187,6 +217,8 @@ class LevelResult(ResultModel):
     cpu: CpuFigures | None = None
     verdict: Verdict | None = None
     meets_slo: bool | None = None
+    #: True when `meets_slo` was judged on the p99 itself, the level being too short for its upper bound.
+    slo_uncertain: bool | None = None
     peak_search_probe: bool | None = None
     # the first status layout's flat trust flags (read from old statuses; never written now)
     stable: bool | None = None
@@ -209,14 +241,19 @@ class LevelResult(ResultModel):
 
     def compact(self) -> LevelResult:
         """What an experiment's status keeps: everything the table shows, without the latency CDF, the
-        stability windows, a shaped run's phases and every generator's own verdict (those stay in the full
-        document the status references: they would make the status grow with the run's length)."""
+        stability windows, a shaped run's phases, the bounds of the percentiles but p99's, and every
+        generator's own verdict (those stay in the full document the status references: they would make
+        the status grow with the run's length)."""
         stability = self.stability.model_copy(update={"windows": []}) if self.stability is not None else None
         generator = self.generator.model_copy(update={"per_generator": None}) if self.generator is not None else None
         verdict = self.verdict.compact() if self.verdict is not None else None
+        intervals = self.latency_ms.intervals  # the status keeps the bound the SLO is judged on
+        latency = self.latency_ms.model_copy(
+            update={"intervals": LatencyIntervals(p99=intervals.p99) if intervals is not None else None}
+        )
         return self.model_copy(
             update={"latency_cdf_ms": None, "stability": stability, "generator": generator, "phases": None,
-                    "verdict": verdict}
+                    "verdict": verdict, "latency_ms": latency}
         )  # fmt: skip
 
 
@@ -265,6 +302,8 @@ class BestLevel(ResultModel):
     rate_rps: float | None = None
     throughput_rps: float
     p99_latency_ms: float | None = None
+    #: That p99's upper bound at 95 % (absent: a level too short for one, or a document from before bounds).
+    p99_upper_ms: float | None = None
 
     @property
     def label(self) -> str:

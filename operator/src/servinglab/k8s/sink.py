@@ -233,7 +233,13 @@ def check_document(name: str, document: Any) -> None:
         where = f"{name}: results[{index}]"
         required = ("throughputRps", "requests", "errors", "windowStart", "windowEnd")
         _numbers(level, where, required, optional=("concurrency", "rateRps"))
-        _numbers(level.get("latencyMs") or {}, f"{where}.latencyMs")
+        latency = level.get("latencyMs") or {}
+        _numbers(latency, f"{where}.latencyMs", optional=())
+        _numbers(latency, f"{where}.latencyMs", optional=tuple(key for key in latency if key != "intervals"))
+        if (intervals := latency.get("intervals")) is not None:  # each percentile's bounds: objects of numbers
+            _numbers(intervals, f"{where}.latencyMs.intervals", optional=())
+            for key, bounds in intervals.items():
+                _numbers(bounds, f"{where}.latencyMs.intervals.{str(key)[:40]}")
         _numbers(level.get("server") or {}, f"{where}.server")
         if "openLoop" in level:
             _numbers(level["openLoop"], f"{where}.openLoop", ("sentRps", "lateSends", "droppedSends"), optional=())

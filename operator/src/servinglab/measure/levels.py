@@ -1,8 +1,12 @@
 """From a measured level's statistics to its typed result, and which level is best (pure functions).
 
-The SLO is defined here once: a level meets it when its p99 is within the objective and nothing failed.
-The best level is the one with the highest throughput among those that meet it (all levels when no SLO
-is set); the ceiling compares the served throughput of that same level. Used by the measurement
+The SLO is defined here once (:func:`meets_slo`, for the experiment's levels, the peak-rate search and a
+sweep's capacity alike): a level meets it when its p99's upper bound at 95 % (:mod:`servinglab.measure.tails`)
+is within the objective and its errors are within the allowed share (none, but in a sweep with
+`objective.maxErrorRate`). A level too short for that bound is judged on its p99 itself and marked
+uncertain (`sloUncertain`), so short smoke runs keep their verdict and say that it is soft. The best
+level is the one with the highest throughput among those that meet it (all levels when no SLO is set);
+the ceiling compares the served throughput of that same level. Used by the measurement
 driver, the operator's status writer, the sweep roll-up and the reports.
 """
 
@@ -24,22 +28,46 @@ from servinglab.api.results import (
 )
 from servinglab.api.verdicts import CpuFigures
 from servinglab.loadgen.stats import LevelStats
+from servinglab.measure.tails import latency_intervals
 
 
-def meets_slo(p99_ms: float | None, errors: int, slo_p99_ms: float) -> bool:
-    """A level meets the latency objective when its p99 is within it and nothing failed."""
-    return p99_ms is not None and p99_ms <= slo_p99_ms and errors == 0
+def judged_p99(latency: Latency) -> tuple[float | None, bool]:
+    """The p99 the SLO is judged on, and whether that is uncertain: its upper bound at 95 % when the level
+    had enough samples for one; else the p99 itself (uncertain when the level is known to be too short,
+    certain as before for documents written without bounds)."""
+    bounds = latency.p99_interval
+    if bounds is not None and bounds.upper is not None:
+        return bounds.upper, False
+    return latency.p99, bounds is not None
 
 
-def level_meets_slo(level: LevelResult, slo_p99_ms: float) -> bool:
-    return meets_slo(level.latency_ms.p99, level.errors, slo_p99_ms)
+def meets_slo(
+    latency: Latency, errors: int, requests: int, slo_p99_ms: float | None, max_error_rate: float = 0.0
+) -> bool:
+    """The one SLO predicate: the p99 (its upper bound when there is one) within `slo_p99_ms` (any p99 when
+    None), and at most `max_error_rate` of the requests failed (by default none)."""
+    if errors / max(requests, 1) > max_error_rate:
+        return False
+    p99, _ = judged_p99(latency)
+    return slo_p99_ms is None or (p99 is not None and p99 <= slo_p99_ms)
+
+
+def level_meets_slo(level: LevelResult, slo_p99_ms: float | None, max_error_rate: float = 0.0) -> bool:
+    return meets_slo(level.latency_ms, level.errors, level.requests, slo_p99_ms, max_error_rate)
+
+
+def latency_of(stats: LevelStats) -> Latency:
+    """The level's percentiles and, from its samples, their confidence bounds (none without samples)."""
+    latency = Latency.model_validate({k: round(v, 3) for k, v in stats.latency_ms.items()})
+    ok = sorted(sample.latency_ms for sample in stats.samples if sample.error is None)
+    return latency.model_copy(update={"intervals": latency_intervals(ok)}) if ok else latency
 
 
 def probe_passes(stats: LevelStats, slo_p99_ms: float) -> bool:
     """A probe of the peak-rate search passes when it meets the SLO and the load generator did not limit
     it (a saturated generator cannot vouch for the server)."""
     saturated = bool((stats.generator or {}).get("saturated"))
-    return meets_slo(stats.latency_ms.get("p99"), stats.errors, slo_p99_ms) and not saturated
+    return meets_slo(latency_of(stats), stats.errors, stats.requests, slo_p99_ms) and not saturated
 
 
 def level_result(
@@ -47,12 +75,13 @@ def level_result(
 ) -> LevelResult:
     """The typed result of one level: the generator's exact figures, the server's breakdown over the
     same window, whether it met the SLO, and whether it was a probe of the peak-rate search."""
-    p99 = stats.latency_ms.get("p99")
+    latency = latency_of(stats)
+    judged = slo_p99_ms is not None and latency.p99 is not None
     return LevelResult(
         concurrency=stats.concurrency,
         rate_rps=stats.rate_rps if stats.concurrency is None else None,
         throughput_rps=round(stats.throughput_rps, 3),
-        latency_ms=Latency.model_validate({k: round(v, 3) for k, v in stats.latency_ms.items()}),
+        latency_ms=latency,
         requests=stats.requests,
         errors=stats.errors,
         errors_by_kind=dict(stats.errors_by_kind),
@@ -66,7 +95,8 @@ def level_result(
         repeats=Repeats.model_validate(stats.repeats) if stats.repeats is not None else None,
         phases=[PhaseFigures.model_validate(p) for p in stats.phases] if stats.phases is not None else None,
         server=server,
-        meets_slo=meets_slo(p99, stats.errors, slo_p99_ms) if slo_p99_ms is not None else None,
+        meets_slo=meets_slo(latency, stats.errors, stats.requests, slo_p99_ms) if slo_p99_ms is not None else None,
+        slo_uncertain=True if judged and judged_p99(latency)[1] else None,
         peak_search_probe=True if probe else None,
     )
 
@@ -113,4 +143,5 @@ def best_level(levels: Sequence[LevelResult], slo_p99_ms: float | None) -> BestL
     return BestLevel(
         concurrency=top.concurrency, rate_rps=top.rate_rps, throughput_rps=top.throughput_rps,
         p99_latency_ms=top.latency_ms.p99,
+        p99_upper_ms=top.latency_ms.p99_interval.upper if top.latency_ms.p99_interval is not None else None,
     )  # fmt: skip

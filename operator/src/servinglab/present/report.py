@@ -31,6 +31,7 @@ from servinglab.measure.document import with_verdicts
 from servinglab.measure.trust import trust_checks
 from servinglab.present import roofline
 from servinglab.present.page import html_page
+from servinglab.present.tables import p99_cell, tails_legend
 
 PLOTS = ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png", "timeseries.png", "roofline.png")
 
@@ -92,6 +93,10 @@ def _throughput_p99(levels: list[LevelResult], slo: float | None, path: Path) ->
     p99_axes = throughput_axes.twinx()
     p99 = [level.latency_ms.p99 if level.latency_ms.p99 is not None else math.nan for level in levels]
     p99_axes.plot(x, p99, "s--", color="tab:red", label="p99")
+    bounds = [level.latency_ms.p99_interval for level in levels]
+    upper = [b.upper if b is not None and b.upper is not None else math.nan for b in bounds]
+    if any(not math.isnan(value) for value in upper):  # what the SLO is judged on
+        p99_axes.plot(x, upper, "v:", color="tab:red", alpha=0.5, label="p99 upper bound (95 %)")
     p99_axes.set_ylabel("p99 latency (ms)", color="tab:red")
     if slo:
         p99_axes.axhline(slo, color="tab:red", alpha=0.4, linestyle=":", label=f"SLO {slo:g} ms")
@@ -185,6 +190,8 @@ def _facts(document: ExperimentResults) -> list[str]:
     facts = []
     if (best := document.best) is not None:
         facts.append(f"Best level: {best.label} at {best.throughput_rps:.1f} rps (p99 {_cell(best.p99_latency_ms)} ms)")
+    if (legend := tails_legend(document)) is not None:
+        facts.append(html.escape(legend))
     if (peak := document.peak_rate) is not None:
         note = f" ({html.escape(peak.note)})" if peak.note else ""
         facts.append(f"Peak rate within the SLO: {_cell(peak.rate_rps)} rps after {peak.probes} probes{note}")
@@ -225,7 +232,7 @@ def _page(document: ExperimentResults) -> str:
         marks, reasons = trust_checks(level)
         checks = [*marks, *(["peak-search probe"] if level.peak_search_probe else []), *reasons]
         cells = [
-            level.label, level.throughput_rps, latency.p50, latency.p90, latency.p95, latency.p99, latency.max,
+            level.label, level.throughput_rps, latency.p50, latency.p90, latency.p95, p99_cell(latency), latency.max,
             level.requests, level.errors, breakdown.mean_batch_size if breakdown else None,
             breakdown.queue_ms_mean if breakdown else None, breakdown.inference_ms_per_batch if breakdown else None,
             "; ".join(checks),

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from servinglab.api import TrialConfig
 from servinglab.api.ceiling import Ceiling
-from servinglab.api.results import ExperimentResults, PeakRate
+from servinglab.api.results import ExperimentResults, Latency, PeakRate
 from servinglab.api.trials import SweepResults, TrialRecord
 from servinglab.measure.trust import trust_checks
 
@@ -54,7 +54,9 @@ def print_results(document: ExperimentResults) -> None:
         row = [
             level.label + (" (search)" if level.peak_search_probe else ""),
             f"{level.throughput_rps:.1f}",
-            *(ms(value) for value in (latency.p50, latency.p90, latency.p95, latency.p99, latency.max)),
+            *(ms(value) for value in (latency.p50, latency.p90, latency.p95)),
+            p99_cell(latency),
+            ms(latency.max),
             str(level.requests),
             str(level.errors),
             num(breakdown.mean_batch_size if breakdown else None, 2),
@@ -62,7 +64,7 @@ def print_results(document: ExperimentResults) -> None:
             num(breakdown.inference_ms_per_batch if breakdown else None, 1),
         ]
         if slo is not None:
-            row.append("yes" if level.meets_slo else "no")
+            row.append(("yes" if level.meets_slo else "no") + ("*" if level.slo_uncertain else ""))
         marks, why = trust_checks(level)
         row.append(" ".join(marks) or "-")
         row.append(str(level.verdict.bottleneck) if level.verdict is not None else "-")
@@ -75,6 +77,31 @@ def print_results(document: ExperimentResults) -> None:
     for line in verdict_lines(document):
         stdout.print(line, highlight=False, markup=False, soft_wrap=True)
     stdout.print("; ".join(notes(document)), highlight=False, soft_wrap=True)
+    if legend := tails_legend(document):
+        stdout.print(legend, highlight=False, markup=False, soft_wrap=True)
+
+
+def p99_cell(latency: Latency) -> str:
+    """The p99 with its upper bound at 95 % ("12.3 ≤14.0"), or a `*` when the level was too short for one."""
+    bounds = latency.p99_interval
+    if latency.p99 is None or bounds is None:
+        return ms(latency.p99)
+    return f"{ms(latency.p99)}*" if bounds.upper is None else f"{ms(latency.p99)} ≤{ms(bounds.upper)}"
+
+
+def tails_legend(document: ExperimentResults) -> str | None:
+    """What the p99 column's marks mean, when it shows any: the upper bound, and the levels too short for one."""
+    bounded = [level.latency_ms.p99_interval for level in document.results if level.latency_ms.p99 is not None]
+    known = [bounds for bounds in bounded if bounds is not None]
+    if not known:
+        return None
+    legend = f"p99 ≤x: x bounds the true p99 at {known[0].confidence:.0%} confidence (order statistics)"
+    short = [bounds for bounds in known if bounds.upper is None]
+    if short:
+        needed = max(bounds.samples_needed or 0 for bounds in short)
+        legend += (f"; *: too short for that bound ({min(b.samples for b in short)} successful requests, "
+                   f"{needed} needed): the SLO is judged on the p99 itself, uncertain")  # fmt: skip
+    return legend
 
 
 def verdict_lines(document: ExperimentResults) -> list[str]:
@@ -194,11 +221,20 @@ def winner_sentence(document: SweepResults) -> str:
     best, confirmation = document.best, document.confirmation
     if best is None:
         return "no winner"
+    if confirmation is not None and confirmation.state == "NoneWithinSlo":
+        return f"winner not confirmed: {confirmation.note}"
     if confirmation is None or best.confidence in (None, "Unconfirmed"):
         return "winner not confirmed (one measurement per trial; spec.confirm.rounds is 0 or one trial measured)"
     if best.confidence == "Confirming":
-        return f"confirming the winner: {sum(len(c.runs_rps) for c in confirmation.candidates)} runs in"
-    interval = f"{best.low_rps or 0:.1f}..{best.high_rps or 0:.1f} rps (95 %)"
+        done = sum(len(c.runs_rps) + len(c.missed or []) for c in confirmation.candidates)
+        return f"confirming the winner: {done} runs in"
+    if best.low_rps is not None and best.high_rps is not None:
+        interval = f"{best.low_rps:.1f}..{best.high_rps:.1f} rps (95 %)"
+    else:  # one run within the SLO: no spread to estimate
+        interval = f"{best.capacity_rps:.1f} rps (too few runs within the SLO for an interval)"
+    misses = [f"{c.trial} {len(c.missed)}/{confirmation.rounds}" for c in confirmation.candidates if c.missed]
+    if misses:  # runs that missed the objective: counted as such, not averaged in as 0 rps
+        interval += f"; runs that missed the SLO: {', '.join(misses)}"
     if best.confidence == "Tie":
         return (f"a tie: {best.trial} ({interval}) cannot be told from {', '.join(best.tied_with or [])} after "
                 f"{confirmation.rounds} alternated rounds; the cheapest is named")  # fmt: skip

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from servinglab.api import ServerKind, ServingSweep, SweepSpec, TrialConfig, axis_values, grid, kinds, space_size
 from servinglab.api.conditions import now
-from servinglab.api.results import ExperimentResults, LevelResult
+from servinglab.api.results import ExperimentResults
 from servinglab.api.trials import (
     INFEASIBLE,
     SUCCEEDED,
@@ -29,6 +29,7 @@ from servinglab.api.trials import (
     TrialRecord,
 )
 from servinglab.api.verdicts import Verdict
+from servinglab.measure.levels import level_meets_slo
 from servinglab.sweep import confirm
 from servinglab.sweep.search import OUT_OF_MEMORY, Outcome, pruned_by
 
@@ -51,13 +52,6 @@ def classify_failure(message: str) -> str:
     return "Failed"
 
 
-def meets_objective(level: LevelResult, slo_p99_ms: float | None, max_error_rate: float) -> bool:
-    """A level counts when its p99 is within the SLO (if any) and its error share is allowed."""
-    if level.errors / max(level.requests, 1) > max_error_rate:
-        return False
-    return slo_p99_ms is None or (level.latency_ms.p99 is not None and level.latency_ms.p99 <= slo_p99_ms)
-
-
 @dataclass(frozen=True)
 class Capacity:
     """A trial's figure of merit: its capacity within the objective, the p99 there, which level, and that
@@ -71,13 +65,14 @@ class Capacity:
 
 def capacity(document: ExperimentResults, slo_p99_ms: float | None, max_error_rate: float) -> Capacity | None:
     """The peak rate the open-loop search found within the SLO, else the highest-throughput level that
-    meets the objective; None when nothing does."""
+    meets the objective (the one SLO predicate, :func:`~servinglab.measure.levels.meets_slo`, with the
+    sweep's allowed error share); None when nothing does."""
     peak = document.peak_rate
     if peak is not None and peak.rate_rps is not None:
         probe = next((level for level in document.results if level.rate_rps == peak.rate_rps), None)
         verdict = probe.verdict if probe is not None else None
         return Capacity(peak.rate_rps, peak.p99_latency_ms, "peak rate", verdict.compact() if verdict else None)
-    levels = [level for level in document.results if meets_objective(level, slo_p99_ms, max_error_rate)]
+    levels = [level for level in document.results if level_meets_slo(level, slo_p99_ms, max_error_rate)]
     if not levels:
         return None
     top = max(levels, key=lambda level: level.throughput_rps)
@@ -169,7 +164,7 @@ def named_best(
     if not scored:
         return None
     top = max(scored, key=lambda record: record.capacity_rps or 0.0)
-    state = "Confirming" if confirmation is not None else "Unconfirmed"
+    state = "Confirming" if confirmation is not None and confirmation.state == "Running" else "Unconfirmed"
     return SweepBest(trial=top.name, config=top.config, capacity_rps=top.capacity_rps or 0.0,
                      p99_latency_ms=top.p99_latency_ms, level=top.level, confidence=state,
                      verdict=top.verdict)  # fmt: skip
