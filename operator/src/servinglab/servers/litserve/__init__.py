@@ -18,7 +18,7 @@ from pathlib import Path
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
 from servinglab.api.results import EffectiveSettings, ServerBreakdown
-from servinglab.models import builtins, usermodel
+from servinglab.models import builtins
 from servinglab.models.catalogue import request_image_size
 from servinglab.models.fetch import ModelSourceError, cache_dir
 from servinglab.servers.base import (
@@ -34,6 +34,8 @@ from servinglab.servers.base import (
 from servinglab.servers.litserve import layout, metrics, pod
 from servinglab.servers.litserve.config import API_PATH, MODEL_LOAD_FAILED
 from servinglab.servers.litserve.local import LocalLitServe
+from servinglab.servers.usermodel import PACKED
+from servinglab.servers.usermodel import prepare as lay_out_user_model
 
 #: The image a pod runs when the spec names none (hack/images.sh builds it; pinned to this release).
 DEFAULT_IMAGE = "servinglab/litserve:0.1.0"
@@ -59,7 +61,7 @@ class LitServe:
     kind = "litserve"
     name = "LitServe"
     reconfigurable = False  # no management API: a new configuration is a restart
-    capabilities = Capabilities(user_model_formats=usermodel.PACKED)
+    capabilities = Capabilities(user_model_formats=PACKED)
     default_image = DEFAULT_IMAGE
 
     def request_path(self, model_name: str) -> str:
@@ -91,7 +93,7 @@ class LitServe:
         """The user's model fetched, checked and laid out at `into` (a server pod's first init container:
         nothing of the user's runs here without `count`); raises :class:`ModelError`."""
         try:
-            prepared = usermodel.prepare(model, into, layout.user_layout(model.input), self.name,
+            prepared = lay_out_user_model(model, into, layout.user_layout(model.input), self.name,
                                          self.capabilities.user_model_formats, mounted=mounted, cache=cache,
                                          count=count)  # fmt: skip
         except ModelSourceError as exc:

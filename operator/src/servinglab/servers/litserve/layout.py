@@ -4,7 +4,7 @@ the user's TorchScript/.pt2 file beside its declared input), servinglab's handle
 
 Laid out from a built-in model's build locally (the local runner) and in a server pod's init container
 (`servinglab build-model NAME --into DIR --server litserve`); the user's model by
-:mod:`servinglab.models.usermodel` with :func:`lay_out_user` (`servinglab prepare-model` in a pod). No torch
+:mod:`servinglab.servers.usermodel` with :func:`lay_out_user` (`servinglab prepare-model` in a pod). No torch
 here.
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 from servinglab import paths
 from servinglab.api import ModelFormat, ModelInput, ModelSource
-from servinglab.models import usermodel
 from servinglab.models.builtins import MODEL_FILE, WEIGHTS_FILE, lay_out_build
 from servinglab.models.catalogue import handler_paths
 from servinglab.models.fetch import Fetched
 from servinglab.servers.litserve.config import API_FILE, SERVE_FILE
+from servinglab.servers.usermodel import LayOut, Staged, stage_packed
 
 
 def entry_paths() -> list[Path]:
@@ -36,15 +36,15 @@ def layout_builtin(build: Path, target: Path, link_weights: bool = False) -> Pat
     return target
 
 
-def user_layout(model_input: ModelInput | None) -> usermodel.LayOut:
+def user_layout(model_input: ModelInput | None) -> LayOut:
     """How the user's fetched TorchScript/.pt2 file is laid out at a target: the file and its declared input
     (loaded by the handler's own `load()`, as on every server), the entry files and what to load."""
 
-    def lay_out(source: ModelSource, fetched: Fetched, fmt: ModelFormat, target: Path) -> usermodel.Staged:
-        serialized = usermodel.stage_packed(fetched, fmt, target, model_input)
+    def lay_out(source: ModelSource, fetched: Fetched, fmt: ModelFormat, target: Path) -> Staged:
+        serialized = stage_packed(fetched, fmt, target, model_input)
         for entry in entry_paths():
             shutil.copyfile(entry, target / entry.name)
         (target / SERVE_FILE).write_text(json.dumps({"serializedFile": serialized}))
-        return usermodel.Staged(target)
+        return Staged(target)
 
     return lay_out

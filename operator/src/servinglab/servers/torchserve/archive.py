@@ -1,6 +1,6 @@
 """Models as TorchServe serves them: no-archive folders (a `MAR-INF/MANIFEST.json` naming the handler, the
 serialized model and the experiment's model-config.yaml), laid out from a built-in model's build or from
-the user's own model (fetched, recognised, described and counted by :mod:`servinglab.models.usermodel`, as
+the user's own model (fetched, recognised, described and counted by :mod:`servinglab.servers.usermodel`, as
 on every server; laid out here).
 
 Called by the local runner (`servinglab run`/`sweep`) and, on Kubernetes, by `servinglab prepare-model` in
@@ -31,7 +31,6 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from servinglab.api import ModelFormat, ModelRef, ModelSource, Precision
-from servinglab.models import usermodel
 from servinglab.models.builtins import MODEL_FILE, WEIGHTS_FILE, lay_out_build
 from servinglab.models.catalogue import HANDLER_FILE, handler_paths
 from servinglab.models.fetch import (
@@ -43,8 +42,9 @@ from servinglab.models.fetch import (
     copy_counted,
     too_large,
 )
-from servinglab.models.usermodel import PreparedModel, Staged, recognise
 from servinglab.servers.torchserve.config import ARCHIVE_VERSION
+from servinglab.servers.usermodel import PACKED, LayOut, PreparedModel, Staged, recognise, stage_packed
+from servinglab.servers.usermodel import prepare as lay_out_user_model
 
 __all__ = [
     "AUTHORIZATION_ENV", "FORMATS", "Fetched", "ModelSourceError", "PreparedModel", "cache_dir", "layout_builtin",
@@ -54,7 +54,7 @@ __all__ = [
 #: The per-experiment model configuration, in the model's folder.
 CONFIG_FILE = "model-config.yaml"
 #: The user's model formats TorchServe serves: servinglab's handler's, and archives with their own handler.
-FORMATS = (*usermodel.PACKED, ModelFormat.MAR, ModelFormat.DIRECTORY)
+FORMATS = (*PACKED, ModelFormat.MAR, ModelFormat.DIRECTORY)
 #: A MAR-INF/MANIFEST.json is a few hundred bytes; one larger than this is not read into memory.
 _MANIFEST_MAX_BYTES = 1 << 20
 
@@ -110,7 +110,7 @@ def _extract(source: ModelSource, archive_path: Path, target: Path) -> None:
                                f"({type(exc).__name__}: {exc})") from None  # fmt: skip
 
 
-def _lay_out(model: ModelRef, precision: Precision) -> usermodel.LayOut:
+def _lay_out(model: ModelRef, precision: Precision) -> LayOut:
     def lay_out(source: ModelSource, fetched: Fetched, fmt: ModelFormat, target: Path) -> Staged:
         """`target` (absent) as a no-archive model directory from the work folder's copy (moved in: the work
         folder is beside `target`, on the same file system)."""
@@ -119,7 +119,7 @@ def _lay_out(model: ModelRef, precision: Precision) -> usermodel.LayOut:
         elif fmt is ModelFormat.MAR:
             _extract(source, fetched.path, target)
         else:
-            serialized = usermodel.stage_packed(fetched, fmt, target, model.input)
+            serialized = stage_packed(fetched, fmt, target, model.input)
             for helper in handler_paths():
                 shutil.copyfile(helper, target / helper.name)
             write_manifest(target, model.name, serialized)
@@ -158,9 +158,9 @@ def layout_builtin(name: str, build: Path, target: Path, link_weights: bool = Fa
 
 def prepare(model: ModelRef, precision: Precision, target: Path, authorization: str | None = None,
             mounted: Path | None = None, cache: Path | None = None, count: bool = True) -> PreparedModel:  # fmt: skip
-    """The user's model fetched, checked and laid out at `target` for TorchServe (:func:`usermodel.prepare`,
+    """The user's model fetched, checked and laid out at `target` for TorchServe (:func:`lay_out_user_model`,
     which says what `mounted`, `cache` and `count` do); raises :class:`ModelSourceError`."""
-    return usermodel.prepare(model, target, _lay_out(model, precision), "TorchServe", FORMATS, authorization, mounted,
+    return lay_out_user_model(model, target, _lay_out(model, precision), "TorchServe", FORMATS, authorization, mounted,
                              cache, count)  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
-from servinglab.models import builtins, usermodel
+from servinglab.models import builtins
 from servinglab.models.catalogue import request_image_size
 from servinglab.models.fetch import ModelSourceError, cache_dir
 from servinglab.servers.base import (
@@ -35,6 +35,8 @@ from servinglab.servers.base import (
 from servinglab.servers.counters import ModelCounters
 from servinglab.servers.triton import config, metrics, pod, repository, wire
 from servinglab.servers.triton.local import LocalTriton
+from servinglab.servers.usermodel import PACKED
+from servinglab.servers.usermodel import prepare as lay_out_user_model
 
 
 class Triton:
@@ -43,7 +45,7 @@ class Triton:
     kind = "triton"
     name = "Triton"
     reconfigurable = True  # locally the repository API loads the model again with a new config.pbtxt
-    capabilities = Capabilities(user_model_formats=usermodel.PACKED)
+    capabilities = Capabilities(user_model_formats=PACKED)
 
     def request_path(self, model_name: str) -> str:
         return wire.request_path(model_name)
@@ -75,7 +77,7 @@ class Triton:
         """The user's TorchScript/.pt2 model fetched, checked and laid out as the repository entry `into` (a
         server pod's first init container: nothing of the user's runs here without `count`)."""
         try:
-            prepared = usermodel.prepare(model, into, repository.user_layout(model.input), self.name,
+            prepared = lay_out_user_model(model, into, repository.user_layout(model.input), self.name,
                                          self.capabilities.user_model_formats, mounted=mounted, cache=cache,
                                          count=count)  # fmt: skip
         except ModelSourceError as exc:

@@ -8,7 +8,7 @@
 Called by the local Triton's model preparation and, in a server pod's init container, by `servinglab
 build-model --into <repository>/<model> --server triton` (the build is copied there, checked against its
 digests, then moved into `1/build/`). A user's TorchScript file or exported program is laid out the same way
-(:func:`user_layout`, through :mod:`servinglab.models.usermodel`): `1/build/` holds `model.pt`/`model.pt2`
+(:func:`user_layout`, through :mod:`servinglab.servers.usermodel`): `1/build/` holds `model.pt`/`model.pt2`
 and its declared input (`servinglab-input.json`), and servinglab's Python model then runs the handler's own
 `load()` and `run()` (as TorchServe and LitServe do) and answers with the handler's JSON (one BYTES output,
 ANSWER). An archive with its own handler is refused with ModelNotSupported before anything starts.
@@ -21,11 +21,11 @@ from pathlib import Path
 
 from servinglab import paths
 from servinglab.api import ModelFormat, ModelInput, ModelSource
-from servinglab.models import usermodel
 from servinglab.models.builtins import WEIGHTS_FILE
 from servinglab.models.catalogue import HANDLER_FILE, HANDLER_HELPERS, INPUT_FILE
 from servinglab.models.fetch import Fetched
 from servinglab.servers.triton.config import VERSION
+from servinglab.servers.usermodel import LayOut, Staged, stage_packed
 
 #: servinglab's Triton model, in handlers/.
 MODEL_SOURCE = "servinglab_triton_model.py"
@@ -70,15 +70,15 @@ def _copy_model_files(version: Path) -> None:
         shutil.copyfile(source, version / ("model.py" if source.name == MODEL_SOURCE else source.name))
 
 
-def user_layout(model_input: ModelInput | None) -> usermodel.LayOut:
+def user_layout(model_input: ModelInput | None) -> LayOut:
     """How the user's fetched TorchScript/.pt2 file is laid out at a target: the file and its declared input
     in `1/build/` (where it is counted and described), servinglab's model beside it."""
 
-    def lay_out(source: ModelSource, fetched: Fetched, fmt: ModelFormat, target: Path) -> usermodel.Staged:
+    def lay_out(source: ModelSource, fetched: Fetched, fmt: ModelFormat, target: Path) -> Staged:
         build = target / VERSION / BUILD_DIR
-        usermodel.stage_packed(fetched, fmt, build, model_input)
+        stage_packed(fetched, fmt, build, model_input)
         _copy_model_files(target / VERSION)
-        return usermodel.Staged(build)
+        return Staged(build)
 
     return lay_out
 

@@ -1,5 +1,6 @@
-"""Preparing a user's own model for any server: fetched (:mod:`.fetch`), recognised by its content, laid out
-by the server in its own serving form, described and counted. The server-neutral half of every server's
+"""Preparing a user's own model for any server (the seam's shared part, beside :mod:`.podparts`): fetched
+(:mod:`servinglab.models.fetch`), recognised by its content, laid out by the server in its own serving form,
+described and counted. The server-neutral half of every server's
 `prepare_user_model`; the server gives the formats it serves and a function that lays the model out.
 
 - A TorchScript file (`torch.jit.save`) or an exported program (`torch.export.save`, `.pt2`) runs with
