@@ -20,6 +20,7 @@ from rich.console import Console
 
 from servinglab import __version__
 from servinglab.api import SWEEP_KIND, ServerKind, SpecError, load_experiment, read_document
+from servinglab.api.cost import MAX_PRICE_PER_HOUR
 from servinglab.api.exitcodes import ExitCode, interrupted
 from servinglab.api.results import to_json
 
@@ -33,20 +34,28 @@ def main() -> None:
     trust."""
 
 
+#: `--price-per-hour`: a replica's price per hour, which overrides the spec's `cost` (the template's, in a sweep).
+_price_option = click.option(
+    "--price-per-hour", type=click.FloatRange(min=0, min_open=True, max=MAX_PRICE_PER_HOUR),
+    help="What one server replica costs per hour (overrides spec.cost.pricePerHour): each level's cost per million.",
+)  # fmt: skip
+
+
 @main.command()
 @click.argument("file", type=click.Path(path_type=Path))
-def validate(file: Path) -> None:
+@_price_option
+def validate(file: Path, price_per_hour: float | None) -> None:
     """Check an experiment or sweep file; exit 1 with every bad field named if it is invalid."""
     from servinglab.api import load_sweep, space_size
 
     try:
         if _kind_of(file) == SWEEP_KIND:
-            sweep = load_sweep(file)
+            sweep = load_sweep(file, price_per_hour)
             size = space_size(sweep.spec) if sweep.spec.strategy != "list" else len(sweep.spec.configurations)
             what = f"({sweep.spec.strategy}, {size} configurations)"
             click.echo(f"{file}: valid {SWEEP_KIND} '{sweep.metadata.name}' {what}")
             return
-        experiment = load_experiment(file)
+        experiment = load_experiment(file, price_per_hour)
     except SpecError as exc:
         _fail(str(exc), ExitCode.INVALID)
     click.echo(f"{file}: valid {experiment.kind} '{experiment.metadata.name}'")
@@ -67,11 +76,13 @@ def _kind_of(file: Path) -> str | None:
 @click.option("--cluster", is_flag=True, help="Apply to the current kubeconfig's cluster and follow it.")
 @click.option("--namespace", "-n", help="Namespace for --cluster (default: the file's, else 'default').")
 @click.option("--timeout", default=3600.0, show_default=True, help="Seconds to follow a --cluster run.")
-def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, timeout: float) -> None:
+@_price_option
+def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, timeout: float,
+        price_per_hour: float | None) -> None:  # fmt: skip
     """Run an experiment: on this machine (the server as a child process) or, with --cluster, by the
     operator; either way the same load test, table and results JSON."""
     try:
-        experiment = load_experiment(file)
+        experiment = load_experiment(file, price_per_hour)
     except SpecError as exc:
         _fail(str(exc), ExitCode.INVALID)
     if output is not None:
@@ -113,7 +124,8 @@ def run(file: Path, output: Path | None, cluster: bool, namespace: str | None, t
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for trials and results.")
 @click.option("--resume", is_flag=True, help="Continue the sweep already in --output (finished trials are kept).")
 @click.option("--fresh-servers", is_flag=True, help="Start a new server per trial instead of reconfiguring one.")
-def sweep(file: Path, output: Path, resume: bool, fresh_servers: bool) -> None:
+@_price_option
+def sweep(file: Path, output: Path, resume: bool, fresh_servers: bool, price_per_hour: float | None) -> None:
     """Run a sweep on this machine: trials one after another on one server (reconfigured between them
     where it can be), the search choosing the next; then the table, the best configuration and its export."""
     from servinglab import servers
@@ -124,7 +136,7 @@ def sweep(file: Path, output: Path, resume: bool, fresh_servers: bool) -> None:
     from servinglab.present.tables import print_sweep, trial_line
 
     try:
-        parsed = load_sweep(file)
+        parsed = load_sweep(file, price_per_hour)
     except SpecError as exc:
         _fail(str(exc), ExitCode.INVALID)
     with LoadProgress() as progress:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from servinglab.api.cost import CostSpec, with_price
 from servinglab.api.load import LoadSpec
 from servinglab.api.meta import ObjectMeta, SpecModel, parse_document, read_document
 from servinglab.api.modelref import ModelRef, redact_url, userinfo_refusal
@@ -83,6 +84,9 @@ class ExperimentSpec(SpecModel):
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     cleanup: CleanupSpec = Field(default_factory=CleanupSpec)
     ceiling: CeilingSpec = Field(default_factory=CeilingSpec)
+    cost: CostSpec | None = Field(
+        default=None, description="The price of one server replica per hour: each level's cost per million inferences."
+    )
 
     @model_validator(mode="after")
     def _search_has_an_objective(self) -> ExperimentSpec:
@@ -106,6 +110,7 @@ def parse_experiment(document: Any, source: str | None = None) -> ServingExperim
     return parse_document(ServingExperiment, document, source, "experiment")
 
 
-def load_experiment(path: str | Path) -> ServingExperiment:
-    """Read and validate an experiment file (YAML or JSON, exactly one document)."""
-    return parse_experiment(read_document(path), str(path))
+def load_experiment(path: str | Path, price_per_hour: float | None = None) -> ServingExperiment:
+    """Read and validate an experiment file (YAML or JSON, exactly one document); a `price_per_hour`
+    overrides its `cost`."""
+    return parse_experiment(with_price(read_document(path), price_per_hour), str(path))

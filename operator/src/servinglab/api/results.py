@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from servinglab.api.ceiling import Ceiling, ModelDescription
 from servinglab.api.conditions import Condition
+from servinglab.api.cost import CostFigures
 from servinglab.api.meta import API_GROUP, API_VERSION, ResultModel
 from servinglab.api.verdicts import CpuFigures, Verdict
 
@@ -215,6 +216,8 @@ class LevelResult(ResultModel):
     server: ServerBreakdown | None = None
     gpu: GpuFigures | None = None
     cpu: CpuFigures | None = None
+    #: What the level's throughput costs (absent in documents written before costs were computed).
+    cost: CostFigures | None = None
     verdict: Verdict | None = None
     meets_slo: bool | None = None
     #: True when `meets_slo` was judged on the p99 itself, the level being too short for its upper bound.
@@ -304,6 +307,7 @@ class BestLevel(ResultModel):
     p99_latency_ms: float | None = None
     #: That p99's upper bound at 95 % (absent: a level too short for one, or a document from before bounds).
     p99_upper_ms: float | None = None
+    cost: CostFigures | None = None
 
     @property
     def label(self) -> str:

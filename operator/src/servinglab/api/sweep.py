@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from servinglab.api.cost import with_price
 from servinglab.api.datapath import DataPath
 from servinglab.api.experiment import ExperimentSpec
 from servinglab.api.meta import ObjectMeta, SpecModel, describe_error, parse_document, read_document
@@ -105,7 +106,13 @@ class ConfirmSpec(SpecModel):
 
 
 class ObjectiveSpec(SpecModel):
-    """What the best configuration maximises: throughput within the template's SLO."""
+    """What the best configuration is best at, within the template's SLO: the most throughput, or the lowest
+    cost per million inferences (at the capacity within the SLO; needs the template's `cost`)."""
+
+    optimize: Literal["throughput", "cost"] = Field(
+        default="throughput", description="throughput: the highest capacity within the SLO; cost: the lowest cost "
+        "per million inferences there (template.cost.pricePerHour, or --price-per-hour locally).",
+    )  # fmt: skip
 
     max_error_rate: float = Field(
         default=0.0, ge=0, le=1, description="A level may have at most this share of failed requests to count."
@@ -172,6 +179,12 @@ class SweepSpec(SpecModel):
         if size > MAX_SPACE:
             counts = " + ".join(" x ".join(str(len(v)) for v in axis_values(self, kind)) for kind in kinds(self))
             raise ValueError(f"space: {size} configurations ({counts}) is more than the {MAX_SPACE} a sweep may have")
+        return self
+
+    @model_validator(mode="after")
+    def _cost_needs_a_price(self) -> SweepSpec:
+        if self.objective.optimize == "cost" and self.template.cost is None:
+            raise ValueError("objective.optimize cost needs template.cost.pricePerHour (locally: or --price-per-hour)")
         return self
 
     @field_validator("configurations")
@@ -330,6 +343,7 @@ def parse_sweep(document: Any, source: str | None = None) -> ServingSweep:
     return parse_document(ServingSweep, document, source, "sweep", problems)
 
 
-def load_sweep(path: str | Path) -> ServingSweep:
-    """Read and validate a sweep file (YAML or JSON, exactly one document)."""
-    return parse_sweep(read_document(path, "sweep"), str(path))
+def load_sweep(path: str | Path, price_per_hour: float | None = None) -> ServingSweep:
+    """Read and validate a sweep file (YAML or JSON, exactly one document); a `price_per_hour` overrides its
+    template's."""
+    return parse_sweep(with_price(read_document(path, "sweep"), price_per_hour), str(path))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from servinglab.api.cost import CostFigures
 from servinglab.api.meta import API_GROUP, API_VERSION, ResultModel
 from servinglab.api.results import ExperimentResults
 from servinglab.api.sweep import TrialConfig
@@ -34,6 +35,8 @@ class TrialRecord(ResultModel):
     capacity_rps: float | None = None
     p99_latency_ms: float | None = None
     level: str | None = None
+    #: What the capacity level's throughput costs (the figure a cost objective ranks by).
+    cost: CostFigures | None = None
     #: The verdict at the trial's capacity level (compact: the level in `results` has its parts).
     verdict: Verdict | None = None
     #: A confirmation run: the trial it measures again, and which round of the alternation it belongs to.
@@ -71,6 +74,8 @@ class SweepBest(ResultModel):
     high_rps: float | None = None
     tied_with: list[str] | None = None
     verdict: Verdict | None = None
+    #: The cost at `capacityRps` (with a confirmation: at its mean).
+    cost: CostFigures | None = None
 
 
 class MissedRun(ResultModel):
@@ -120,6 +125,7 @@ class SweepPoint(ResultModel):
     level: float | None = None
     throughput_rps: float
     p99_latency_ms: float
+    cost_per_million: float | None = None
 
 
 class SweepCounts(ResultModel):
@@ -130,6 +136,7 @@ class SweepCounts(ResultModel):
 
 
 class SweepObjective(ResultModel):
+    optimize: str | None = None
     p99_latency_ms: float | None = None
     max_error_rate: float = 0.0
 

@@ -82,7 +82,7 @@ def next_run(
     sweep: ServingSweep, records: list[TrialRecord], confirmations: list[TrialRecord]
 ) -> tuple[Planned | None, str | None]:
     """The search's next trial; once it has stopped (its reason returned), the next confirmation run."""
-    proposal = propose(sweep.spec, [rollup.outcome(record) for record in records], [], 1)
+    proposal = propose(sweep.spec, [rollup.outcome(record, sweep.spec.objective) for record in records], [], 1)
     if proposal.configs:
         return Planned(proposal.configs[0]), None
     runs = confirm.pending(sweep.spec, records, confirmations, [], 1)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from servinglab import __version__
 from servinglab.api import ExperimentSpec
 from servinglab.api.ceiling import Ceiling, ModelDescription
+from servinglab.api.cost import CostSpec, cost_figures
 from servinglab.api.results import (
     EffectiveSettings,
     ExperimentResults,
@@ -67,6 +68,8 @@ def experiment_results(
     slo = spec.slo.p99_latency_ms
     settings = server_settings(spec, effective)
     levels = judged(levels, settings, ceiling, GPU_SOURCES.get(runtime.mode))
+    held = 0 if runtime.device == "cpu" else spec.server.gpus  # a local run without a GPU held none
+    levels = priced(levels, spec.cost, held)
     return ExperimentResults(
         experiment=name,
         model=spec.model.name,
@@ -85,6 +88,15 @@ def experiment_results(
         finished_at=finished_at,
         generator=Producer(servinglab=__version__, python=platform.python_version()),
     )
+
+
+def priced(levels: Sequence[LevelResult], price: CostSpec | None, gpus: int) -> list[LevelResult]:
+    """Each level with its cost figures at its measured throughput (a replica holding `gpus` GPUs)."""
+    return [
+        level.model_copy(update={"cost": cost_figures(
+            price, level.throughput_rps, gpus, level.gpu.energy_per_inference_joules if level.gpu else None)})
+        for level in levels
+    ]  # fmt: skip
 
 
 def with_ceiling(document: ExperimentResults, ceiling: Ceiling) -> ExperimentResults:

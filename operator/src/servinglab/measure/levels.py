@@ -144,4 +144,5 @@ def best_level(levels: Sequence[LevelResult], slo_p99_ms: float | None) -> BestL
         concurrency=top.concurrency, rate_rps=top.rate_rps, throughput_rps=top.throughput_rps,
         p99_latency_ms=top.latency_ms.p99,
         p99_upper_ms=top.latency_ms.p99_interval.upper if top.latency_ms.p99_interval is not None else None,
+        cost=top.cost,
     )  # fmt: skip

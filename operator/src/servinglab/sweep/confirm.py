@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from servinglab.api import SweepSpec, TrialConfig, axis_values
 from servinglab.api.trials import CandidateRuns, Confirmation, MissedRun, TrialRecord
 from servinglab.measure.levels import judged_p99
+from servinglab.sweep import objective
 
 #: Student's t, two-sided 95 %, by degrees of freedom (1..30); beyond, the normal's 1.96 is close enough.
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -61,12 +62,13 @@ class Run:
 
 
 def candidates(spec: SweepSpec, records: Sequence[TrialRecord]) -> list[TrialRecord]:
-    """The trials measured again: the best `confirm.candidates` by their first capacity (earliest first
+    """The trials measured again: the best `confirm.candidates` by their first score for the objective (earliest first
     among equals); none when confirmation is off or fewer than one trial has a capacity."""
     if spec.confirm.rounds == 0:
         return []
-    scored = [r for r in records if r.confirms is None and r.capacity_rps is not None]
-    ranked = sorted(scored, key=lambda r: (-(r.capacity_rps or 0.0), r.order))
+    firsts = [r for r in records if r.confirms is None]
+    scored = [(found, r) for r in firsts if (found := objective.of(spec.objective, r)) is not None]
+    ranked = [r for _, r in sorted(scored, key=lambda pair: (-pair[0], pair[1].order))]
     return ranked[: spec.confirm.candidates] if len(ranked) > 1 else []
 
 
@@ -167,7 +169,11 @@ def decide(
     if not contenders:
         return Confirmation(state="NoneWithinSlo", rounds=rounds, candidates=[listed(t.name) for t in chosen],
                             note=f"no candidate met the objective in any of its {rounds} runs")  # fmt: skip
-    logs = {t.name: {r: math.log(max(value, 1e-9)) for r, value in met[t.name].items()} for t in contenders}
+    # compared in the objective's terms: log score = log capacity + a candidate's own offset (0 for throughput,
+    # -log price for cost), the same in each of its runs, so the noise and the paired test are unchanged
+    offset = {t.name: math.log(objective.score(spec.objective, 1.0, t.cost) or 1.0) for t in contenders}
+    logs = {t.name: {r: math.log(max(value, 1e-9)) + offset[t.name] for r, value in met[t.name].items()}
+            for t in contenders}  # fmt: skip
     means = {name: statistics.fmean(values.values()) for name, values in logs.items()}
     sigma, df = _noise(logs, means, rounds)
     student = t95(df) if df else math.inf
@@ -187,7 +193,7 @@ def decide(
         if trial not in contenders:
             entries.append(listed(trial.name, tied=False))
             continue
-        mean, half = means[trial.name], student * sigma / math.sqrt(len(logs[trial.name]))
+        mean, half = means[trial.name] - offset[trial.name], student * sigma / math.sqrt(len(logs[trial.name]))
         bounds = {"low_rps": round(math.exp(mean - half), 3), "high_rps": round(math.exp(mean + half), 3)}
         tie = trial.name == top.name or trial in tied
         entries.append(listed(trial.name, mean_rps=round(math.exp(mean), 3), tied=tie,

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from servinglab.api import ServerKind, ServingSweep, SweepSpec, TrialConfig, axis_values, grid, kinds, space_size
 from servinglab.api.conditions import now
+from servinglab.api.cost import CostFigures, at_throughput
 from servinglab.api.results import ExperimentResults
+from servinglab.api.sweep import ObjectiveSpec
 from servinglab.api.trials import (
     INFEASIBLE,
     SUCCEEDED,
@@ -30,7 +32,7 @@ from servinglab.api.trials import (
 )
 from servinglab.api.verdicts import Verdict
 from servinglab.measure.levels import level_meets_slo
-from servinglab.sweep import confirm
+from servinglab.sweep import confirm, objective
 from servinglab.sweep.search import OUT_OF_MEMORY, Outcome, pruned_by
 
 #: Substrings of a failure that say which kind of infeasibility it was, checked in order.
@@ -61,6 +63,7 @@ class Capacity:
     p99_latency_ms: float | None
     level: str
     verdict: Verdict | None = None
+    cost: CostFigures | None = None
 
 
 def capacity(document: ExperimentResults, slo_p99_ms: float | None, max_error_rate: float) -> Capacity | None:
@@ -71,13 +74,15 @@ def capacity(document: ExperimentResults, slo_p99_ms: float | None, max_error_ra
     if peak is not None and peak.rate_rps is not None:
         probe = next((level for level in document.results if level.rate_rps == peak.rate_rps), None)
         verdict = probe.verdict if probe is not None else None
-        return Capacity(peak.rate_rps, peak.p99_latency_ms, "peak rate", verdict.compact() if verdict else None)
+        cost = at_throughput(probe.cost, peak.rate_rps) if probe is not None and probe.cost is not None else None
+        return Capacity(peak.rate_rps, peak.p99_latency_ms, "peak rate", verdict.compact() if verdict else None, cost)
     levels = [level for level in document.results if level_meets_slo(level, slo_p99_ms, max_error_rate)]
     if not levels:
         return None
     top = max(levels, key=lambda level: level.throughput_rps)
     label = f"{top.concurrency} users" if top.concurrency is not None else f"{top.rate_rps} rps"
-    return Capacity(top.throughput_rps, top.latency_ms.p99, label, top.verdict.compact() if top.verdict else None)
+    verdict = top.verdict.compact() if top.verdict else None
+    return Capacity(top.throughput_rps, top.latency_ms.p99, label, verdict, top.cost)
 
 
 def record(
@@ -101,7 +106,8 @@ def record(
         reason=None if found is not None else "NoLevelWithinSlo", message=failure,
         finished_at=finished_at or now(),
         capacity_rps=found.capacity_rps if found else None, p99_latency_ms=found.p99_latency_ms if found else None,
-        level=found.level if found else None, verdict=found.verdict if found else _last_verdict(document),
+        level=found.level if found else None, cost=found.cost if found else None,
+        verdict=found.verdict if found else _last_verdict(document),
         ready_seconds=document.ready_seconds,
         reconfigured=document.reconfigured_seconds is not None, results=document,
     )  # fmt: skip
@@ -114,14 +120,14 @@ def _last_verdict(document: ExperimentResults) -> Verdict | None:
     return top.verdict.compact() if top is not None and top.verdict is not None else None
 
 
-def outcome(record: TrialRecord) -> Outcome:
-    """What the search needs of a record: its capacity, and the verdict there (the axis it points at, and
-    whether it is at the raw ceiling)."""
-    return Outcome(record.config, record.capacity_rps, record.succeeded, record.reason, record.verdict)
+def outcome(record: TrialRecord, goal: ObjectiveSpec) -> Outcome:
+    """What the search needs of a record: its score for the objective, and the verdict at its capacity (the
+    axis it points at, and whether it is at the raw ceiling)."""
+    return Outcome(record.config, objective.of(goal, record), record.succeeded, record.reason, record.verdict)
 
 
 def points(records: Sequence[TrialRecord]) -> list[SweepPoint]:
-    """Every measured level of every trial: (trial, configuration, level, throughput, p99)."""
+    """Every measured level of every trial: (trial, configuration, level, throughput, p99, cost per million)."""
     found = []
     for record in records:
         for level in record.results.results if record.results is not None else []:
@@ -130,7 +136,8 @@ def points(records: Sequence[TrialRecord]) -> list[SweepPoint]:
                 continue
             which = level.concurrency if level.concurrency is not None else level.rate_rps
             found.append(SweepPoint(trial=record.name, config=record.config, level=which,
-                                    throughput_rps=level.throughput_rps, p99_latency_ms=p99))  # fmt: skip
+                                    throughput_rps=level.throughput_rps, p99_latency_ms=p99,
+                                    cost_per_million=level.cost.cost_per_million if level.cost else None))  # fmt: skip
     return found
 
 
@@ -159,27 +166,25 @@ def named_best(
             p99_latency_ms=record.p99_latency_ms, level=record.level, confidence=confirmation.state,
             low_rps=runs.low_rps, high_rps=runs.high_rps, tied_with=confirmation.tied_with or None,
             verdict=record.verdict,
+            cost=at_throughput(record.cost, runs.mean_rps) if record.cost and runs.mean_rps else record.cost,
         )  # fmt: skip
-    scored = [record for record in ordered if record.capacity_rps is not None]
-    if not scored:
+    top = best_record(ordered, sweep.spec.objective)
+    if top is None:
         return None
-    top = max(scored, key=lambda record: record.capacity_rps or 0.0)
     state = "Confirming" if confirmation is not None and confirmation.state == "Running" else "Unconfirmed"
-    return SweepBest(trial=top.name, config=top.config, capacity_rps=top.capacity_rps or 0.0,
-                     p99_latency_ms=top.p99_latency_ms, level=top.level, confidence=state,
-                     verdict=top.verdict)  # fmt: skip
+    return _best_of(top).model_copy(update={"confidence": state})
 
 
-def _best(records: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The record with the highest capacity within the objective (the earliest among equals)."""
-    scored = [record for record in records if record.capacity_rps is not None]
-    return max(scored, key=lambda record: record.capacity_rps or 0.0) if scored else None
+def best_record(records: Sequence[TrialRecord], goal: ObjectiveSpec) -> TrialRecord | None:
+    """The record with the best score for the objective (the earliest among equals)."""
+    scored = [(found, record) for record in records if (found := objective.of(goal, record)) is not None]
+    return max(scored, key=lambda pair: pair[0])[1] if scored else None
 
 
 def _best_of(record: TrialRecord) -> SweepBest:
     return SweepBest(
         trial=record.name, config=record.config, capacity_rps=record.capacity_rps or 0.0,
-        p99_latency_ms=record.p99_latency_ms, level=record.level, verdict=record.verdict,
+        p99_latency_ms=record.p99_latency_ms, level=record.level, verdict=record.verdict, cost=record.cost,
     )  # fmt: skip
 
 
@@ -202,7 +207,7 @@ def document(
     confirmation runs appear in `confirmation`, each candidate's runs in order."""
     spec = sweep.spec
     ordered = sorted(records, key=lambda record: record.order)
-    history = [outcome(record) for record in ordered]
+    history = [outcome(record, spec.objective) for record in ordered]
     done = {o.config.key() for o in history}
     pruned = [
         PrunedConfig(config=config, reason=why)
@@ -211,7 +216,8 @@ def document(
     ]
     confirmation = confirm.decide(spec, ordered, confirmations)
     servers = kinds(spec)
-    tops = [found for server in servers if (found := _best([r for r in ordered if r.config.kind == server]))]
+    tops = [found for server in servers
+            if (found := best_record([r for r in ordered if r.config.kind == server], spec.objective))]  # fmt: skip
     if spec.strategy == "list":
         space = SweepSpace(configurations=len(spec.configurations))
     else:
@@ -229,7 +235,9 @@ def document(
         space=space,
         grid_size=space_size(spec) if spec.strategy != "list" else len(spec.configurations),
         objective=SweepObjective(
-            p99_latency_ms=spec.template.slo.p99_latency_ms, max_error_rate=spec.objective.max_error_rate
+            optimize=spec.objective.optimize,
+            p99_latency_ms=spec.template.slo.p99_latency_ms,
+            max_error_rate=spec.objective.max_error_rate,
         ),  # fmt: skip
         trials=[record.model_copy(update={"results": None}) for record in ordered],
         counts=SweepCounts(
@@ -240,7 +248,7 @@ def document(
         ),  # fmt: skip
         pruned=pruned,
         best=named_best(sweep, ordered, confirmation),
-        best_per_kind=[_best_of(found) for found in sorted(tops, key=lambda r: -(r.capacity_rps or 0.0))]
+        best_per_kind=[_best_of(found) for found in sorted(tops, key=lambda r: -(objective.of(spec.objective, r) or 0))]
         if servers != [None]
         else None,
         confirmation=confirmation,

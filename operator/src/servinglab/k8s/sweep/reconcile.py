@@ -191,7 +191,7 @@ async def start_next(kube: Kube, sweep: ServingSweep, uid: str, namespace: str, 
     trials at once); `now` is updated with what was started. Returns the search's stop reason."""
     name = sweep.metadata.name
     room = limit - len(now.running) - len(now.confirming)
-    proposal = propose(sweep.spec, [rollup.outcome(r) for r in now.records], now.running, room)
+    proposal = propose(sweep.spec, [rollup.outcome(r, sweep.spec.objective) for r in now.records], now.running, room)
     for config in proposal.configs:
         if trial_name(name, config) in stale:
             continue  # proposed again once the old trial is gone
