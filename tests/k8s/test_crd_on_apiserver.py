@@ -16,11 +16,13 @@ from pydantic import BaseModel
 from clusterenv.controlplane import Cluster
 from servinglab.api import conditions as cond
 from servinglab.api import grid, parse_experiment, parse_sweep
+from servinglab.api.capacity import CapacitySpec
 from servinglab.api.ceiling import ModelDescription
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest
 from servinglab.api.results import ExperimentResults, to_json
 from servinglab.api.status import ExperimentStatus, ResultsRef, SweepStatus
 from servinglab.k8s.experiment.status import summary_of
+from servinglab.sweep import plan
 
 pytestmark = pytest.mark.k8s
 
@@ -211,3 +213,23 @@ def test_a_status_the_schema_does_not_describe_is_refused(
         "-p", patch, check=False,
     )  # fmt: skip
     assert refused.returncode != 0 and "status.results[0].concurrency" in refused.stderr, refused.stderr
+
+
+def test_the_capacity_plans_hpa_is_accepted_by_the_api_server(cluster: Cluster, namespace: str) -> None:
+    """The exported HorizontalPodAutoscaler (autoscaling/v2, a Pods metric) in a strict server-side dry run;
+    the same document with a target that is not a quantity is refused, so the dry run does check it."""
+    found = plan.plan(400.0, 31.25, CapacitySpec(peak_rps=1000, headroom=0.2, min_replicas=2), None)
+    hpa = plan.hpa(found, "resnet50-t4-best")
+    assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "10"
+
+    def dry_run(document: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return cluster.kubectl.run(
+            "create", "--dry-run=server", "--validate=strict", "-n", namespace, "-f", "-", stdin=json.dumps(document),
+            check=False,
+        )  # fmt: skip
+
+    accepted = dry_run(hpa)
+    assert accepted.returncode == 0, accepted.stderr
+    bad = json.loads(json.dumps(hpa))
+    bad["spec"]["metrics"][0]["pods"]["target"]["averageValue"] = "ten"
+    assert dry_run(bad).returncode != 0

@@ -191,7 +191,7 @@ def results(name: str, namespace: str, output: Path | None, is_sweep: bool, expo
     if export_dir is not None and found.results.best is not None:
         from servinglab.sweep.export import write_best
 
-        write_best(found.sweep, found.results.best.config, export_dir)
+        write_best(found.sweep, found.results.best.config, export_dir, found.results.best)
         console.print(f"best configuration written to {export_dir}")
 
 

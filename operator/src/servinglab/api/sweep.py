@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from servinglab.api.capacity import CapacitySpec
 from servinglab.api.cost import with_price
 from servinglab.api.datapath import DataPath
 from servinglab.api.experiment import ExperimentSpec
@@ -134,6 +135,11 @@ class SweepSpec(SpecModel):
     stop: StopSpec = Field(default_factory=StopSpec)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
+    capacity: CapacitySpec | None = Field(
+        default=None,
+        description="The peak rate the winner must serve and the headroom kept: the exported capacity plan "
+        "(replicas, autoscaler targets).",
+    )
     guided: bool = Field(
         default=True,
         description="search: try first the axis each trial's bottleneck verdict points at, and stop at the model's "

@@ -35,6 +35,8 @@ class TrialRecord(ResultModel):
     capacity_rps: float | None = None
     p99_latency_ms: float | None = None
     level: str | None = None
+    #: The capacity level's mean latency (the requests in flight there, by Little's law, for a capacity plan).
+    latency_mean_ms: float | None = None
     #: What the capacity level's throughput costs (the figure a cost objective ranks by).
     cost: CostFigures | None = None
     #: The verdict at the trial's capacity level (compact: the level in `results` has its parts).
@@ -74,6 +76,8 @@ class SweepBest(ResultModel):
     high_rps: float | None = None
     tied_with: list[str] | None = None
     verdict: Verdict | None = None
+    #: The mean latency of the trial's capacity level (its first measurement).
+    latency_mean_ms: float | None = None
     #: The cost at `capacityRps` (with a confirmation: at its mean).
     cost: CostFigures | None = None
 

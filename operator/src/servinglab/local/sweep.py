@@ -159,5 +159,5 @@ def run_sweep(
     result = rollup.document(sweep, records, stop_reason, started_at, confirmations)
     _write_atomically(previous, result)
     if result.best is not None:
-        export.write_best(sweep, result.best.config, output / "best")
+        export.write_best(sweep, result.best.config, output / "best", result.best)
     return result

@@ -1,6 +1,7 @@
-"""The winning configuration, ready to deploy: a ServingExperiment that measures it again and the
+"""The winning configuration, ready to deploy: a ServingExperiment that measures it again, the
 server's own files that reproduce it in production (through the seam: each server kind writes its
-own), rendered purely and written to one folder.
+own), and, given the named best's measurements, its capacity plan and the autoscaler documents that apply
+it (:mod:`servinglab.sweep.plan`), rendered purely and written to one folder.
 
 Written by the local sweep into `<output>/best/` and by `servinglab results --sweep --export`.
 """
@@ -13,10 +14,13 @@ import yaml
 
 from servinglab import servers
 from servinglab.api import KIND, ServingSweep, TrialConfig, trial_spec
+from servinglab.api.trials import SweepBest
+from servinglab.sweep import plan
 
 
-def best_files(sweep: ServingSweep, config: TrialConfig) -> dict[str, str]:
-    """File name -> text: experiment.yaml, and the server's files for this configuration."""
+def best_files(sweep: ServingSweep, config: TrialConfig, best: SweepBest | None = None) -> dict[str, str]:
+    """File name -> text: experiment.yaml, and the server's files for this configuration; with the named
+    `best`, its capacity plan (and the autoscalers' documents when the plan has a replica count)."""
     spec = trial_spec(sweep.spec, config)
     experiment = {
         "apiVersion": sweep.api_version,
@@ -28,13 +32,36 @@ def best_files(sweep: ServingSweep, config: TrialConfig) -> dict[str, str]:
     files = {"experiment.yaml": header + yaml.safe_dump(experiment, sort_keys=False)}
     for name, text in servers.get(spec.server.kind).export_files(spec).items():
         files[name] = (header if not name.endswith(".json") else "") + text
+    if best is not None:
+        files |= plan_files(sweep, best)
     return files
 
 
-def write_best(sweep: ServingSweep, config: TrialConfig, folder: Path) -> list[Path]:
+def plan_files(sweep: ServingSweep, best: SweepBest) -> dict[str, str]:
+    """capacity-plan.yaml, and with a replica count and an in-flight target the autoscalers' documents (the
+    workload they scale is named like the exported experiment: `<sweep>-best`)."""
+    found = plan.of_sweep(best, sweep.spec.capacity, sweep.spec.template.cost)
+    name = f"{sweep.metadata.name[:47]}-best"
+    header = f"# The capacity plan of sweep {sweep.metadata.name}'s best: {best.config.label()}\n"
+    files = {"capacity-plan.yaml": header + yaml.safe_dump(found.model_dump(by_alias=True, exclude_none=True),
+                                                             sort_keys=False)}  # fmt: skip
+    if found.max_replicas is None or found.target_in_flight_per_replica is None:
+        return files
+    documents = {
+        "hpa.yaml": plan.hpa(found, name),
+        "keda-scaledobject.yaml": plan.keda(found, name, sweep.spec.template.metrics.prometheus_url),
+        "kserve-inferenceservice.yaml": plan.kserve(found, name),
+        "ray-serve-autoscaling.yaml": plan.ray_serve(found, name),
+    }
+    for file, document in documents.items():
+        files[file] = header + yaml.safe_dump(document, sort_keys=False)
+    return files
+
+
+def write_best(sweep: ServingSweep, config: TrialConfig, folder: Path, best: SweepBest | None = None) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in best_files(sweep, config).items():
+    for name, text in best_files(sweep, config, best).items():
         (folder / name).write_text(text)
         written.append(folder / name)
     return written

@@ -64,6 +64,7 @@ class Capacity:
     level: str
     verdict: Verdict | None = None
     cost: CostFigures | None = None
+    latency_mean_ms: float | None = None
 
 
 def capacity(document: ExperimentResults, slo_p99_ms: float | None, max_error_rate: float) -> Capacity | None:
@@ -75,14 +76,16 @@ def capacity(document: ExperimentResults, slo_p99_ms: float | None, max_error_ra
         probe = next((level for level in document.results if level.rate_rps == peak.rate_rps), None)
         verdict = probe.verdict if probe is not None else None
         cost = at_throughput(probe.cost, peak.rate_rps) if probe is not None and probe.cost is not None else None
-        return Capacity(peak.rate_rps, peak.p99_latency_ms, "peak rate", verdict.compact() if verdict else None, cost)
+        mean = probe.latency_ms.mean if probe is not None else None
+        return Capacity(peak.rate_rps, peak.p99_latency_ms, "peak rate", verdict.compact() if verdict else None, cost,
+                        mean)  # fmt: skip
     levels = [level for level in document.results if level_meets_slo(level, slo_p99_ms, max_error_rate)]
     if not levels:
         return None
     top = max(levels, key=lambda level: level.throughput_rps)
     label = f"{top.concurrency} users" if top.concurrency is not None else f"{top.rate_rps} rps"
     verdict = top.verdict.compact() if top.verdict else None
-    return Capacity(top.throughput_rps, top.latency_ms.p99, label, verdict, top.cost)
+    return Capacity(top.throughput_rps, top.latency_ms.p99, label, verdict, top.cost, top.latency_ms.mean)
 
 
 def record(
@@ -107,6 +110,7 @@ def record(
         finished_at=finished_at or now(),
         capacity_rps=found.capacity_rps if found else None, p99_latency_ms=found.p99_latency_ms if found else None,
         level=found.level if found else None, cost=found.cost if found else None,
+        latency_mean_ms=found.latency_mean_ms if found else None,
         verdict=found.verdict if found else _last_verdict(document),
         ready_seconds=document.ready_seconds,
         reconfigured=document.reconfigured_seconds is not None, results=document,
@@ -165,7 +169,7 @@ def named_best(
             trial=record.name, config=record.config, capacity_rps=runs.mean_rps or 0.0,
             p99_latency_ms=record.p99_latency_ms, level=record.level, confidence=confirmation.state,
             low_rps=runs.low_rps, high_rps=runs.high_rps, tied_with=confirmation.tied_with or None,
-            verdict=record.verdict,
+            verdict=record.verdict, latency_mean_ms=record.latency_mean_ms,
             cost=at_throughput(record.cost, runs.mean_rps) if record.cost and runs.mean_rps else record.cost,
         )  # fmt: skip
     top = best_record(ordered, sweep.spec.objective)
@@ -185,6 +189,7 @@ def _best_of(record: TrialRecord) -> SweepBest:
     return SweepBest(
         trial=record.name, config=record.config, capacity_rps=record.capacity_rps or 0.0,
         p99_latency_ms=record.p99_latency_ms, level=record.level, verdict=record.verdict, cost=record.cost,
+        latency_mean_ms=record.latency_mean_ms,
     )  # fmt: skip
 
 

@@ -1,0 +1,176 @@
+"""From a winner's measurements to a capacity plan and the autoscaler documents that apply it (pure).
+
+One replica's capacity within the SLO (a sweep's named best, its confirmation mean and interval when it has
+one; an experiment's best level) and the mean latency there give the requests in flight on a replica at
+capacity by Little's law (throughput x mean latency). With a headroom h, each replica is planned to carry
+capacity x (1 - h); a peak rate then needs ceil(peak / (capacity x (1 - h))) replicas, and with a price per
+replica-hour that many cost replicas x price per hour.
+
+The builders turn a plan into what autoscalers take, each a dict ready to write as YAML: an `autoscaling/v2`
+HorizontalPodAutoscaler on a per-pod in-flight metric, a KEDA ScaledObject with a Prometheus trigger, a
+KServe InferenceService's Knative concurrency annotations, and a Ray Serve deployment's autoscaling_config.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from servinglab.api.capacity import NO_CAPACITY, NO_PEAK, CapacityPlan, CapacitySpec
+from servinglab.api.cost import NO_PRICE, CostSpec
+from servinglab.api.results import ExperimentResults
+from servinglab.api.trials import SweepBest
+
+#: The per-pod metric the HPA and KEDA scale on: the requests a replica holds (queued or being served).
+IN_FLIGHT_METRIC = "servinglab_inflight_requests"
+#: KEDA's serverAddress when the spec names no Prometheus (metrics.prometheusUrl): replace it with yours.
+PLACEHOLDER_PROMETHEUS = "http://prometheus.monitoring.svc:9090"
+
+#: A ratio within this of a whole number is that number (a peak exactly at n replicas' targets needs n).
+_EPSILON = 1e-9
+
+
+def replicas_for(peak_rps: float, capacity_rps: float, headroom: float) -> int:
+    """ceil(peak / (capacity x (1 - headroom))): the replicas that serve `peak_rps` each below its target."""
+    per_replica = capacity_rps * (1 - headroom)
+    return max(1, math.ceil(peak_rps / per_replica - _EPSILON))
+
+
+def in_flight(throughput_rps: float, latency_mean_ms: float) -> float:
+    """Little's law: the requests in flight on average = throughput x mean time in the system (seconds)."""
+    return throughput_rps * latency_mean_ms / 1000
+
+
+def plan(
+    capacity_rps: float | None,
+    latency_mean_ms: float | None,
+    wanted: CapacitySpec | None,
+    price: CostSpec | None,
+    interval: tuple[float | None, float | None] = (None, None),
+    configuration: str | None = None,
+) -> CapacityPlan:
+    """The plan for one replica of `capacity_rps` within the SLO (`interval`: its confirmation's 95 % bounds)."""
+    wanted = wanted or CapacitySpec()
+    base = CapacityPlan(configuration=configuration, headroom=wanted.headroom)
+    if not capacity_rps or capacity_rps <= 0:
+        return base.model_copy(update={"reason": NO_CAPACITY})
+    low, high = interval
+    flight = in_flight(capacity_rps, latency_mean_ms) if latency_mean_ms else None
+    share = 1 - wanted.headroom
+    figures: dict[str, Any] = {
+        "capacity_rps": _figure(capacity_rps), "low_rps": low, "high_rps": high, "latency_mean_ms": latency_mean_ms,
+        "in_flight": _figure(flight) if flight is not None else None,
+        "target_rps_per_replica": _figure(capacity_rps * share),
+        "target_in_flight_per_replica": _figure(flight * share) if flight is not None else None,
+    }  # fmt: skip
+    reasons = [] if flight is not None else ["no mean latency at the capacity level: no in-flight target"]
+    peak = wanted.peak_rps
+    if not peak or peak <= 0:
+        reasons.append(NO_PEAK)
+    else:
+        replicas = replicas_for(peak, capacity_rps, wanted.headroom)
+        figures |= {
+            "peak_rps": peak, "replicas": replicas,
+            "replicas_at_low": replicas_for(peak, low, wanted.headroom) if low else None,
+            "min_replicas": min(wanted.min_replicas, replicas), "max_replicas": max(replicas, wanted.min_replicas),
+        }  # fmt: skip
+        if price is not None:
+            figures |= {"price_per_hour": price.price_per_hour, "currency": price.currency,
+                        "cost_per_hour": _figure(replicas * price.price_per_hour)}  # fmt: skip
+        else:
+            reasons.append(NO_PRICE)
+    return base.model_copy(update={**figures, "reason": "; ".join(reasons) or None})
+
+
+def of_sweep(best: SweepBest | None, wanted: CapacitySpec | None, price: CostSpec | None) -> CapacityPlan:
+    """The plan for a sweep's named best (its confirmation's mean and interval when confirmed)."""
+    if best is None:
+        return plan(None, None, wanted, price)
+    return plan(best.capacity_rps, best.latency_mean_ms, wanted, price, (best.low_rps, best.high_rps),
+                best.config.label())  # fmt: skip
+
+
+def of_experiment(document: ExperimentResults, wanted: CapacitySpec | None, price: CostSpec | None) -> CapacityPlan:
+    """The plan for a single experiment's best level within the SLO (no interval: one measurement)."""
+    best = document.best
+    if best is None:
+        return plan(None, None, wanted, price)
+    level = next((level for level in document.results if level.throughput_rps == best.throughput_rps
+                  and level.concurrency == best.concurrency and level.rate_rps == best.rate_rps), None)  # fmt: skip
+    return plan(best.throughput_rps, level.latency_ms.mean if level else None, wanted, price,
+                configuration=f"level {best.label}")  # fmt: skip
+
+
+def _figure(value: float) -> float:
+    return float(f"{value:.6g}")
+
+
+def quantity(value: float) -> str:
+    """A Kubernetes quantity: whole numbers as they are, else in thousandths (12.5 -> 12500m); never 0."""
+    milli = max(1, round(value * 1000))
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+
+
+def _needs_targets(found: CapacityPlan) -> tuple[float, int, int]:
+    if found.target_in_flight_per_replica is None or found.max_replicas is None or found.min_replicas is None:
+        raise ValueError(f"the plan has no replica count or in-flight target: {found.reason}")
+    return found.target_in_flight_per_replica, found.min_replicas, found.max_replicas
+
+
+def hpa(found: CapacityPlan, name: str, namespace: str | None = None) -> dict[str, Any]:
+    """An autoscaling/v2 HorizontalPodAutoscaler of Deployment `name` on the per-pod in-flight metric (a
+    metrics adapter must serve it), averaging the plan's per-replica target, between its replica bounds."""
+    target, low, high = _needs_targets(found)
+    metadata: dict[str, Any] = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": metadata,
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": low, "maxReplicas": high,
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": IN_FLIGHT_METRIC},
+                "target": {"type": "AverageValue", "averageValue": quantity(target)},
+            }}],
+        },
+    }  # fmt: skip
+
+
+def keda(found: CapacityPlan, name: str, prometheus_url: str | None, namespace: str | None = None) -> dict[str, Any]:
+    """A KEDA ScaledObject of Deployment `name`: a Prometheus trigger on the pods' summed in-flight requests,
+    threshold the per-replica target (KEDA divides the query's value by the replicas)."""
+    target, low, high = _needs_targets(found)
+    metadata: dict[str, Any] = {"name": name, **({"namespace": namespace} if namespace else {})}
+    query = f'sum({IN_FLIGHT_METRIC}{{pod=~"{name}-.*"}})'
+    return {
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": metadata,
+        "spec": {
+            "scaleTargetRef": {"name": name}, "minReplicaCount": low, "maxReplicaCount": high,
+            "triggers": [{"type": "prometheus", "metricType": "AverageValue", "metadata": {
+                "serverAddress": prometheus_url or PLACEHOLDER_PROMETHEUS, "query": query, "threshold": f"{target:g}",
+            }}],
+        },
+    }  # fmt: skip
+
+
+def kserve(found: CapacityPlan, name: str) -> dict[str, Any]:
+    """An InferenceService's part that sets Knative's concurrency target (per replica) and the replica bounds;
+    merged into the InferenceService that serves the model."""
+    target, low, high = _needs_targets(found)
+    annotations = {"autoscaling.knative.dev/metric": "concurrency", "autoscaling.knative.dev/target": f"{target:g}"}
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"predictor": {"minReplicas": low, "maxReplicas": high}},
+    }  # fmt: skip
+
+
+def ray_serve(found: CapacityPlan, name: str) -> dict[str, Any]:
+    """A Ray Serve deployment's autoscaling_config (to merge under an application's `deployments`):
+    target_ongoing_requests the per-replica target; max_ongoing_requests at least the in-flight at capacity
+    (Ray's default of 5 would cap a replica below a larger target)."""
+    target, low, high = _needs_targets(found)
+    ceiling = max(math.ceil(found.in_flight or target), math.ceil(target) + 1)
+    return {"deployments": [{
+        "name": name, "max_ongoing_requests": ceiling,
+        "autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": target},
+    }]}  # fmt: skip
