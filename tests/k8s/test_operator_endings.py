@@ -357,8 +357,10 @@ def test_images_that_cannot_be_pulled_and_a_missing_secret_end_fast(
     cluster.kubectl.apply(secretless, namespace=namespace)  # queued until one of the two T4s is free
     message = ended(cluster, namespace, operator, "nohost", "ImagePullFailed", "startedAt")
     assert "image registry.invalid/torchserve:0.12.0-gpu cannot be pulled (ErrImagePull)" in message, message
-    message = ended(cluster, namespace, operator, "badname", "ImagePullFailed", "startedAt")
-    assert "(InvalidImageName)" in message, message
+    # a reference the runtime would refuse (InvalidImageName) is refused before anything is created
+    message = ended(cluster, namespace, operator, "badname", "InvalidSpec", "created")
+    assert "spec.server.image: 'Registry.Example/TorchServe:0.12.0'" in message and "not lowercase" in message, message
+    assert get(cluster, namespace, "configmap", "badname-config") is None
     message = ended(cluster, namespace, operator, "secretless", "ConfigMissing", "startedAt")
     assert 'container model cannot start: secret "model-token" not found' in message, message
 

@@ -216,7 +216,7 @@ def _ceiling(
     if spec.model.source is None:
         target = spec.model.name
     elif description.input is not None:  # packed with servinglab's handler: measurable alone, as served
-        target = str(served.directory)
+        target = str(served.packed)
     else:
         return None  # an archive's own handler: servinglab cannot run its model alone
     if not description.flops_per_inference:

@@ -72,6 +72,13 @@ class ServedModel:
     directory: Path
     image_size: int
     description: ModelDescription
+    #: Where a user's packed model (model.pt/.pt2 beside its declared input) lies, when not `directory`
+    #: itself (Triton keeps it in the repository entry's `1/build/`): what the ceiling measures alone.
+    packed_directory: Path | None = None
+
+    @property
+    def packed(self) -> Path:
+        return self.packed_directory or self.directory
 
 
 @dataclass(frozen=True)

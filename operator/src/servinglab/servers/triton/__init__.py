@@ -62,7 +62,7 @@ class Triton:
         target = workdir / "prepared" / model.name
         if model.source is not None:
             described = self.prepare_user_model(model, spec.server.precision, target, None, cache_dir(), True)
-            return ServedModel(target, size, described)
+            return ServedModel(target, size, described, packed_directory=repository.user_build(target))
         build = builtins.ensure_built(model.name)
         served = repository.layout_builtin(build, target, link_weights=True)
         return ServedModel(served, size, builtins.description(model.name, build))

@@ -70,12 +70,17 @@ def _copy_model_files(version: Path) -> None:
         shutil.copyfile(source, version / ("model.py" if source.name == MODEL_SOURCE else source.name))
 
 
+def user_build(entry: Path) -> Path:
+    """Where a user's model lies in its repository entry (counted, described and measured alone there)."""
+    return entry / VERSION / BUILD_DIR
+
+
 def user_layout(model_input: ModelInput | None) -> LayOut:
     """How the user's fetched TorchScript/.pt2 file is laid out at a target: the file and its declared input
     in `1/build/` (where it is counted and described), servinglab's model beside it."""
 
     def lay_out(source: ModelSource, fetched: Fetched, fmt: ModelFormat, target: Path) -> Staged:
-        build = target / VERSION / BUILD_DIR
+        build = user_build(target)
         stage_packed(fetched, fmt, build, model_input)
         _copy_model_files(target / VERSION)
         return Staged(build)
