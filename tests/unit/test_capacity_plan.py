@@ -78,8 +78,23 @@ def test_a_confirmed_winner_plans_at_its_mean_and_says_what_its_interval_low_end
                      latency_mean_ms=40.0, confidence="Confirmed")  # fmt: skip
     found = plan.of_sweep(best, CapacitySpec(peak_rps=960, headroom=0.2, min_replicas=2), None)
     assert (found.capacity_rps, found.low_rps, found.high_rps) == (300.0, 250.0, 360.0)
-    assert (found.replicas, found.replicas_at_low, found.min_replicas, found.max_replicas) == (4, 5, 2, 4)
+    # the autoscalers may go as high as the interval's low end would need
+    assert (found.replicas, found.replicas_at_low, found.min_replicas, found.max_replicas) == (4, 5, 2, 5)
     assert found.in_flight == 12.0 and found.configuration == "b8-d50-w1-fp32"
+
+
+def test_the_users_floor_is_kept_above_what_the_peak_needs() -> None:
+    found = plan.plan(400.0, 25.0, CapacitySpec(peak_rps=1000, headroom=0.2, min_replicas=8), None)
+    assert (found.replicas, found.min_replicas, found.max_replicas) == (4, 8, 8)
+
+
+def test_a_winner_that_missed_the_slo_in_every_confirmation_run_exports_no_plan() -> None:
+    sweep = parse_sweep(sweep_document(capacity={"peakRps": 960}))
+    config = grid(sweep.spec)[1]
+    missed = SweepBest(trial="t", config=config, capacity_rps=300.0, latency_mean_ms=40.0, confidence="NoneWithinSlo")
+    assert set(best_files(sweep, config, missed)) == set(best_files(sweep, config))  # the configuration alone
+    met = missed.model_copy(update={"confidence": "Confirmed"})
+    assert {"capacity-plan.yaml", "hpa.yaml"} <= set(best_files(sweep, config, met))
 
 
 def test_an_experiments_best_level_gives_its_plan() -> None:

@@ -170,7 +170,8 @@ class SweepSummary(ResultModel):
     best_config: str | None = None
     best_throughput_rps: float | None = None
     best_p99_latency_ms: float | None = None
-    #: Confirmed, Tie, Unconfirmed (no confirmation), or Confirming while it runs.
+    #: Confirmed, Tie, Unconfirmed (no confirmation), Confirming while it runs, or NoneWithinSlo (every
+    #: confirmation run of every candidate missed the SLO: the best first measurement, no capacity plan).
     winner: str | None = None
 
 

@@ -31,7 +31,7 @@ class Settings:
     """Image of the model-builder init container and the load Job (SERVINGLAB_IMAGE)."""
     prometheus_url: str | None = None
     """Default Prometheus for GPU metrics when an experiment names none (SERVINGLAB_PROMETHEUS_URL)."""
-    prometheus_authorization: str | None = None
+    prometheus_authorization: str | None = field(default=None, repr=False)  # a credential: never in a log line
     """The Authorization header sent to that Prometheus alone, never to one an experiment names
     (SERVINGLAB_PROMETHEUS_AUTHORIZATION, from the Secret the chart's prometheusAuthorizationSecret names)."""
     poll_seconds: float = 2.0

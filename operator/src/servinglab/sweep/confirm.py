@@ -63,7 +63,7 @@ class Run:
 
 def candidates(spec: SweepSpec, records: Sequence[TrialRecord]) -> list[TrialRecord]:
     """The trials measured again: the best `confirm.candidates` by their first score for the objective (earliest first
-    among equals); none when confirmation is off or fewer than one trial has a capacity."""
+    among equals); none when confirmation is off or fewer than two trials have a capacity."""
     if spec.confirm.rounds == 0:
         return []
     firsts = [r for r in records if r.confirms is None]

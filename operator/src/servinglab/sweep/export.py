@@ -32,7 +32,7 @@ def best_files(sweep: ServingSweep, config: TrialConfig, best: SweepBest | None 
     files = {"experiment.yaml": header + yaml.safe_dump(experiment, sort_keys=False)}
     for name, text in servers.get(spec.server.kind).export_files(spec).items():
         files[name] = (header if not name.endswith(".json") else "") + text
-    if best is not None:
+    if best is not None and best.confidence != "NoneWithinSlo":  # no plan for a configuration that missed the SLO
         files |= plan_files(sweep, best)
     return files
 

@@ -69,10 +69,11 @@ def plan(
         reasons.append(NO_PEAK)
     else:
         replicas = replicas_for(peak, capacity_rps, wanted.headroom)
+        at_low = replicas_for(peak, low, wanted.headroom) if low else None
         figures |= {
-            "peak_rps": peak, "replicas": replicas,
-            "replicas_at_low": replicas_for(peak, low, wanted.headroom) if low else None,
-            "min_replicas": min(wanted.min_replicas, replicas), "max_replicas": max(replicas, wanted.min_replicas),
+            "peak_rps": peak, "replicas": replicas, "replicas_at_low": at_low,
+            # the user's floor as given; the ceiling reaches what the interval's low end would need
+            "min_replicas": wanted.min_replicas, "max_replicas": max(replicas, at_low or 0, wanted.min_replicas),
         }  # fmt: skip
         if price is not None:
             figures |= {"price_per_hour": price.price_per_hour, "currency": price.currency,

@@ -160,7 +160,8 @@ def named_best(
     sweep: ServingSweep, ordered: Sequence[TrialRecord], confirmation: Confirmation | None
 ) -> SweepBest | None:
     """The configuration named best: the confirmation's pick once it has decided, else the highest single
-    measurement (Unconfirmed; Confirming while the confirmation runs)."""
+    measurement (Unconfirmed; Confirming while the confirmation runs; NoneWithinSlo when every confirmation
+    run missed the SLO)."""
     by_name = {record.name: record for record in ordered}
     if confirmation is not None and confirmation.winner in by_name:
         record = by_name[confirmation.winner]
@@ -175,7 +176,12 @@ def named_best(
     top = best_record(ordered, sweep.spec.objective)
     if top is None:
         return None
-    state = "Confirming" if confirmation is not None and confirmation.state == "Running" else "Unconfirmed"
+    # NoneWithinSlo: every confirmation run missed the SLO; the best first measurement is named as such
+    state = (
+        "Unconfirmed"
+        if confirmation is None
+        else {"Running": "Confirming", "NoneWithinSlo": "NoneWithinSlo"}.get(confirmation.state, "Unconfirmed")
+    )
     return _best_of(top).model_copy(update={"confidence": state})
 
 
