@@ -718,6 +718,11 @@ def test_pod_policy_lets_pods_see_only_the_operators_own_secrets(cluster: Cluste
     )
     admitted = create_as(cluster, operator, fetching)
     assert admitted.returncode == 0, admitted.stderr
+    # ... and in no other container: the server's runs the user's model
+    serving = altered(server, lambda pod: pod["containers"][0].setdefault("env", []).extend([model_url, cache_key]))
+    refused = refusal(cluster, operator, serving)
+    assert f"torchserve: {PROBE}-server-model-url-q8z4t/{MODEL_URL_KEY}" in refused, refused
+    assert f"{modelsecrets.MODEL_CACHE_KEY_SECRET}/{MODEL_CACHE_KEY_FIELD}" in refused, refused
     volumes = "volumes are configMap, emptyDir or persistentVolumeClaim only (no secret, projected or other volume)"
     assert f"{volumes}: not token" in refusal(cluster, operator, mounted)
     projected = {"name": "sa", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}
