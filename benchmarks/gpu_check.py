@@ -254,9 +254,10 @@ def served(settings: Settings, folder: Path, kind: str, user_model: dict[str, An
     }
 
 
-def step(report: dict[str, Any], name: str, action: Callable[[], Any]) -> Any:
-    """Run one step and record it; with the check's budget spent, record it as skipped. The report is written
-    after every step, so a check cut short still leaves what it measured."""
+def step(report: dict[str, Any], name: str, action: Callable[[], Any], into: str | None = None) -> Any:
+    """Run one step and record it, its value under `into` (appended where that is a list); with the check's
+    budget spent, record it as skipped. The report is written after every step, its value in it, so a check
+    cut short still leaves what it measured."""
     began = time.monotonic()
     print(f"[gpu-check] {name} ...", file=sys.stderr, flush=True)
     try:
@@ -270,6 +271,10 @@ def step(report: dict[str, Any], name: str, action: Callable[[], Any]) -> Any:
         value, entry = None, {"name": name, "status": "failed", "reason": f"{type(error).__name__}: {error}"[:800]}
     entry["seconds"] = round(time.monotonic() - began, 1)
     report["steps"].append(entry)
+    if isinstance(report.get(into or ""), list):
+        report[str(into)].append(value)
+    elif into is not None:
+        report[into] = value
     print(f"[gpu-check] {name}: {entry['status']} in {entry['seconds']} s", file=sys.stderr, flush=True)
     write(report)
     return value
@@ -302,10 +307,10 @@ def main() -> int:
         "_deadline": time.monotonic() + args.budget,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    report["environment"] = step(report, "environment", lambda: environment(settings))
+    step(report, "environment", lambda: environment(settings), into="environment")
     for name, action in (("gpu-tests", lambda: gpu_tests(settings)), ("raw", lambda: raw(settings))):
         if name not in skip:
-            report[name.replace("-", "_")] = step(report, name, action)
+            step(report, name, action, into=name.replace("-", "_"))
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         folder = Path(scratch)
         user_model = step(report, "user-model", lambda: user_style_model(settings, folder))
@@ -314,17 +319,14 @@ def main() -> int:
         for kind in [] if "served" in skip else args.servers.split(","):
             for model in models:
                 label = f"served-{kind}-{'user' if model else 'builtin'}"
-                report["served"].append(step(report, label, lambda k=kind, m=model: served(settings, folder, k, m)))
+                step(report, label, lambda k=kind, m=model: served(settings, folder, k, m), into="served")
         # the forms last: a compile can take minutes, and its own timeout keeps the rows built before it ends
         remaining = max(30.0, report["_deadline"] - time.monotonic() + 30)
         settings.forms_timeout = min(settings.forms_timeout, remaining)
         all_forms = ["eager", "torchscript", "onnxruntime", "tensorrt", "compile", "compile-cudagraphs"]
         for name, names in (("forms", all_forms), ("forms-cached", ["torchscript", "onnxruntime"])):
             if name not in skip:
-                report[name.replace("-", "_")] = step(
-                    report, name, lambda n=names: forms(settings, folder / "forms", n)
-                )
-                write(report)
+                step(report, name, lambda n=names: forms(settings, folder / "forms", n), into=name.replace("-", "_"))
     print((args.out / "gpu-check.md").read_text())
     return 1 if any(entry["status"] == "failed" for entry in report["steps"]) else 0
 
