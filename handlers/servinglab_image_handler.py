@@ -2,8 +2,10 @@
 LitServe's entry point (`servinglab_litserve_api.py`) drives.
 
 It serves the built-in image classifiers (a `model.py` with `build_model()` and a state dict) and the
-user's own TorchScript files and exported programs (`model.pt` / `model.pt2`, with the input declared
-in `servinglab-input.json`: an image of a size, or a tensor of a shape and dtype).
+user's own TorchScript files, exported programs and ONNX models (`model.pt` / `model.pt2` / `model.onnx`,
+with the input declared in `servinglab-input.json`: an image of a size, or a tensor of a shape and dtype).
+An ONNX model runs in an ONNX Runtime session behind a module's call (`OnnxModel`), so decoding, batching,
+warm-up and answers are the same; it runs at fp32 (tf32 on a GPU), without torch.compile.
 
 TorchServe imports this file by basename and requires exactly one class in it, so the plain
 functions live in `servinglab_imaging.py` and the data path (decode, transfer, copies, compile) in
@@ -24,6 +26,7 @@ exact over any window), and a gauge with the last batch size.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -37,10 +40,12 @@ from servinglab_datapath import BatchMaker, compile_model, plan_data_path
 from servinglab_imaging import (
     BadInput,
     BatchRun,
+    OnnxModel,
     apply_precision,
     error_response,
     json_response,
     load_serialized,
+    onnx_refusal,
     plan_precision,
     request_body,
     tensor_outputs,
@@ -52,6 +57,8 @@ from servinglab_imaging import (
 
 #: Written by servinglab next to a packed TorchScript/.pt2 model: what one request decodes to.
 INPUT_FILE = "servinglab-input.json"
+#: The model's form (`server.form`) as servinglab built and checked it beside the model, by form.
+FORM_FILES = {"torchscript": "servinglab-form.pt", "onnxruntime": "servinglab-form.onnx"}
 
 logger = logging.getLogger(__name__)
 
@@ -93,21 +100,34 @@ class ServinglabImageHandler:
             torch.cuda.set_device(self.device)
         self.top_k = int(settings.get("topK", 5))
         self.plan = plan_precision(str(settings.get("precision", "fp32")), self.device)
-        logger.info("servinglab precision: %s", self.plan.note)
 
         serialized = model_dir / serialized_file
+        form = str(settings.get("form") or "")
+        built = model_dir / FORM_FILES[form] if form in FORM_FILES else None  # the form servinglab built and gated
+        if built is not None and not built.is_file():
+            if model_file:
+                raise ValueError(f"server.form: {form}: {built.name} was not built beside the model")
+            built = None  # a user's model already in that form, served as it comes
         if model_file:  # a built-in: its definition and seeded weights
             module = _import_file(model_dir / model_file, "servinglab_model_definition")
             self.input_size = int(getattr(module, "INPUT_SIZE", 224))
-            model = module.build_model()
-            model.load_state_dict(torch.load(serialized, map_location="cpu", weights_only=True))
-            model = model.to(self.device).eval()
+            if built is not None:
+                model = load_serialized(built, self.device, self.plan.allow_tf32)
+            else:
+                model = module.build_model()
+                model.load_state_dict(torch.load(serialized, map_location="cpu", weights_only=True))
+                model = model.to(self.device).eval()
         else:  # the user's TorchScript or exported program, with its declared input
             self.input = json.loads((model_dir / INPUT_FILE).read_text())
             self.input_size = int(self.input.get("size", 224))
-            model = load_serialized(serialized, self.device)
+            model = load_serialized(built or serialized, self.device, self.plan.allow_tf32)
         self.input["size"] = self.input_size
         path = plan_data_path(settings.get("dataPath"), self.device, self.input["kind"], batch_size)
+        if isinstance(model, OnnxModel):  # what ONNX Runtime cannot do is refused, naming the setting
+            if (refusal := onnx_refusal(model, self.plan.dtype, path.compile, batch_size)) is not None:
+                raise ValueError(refusal)
+            self.plan = dataclasses.replace(self.plan, note=f"{self.plan.note}; {model.note}")
+        logger.info("servinglab precision: %s", self.plan.note)
         self.batches = BatchMaker(path, self.device, self.plan.dtype, self.input)
         self.model = compile_model(apply_precision(model, self.plan, path.channels_last), path)
         logger.info("servinglab data path: %s", json.dumps(path.report(self.input["kind"])))

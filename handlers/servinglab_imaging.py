@@ -139,8 +139,56 @@ def tensor_outputs(output: Any, limit: int = 64) -> list[dict[str, Any]]:
             for row in rows]  # fmt: skip
 
 
-def load_serialized(path: Any, device: torch.device) -> torch.nn.Module:
-    """A TorchScript file (torch.jit.save) or an exported program (.pt2, torch.export.save), in eval mode."""
+def onnx_refusal(model: OnnxModel, dtype: torch.dtype, compile_mode: str, batch_size: int) -> str | None:
+    """Why the handler cannot serve this ONNX model with these settings (naming the setting), or None."""
+    if dtype != torch.float32:
+        return (f"server.precision: an ONNX model runs in ONNX Runtime as saved, at fp32 (tf32 on a GPU), not "
+                f"{str(dtype).removeprefix('torch.')}")  # fmt: skip
+    if compile_mode != "none":
+        return f"server.dataPath.compile {compile_mode}: torch.compile cannot compile an ONNX Runtime session"
+    batch = model.input_shape[0] if model.input_shape else None
+    if isinstance(batch, int) and (batch != 1 or batch_size > 1):
+        return (f"server.batchSize {batch_size}: the ONNX model's input {model.input_name!r} has a fixed batch "
+                f"dimension of {batch}; export it with a dynamic batch axis")  # fmt: skip
+    return None
+
+
+class OnnxModel(torch.nn.Module):
+    """An ONNX model run by ONNX Runtime behind a module's call, so the handler's data path, warm-up and answers
+    are the same as a torch model's: a batch tensor in (the one input), the first output back as a tensor on
+    the batch's device. The CUDA execution provider where the device is a GPU and this onnxruntime has it,
+    else the CPU's, with as many intra-op threads as torch uses (the handler leaves torch's default)."""
+
+    def __init__(self, path: str, device: torch.device, allow_tf32: bool = False) -> None:
+        super().__init__()
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if device.type == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+            cuda = {"device_id": device.index or 0, "use_tf32": int(allow_tf32)}
+            providers.insert(0, ("CUDAExecutionProvider", cuda))
+        self.session = onnxruntime.InferenceSession(path, options, providers=providers)
+        first = self.session.get_inputs()[0]
+        self.input_name, self.input_shape = first.name, list(first.shape)
+        self.provider = self.session.get_providers()[0]
+        self.note = f"ONNX Runtime {onnxruntime.__version__}, {self.provider}, {options.intra_op_num_threads} threads"
+        if device.type == "cuda" and self.provider != "CUDAExecutionProvider":
+            self.note += " (this onnxruntime has no CUDAExecutionProvider: the model runs on the CPU)"
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        fed = batch.detach().to("cpu").contiguous().numpy()
+        output = self.session.run(None, {self.input_name: fed})[0]
+        return torch.from_numpy(np.ascontiguousarray(output)).to(batch.device)
+
+
+def load_serialized(path: Any, device: torch.device, allow_tf32: bool = False) -> torch.nn.Module:
+    """A TorchScript file (torch.jit.save), an exported program (.pt2, torch.export.save), in eval mode, or an
+    ONNX model (.onnx) in an ONNX Runtime session (TF32 on the GPU with `allow_tf32`)."""
+    if str(path).endswith(".onnx"):
+        return OnnxModel(str(path), device, allow_tf32)
     if str(path).endswith(".pt2"):
         module: torch.nn.Module = torch.export.load(str(path)).module()
         return module.to(device)

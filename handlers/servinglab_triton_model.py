@@ -1,5 +1,5 @@
 """Triton's Python backend entry point: servinglab's built-in image classifiers and a user's own TorchScript
-file or exported program served by Triton.
+file, exported program or ONNX model served by Triton.
 
 servinglab writes it into the model repository as `<model>/1/model.py`, beside `servinglab_imaging.py`
 (the decoding, batching and precision code every server runs), `servinglab_image_handler.py` and the
@@ -43,6 +43,7 @@ from servinglab_imaging import (  # noqa: E402
     BadInput,
     apply_precision,
     decode_image,
+    load_serialized,
     plan_precision,
     to_batch,
     top_k,
@@ -53,7 +54,9 @@ from servinglab_imaging import (  # noqa: E402
 BUILD_DIR = "build"
 #: Beside a user's packed model: its declared input (written by servinglab; the handler reads it).
 INPUT_FILE = "servinglab-input.json"
-SERIALIZED_FILES = ("model.pt", "model.pt2")
+SERIALIZED_FILES = ("model.pt", "model.pt2", "model.onnx")
+#: The model's form (`server.form`) as servinglab built and checked it beside the build, by form.
+FORM_FILES = {"torchscript": "servinglab-form.pt", "onnxruntime": "servinglab-form.onnx"}
 
 
 class TritonPythonModel:
@@ -78,9 +81,21 @@ class TritonPythonModel:
 
         definition = _import_file(build / "model.py", f"servinglab_model_{args['model_instance_name']}")
         self.input_size = int(getattr(definition, "INPUT_SIZE", 224))
-        model = definition.build_model()
-        model.load_state_dict(torch.load(build / "weights.pt", map_location="cpu", weights_only=True))
+        form = parameters.get("form", "")
+        if form in FORM_FILES:  # the form servinglab built and checked beside the build
+            model = load_serialized(build / FORM_FILES[form], self.device, self.plan.allow_tf32)
+        else:
+            model = definition.build_model()
+            model.load_state_dict(torch.load(build / "weights.pt", map_location="cpu", weights_only=True))
         self.model = apply_precision(model.to(self.device).eval(), self.plan, self.channels_last)
+        if (mode := parameters.get("compile", "none")) != "none":  # form compile: warmed up at each batch size
+            import torch._dynamo as dynamo
+
+            # every batch size Triton forms compiles once (no padding here): each must fit dynamo's cache
+            largest = int(config.get("max_batch_size", 1))
+            dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, largest + 2)
+            self.model = torch.compile(self.model, mode=None if mode == "default" else mode, dynamic=False)
+        print(f"servinglab form: {form or 'eager'}{f', compile {mode}' if mode != 'none' else ''}", flush=True)
 
         sizes = [int(size) for size in parameters.get("warmup_batch_sizes", "").split(",") if size]
         report = warm_up(self._forward_zeros, sizes, float(parameters.get("warmup_seconds", "60")))
@@ -95,6 +110,8 @@ class TritonPythonModel:
             "topK": int(parameters.get("top_k", "5")),
             "warmupBatchSizes": [int(size) for size in parameters.get("warmup_batch_sizes", "").split(",") if size],
             "warmupSeconds": float(parameters.get("warmup_seconds", "60")),
+            "form": parameters.get("form", ""),
+            "dataPath": {"compile": parameters.get("compile", "none")},
         }
         serialized = next(name for name in SERIALIZED_FILES if (build / name).is_file())
         gpu_id = int(args["model_instance_device_id"]) if self.device.type == "cuda" else None

@@ -2,6 +2,9 @@
 
 - `torchscript_classifier`: a small CNN (image in, 10 logits out) saved with torch.jit.save;
 - `exported_regressor`: an MLP over a 16-float tensor, saved with torch.export.save (.pt2);
+- `onnx_classifier`: the same small CNN as `torchscript_classifier`, exported with torch.onnx.export (a
+  dynamic batch axis); `onnx_with_external_data`, `onnx_custom_domain`, `onnx_fixed_batch`: ONNX models
+  servinglab refuses (made by :func:`make_onnx_refusals`);
 - `echo_mar`: a .mar archive with its own handler (no servinglab code in it) that answers JSON;
 - `broken_mar`: a .mar whose handler raises while loading;
 - `state_dict`: what torch.save of a state dict gives (a zip, but not a servable model);
@@ -79,6 +82,7 @@ class UserModels:
     folder: Path
     torchscript_classifier: Path
     exported_regressor: Path
+    onnx_classifier: Path
     echo_mar: Path
     broken_mar: Path
     state_dict: Path
@@ -105,16 +109,66 @@ def make_user_models(folder: Path) -> UserModels:
     program = torch.export.export(mlp, (torch.zeros(2, 16),),
                                   dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=1024)}})  # fmt: skip
     torch.export.save(program, str(folder / "regressor.pt2"))
+    export_onnx(cnn, folder / "classifier.onnx")
     torch.save(cnn.state_dict(), str(folder / "weights-only.pt"))
     (folder / "notes.txt").write_text("not a model\n")
     return UserModels(
         folder=folder,
         torchscript_classifier=folder / "classifier.pt",
         exported_regressor=folder / "regressor.pt2",
+        onnx_classifier=folder / "classifier.onnx",
         echo_mar=_mar(folder, "echo", ECHO_HANDLER),
         broken_mar=_mar(folder, "broken", BROKEN_HANDLER),
         state_dict=folder / "weights-only.pt",
         not_a_model=folder / "notes.txt",
+    )
+
+
+def export_onnx(module: torch.nn.Module, path: Path, size: int = 32, dynamic_batch: bool = True) -> Path:
+    """`module` (image in) exported to ONNX with the legacy exporter; the batch axis dynamic unless told."""
+    axes = {"pixels": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None
+    with torch.no_grad():
+        torch.onnx.export(module, (torch.zeros(1, 3, size, size),), str(path), input_names=["pixels"],
+                          output_names=["logits"], dynamic_axes=axes)  # fmt: skip
+    return path
+
+
+@dataclass(frozen=True)
+class OnnxRefusals:
+    """ONNX models servinglab refuses before any server starts."""
+
+    external_data: Path  # its weights in weights.bin beside it
+    custom_domain: Path  # a node of the domain com.example.custom
+    fixed_batch: Path  # the classifier with its batch dimension fixed at 1
+    two_inputs: Path  # x + y: the handler feeds one input
+
+
+def make_onnx_refusals(folder: Path) -> OnnxRefusals:
+    import onnx
+    from onnx import TensorProto, helper
+
+    torch.manual_seed(0)
+    cnn = TinyCnn().eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    exported = onnx.load_model(str(export_onnx(cnn, folder / "plain.onnx")))
+    onnx.save_model(exported, str(folder / "external.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)  # fmt: skip
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
+    scrambled = helper.make_node("Scramble", ["x"], ["y"], domain="com.example.custom")
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example.custom", 1)]
+    custom = helper.make_model(helper.make_graph([scrambled], "custom", [x], [y]), opset_imports=opsets)
+    onnx.save_model(custom, str(folder / "custom.onnx"))
+    second = helper.make_tensor_value_info("second", TensorProto.FLOAT, ["batch", 16])
+    added = helper.make_node("Add", ["x", "second"], ["y"])
+    two = helper.make_model(helper.make_graph([added], "two", [x, second], [y]),
+                            opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    onnx.save_model(two, str(folder / "two-inputs.onnx"))
+    return OnnxRefusals(
+        external_data=folder / "external.onnx",
+        custom_domain=folder / "custom.onnx",
+        fixed_batch=export_onnx(cnn, folder / "fixed-batch.onnx", dynamic_batch=False),
+        two_inputs=folder / "two-inputs.onnx",
     )
 
 

@@ -21,7 +21,10 @@ from typing import Any
 
 import pytest
 
+from servinglab.api.results import to_json
+from servinglab.api.trials import SweepPoint
 from servinglab.models.counting import builtin_counts
+from servinglab.sweep import fronts
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "v0.1.0"
@@ -98,10 +101,23 @@ def test_the_experiment_report_loads_every_image_in_a_browser(
     assert_names_the_verdict(dom)
 
 
+def priced(document: dict[str, Any]) -> dict[str, Any]:
+    """The sweep as if its template had a price: each point's cost per million (a price of 1 per hour), p99
+    bounds on every other point, and the cost front over them."""
+    points = [SweepPoint.model_validate(point) for point in document["points"]]
+    points = [point.model_copy(update={"cost_per_million": round(1e6 / (point.throughput_rps * 3600), 4),
+                                       "p99_upper_ms": point.p99_latency_ms * 1.2 if index % 2 else None})
+              for index, point in enumerate(points)]  # fmt: skip
+    front, _ = fronts.cost_front(points)
+    return {**document, "points": [to_json(point) for point in points], "costFront": [to_json(p) for p in front or []]}
+
+
+@pytest.mark.parametrize("price", ["unpriced", "priced"])
 def test_the_sweep_report_loads_every_image_in_a_browser(
-    chromium: list[str], servinglab_cmd: list[str], tmp_path: Path
+    chromium: list[str], servinglab_cmd: list[str], tmp_path: Path, price: str
 ) -> None:
     document = json.loads((FIXTURES / "sweep.json").read_text())
+    document = priced(document) if price == "priced" else document
     # a v0.1.0 sweep had no verdicts: its best trial gets the one a current sweep carries
     document["best"]["verdict"] = {
         "bottleneck": "queue-bound",
@@ -109,8 +125,21 @@ def test_the_sweep_report_loads_every_image_in_a_browser(
         "next": "more workers",
         "hints": [{"axis": "workers", "step": 1}],
     }
-    dom = opened(chromium, render(servinglab_cmd, document, tmp_path), "report-sweep.png")
-    assert_every_image_loads(dom, {"pareto.png", "capacity.png"})
+    dom = opened(
+        chromium,
+        render(servinglab_cmd, document, tmp_path),
+        "report-sweep.png" if price == "unpriced" else "report-sweep-priced.png",
+    )
+    assert_every_image_loads(dom, {"pareto.png", "capacity.png", "cost_front.png"})
+    if price == "priced":  # the cost front's table: one row per point, each p99 with its interval marker
+        table = dom[dom.index('<table id="cost-front">') :]
+        table = table[: table.index("</table>")]
+        assert table.count("<tr>") == 1 + len(document["costFront"])
+        for point in document["costFront"]:
+            marker = " [" if "p99UpperMs" in point else " (no bound)"
+            assert point["trial"] in table and f"{point['p99LatencyMs']:.1f}{marker}" in table
+    else:
+        assert '<p id="cost-front">No cost front:' in dom
     assert "<h1>Sweep tiny-sweep: tiny</h1>" in dom and "<b>Best within the SLO</b>:" in dom
     assert "Stopped:" in dom and "<th>data path</th>" in dom
     assert_names_the_verdict(dom)

@@ -1,5 +1,5 @@
 """Users' own models and request bodies, end to end with a real TorchServe: `servinglab run` with a
-TorchScript file, an exported program and a .mar of its own, fetched over HTTP (with credentials: over
+TorchScript file, an exported program, an ONNX model and a .mar of its own, fetched over HTTP (with credentials: over
 HTTPS, from a CA made for the test) or read from a path; the user's files and JSON-lines records as
 bodies; and every kind of bad source failing with its own reason before a server is left running."""
 
@@ -18,7 +18,7 @@ import yaml
 
 from servinglab.api import PayloadFormat
 from servinglab.loadgen.payloads import make_payloads
-from usermodels import UserModels, file_server, make_local_ca, make_user_models
+from usermodels import OnnxRefusals, UserModels, file_server, make_local_ca, make_onnx_refusals, make_user_models
 
 pytestmark = pytest.mark.torchserve
 
@@ -26,6 +26,11 @@ pytestmark = pytest.mark.torchserve
 @pytest.fixture(scope="module")
 def user_models(tmp_path_factory: pytest.TempPathFactory) -> UserModels:
     return make_user_models(tmp_path_factory.mktemp("user-models"))
+
+
+@pytest.fixture(scope="module")
+def onnx_refusals(tmp_path_factory: pytest.TempPathFactory) -> OnnxRefusals:
+    return make_onnx_refusals(tmp_path_factory.mktemp("onnx-refused"))
 
 
 @pytest.fixture()
@@ -124,6 +129,27 @@ def test_exported_program_with_json_lines_records_and_a_response_check(
     assert results["ceiling"]["rawAtFormedBatchRps"] > 0, "a tensor input is measured alone as well"
 
 
+def test_an_onnx_model_served_in_onnx_runtime_through_the_handler(
+    servinglab_cmd: list[str], user_models: UserModels, model_cache: Path, tmp_path: Path, no_leftover_servers: float
+) -> None:
+    model = {"name": "classifier", "source": {"path": str(user_models.onnx_classifier)},
+             "input": {"kind": "image", "size": 32}}  # fmt: skip
+    payload = {"format": "png", "check": {"json": True}}
+    completed, results = run(servinglab_cmd, experiment("onnx", model, "fp32", payload, ceiling=True), tmp_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert results is not None
+    info = results["modelInfo"]
+    assert info["format"] == "onnx" and info["source"] == str(user_models.onnx_classifier)
+    # counted from the graph as PyTorch counts the TorchScript file of the same module
+    assert info["parameters"] == 3 * 8 * 9 + 8 + 8 * 10 + 10
+    assert info["flopsPerInference"] == 2 * (8 * 16 * 16 * 27 + 80)
+    assert info["weightBytes"] == 4 * info["parameters"] and info["activationBytes"] > 0
+    assert "ONNX Runtime" in results["runtime"]["precisionNote"]
+    level = results["results"][0]
+    assert level["requests"] > 0 and level["errors"] == 0
+    assert results["ceiling"]["rawAtFormedBatchRps"] > 0, "the ONNX model is measured alone too"
+
+
 def test_an_archive_with_its_own_handler_behind_credentials(
     servinglab_cmd: list[str], user_models: UserModels, model_cache: Path, tmp_path: Path, no_leftover_servers: float,
     monkeypatch: pytest.MonkeyPatch,
@@ -162,11 +188,13 @@ def test_an_archive_with_its_own_handler_behind_credentials(
         ("text", "ModelNotRecognized"),
         ("state-dict", "ModelNotRecognized"),
         ("broken-handler", "ModelLoadFailed"),
+        ("onnx-external-data", "ModelNotSupported"),
+        ("onnx-custom-domain", "ModelNotSupported"),
     ],
 )
 def test_a_bad_source_fails_with_its_reason_and_leaves_nothing_running(
-    case: str, reason: str, servinglab_cmd: list[str], user_models: UserModels, model_cache: Path, tmp_path: Path,
-    no_leftover_servers: float,
+    case: str, reason: str, servinglab_cmd: list[str], user_models: UserModels, onnx_refusals: OnnxRefusals,
+    model_cache: Path, tmp_path: Path, no_leftover_servers: float,
 ) -> None:  # fmt: skip
     with file_server(user_models.folder) as files:
         source = {
@@ -175,6 +203,8 @@ def test_a_bad_source_fails_with_its_reason_and_leaves_nothing_running(
             "text": {"path": str(user_models.not_a_model)},
             "state-dict": {"path": str(user_models.state_dict)},
             "broken-handler": {"url": f"{files.url}/{user_models.broken_mar.name}"},
+            "onnx-external-data": {"path": str(onnx_refusals.external_data)},
+            "onnx-custom-domain": {"path": str(onnx_refusals.custom_domain)},
         }[case]
         started = time.monotonic()
         completed, results = run(servinglab_cmd, experiment("bad", {"name": "bad", "source": source}), tmp_path)

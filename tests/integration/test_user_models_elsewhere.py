@@ -1,6 +1,7 @@
 """Users' own models on LitServe and Triton, as on TorchServe: `servinglab run` with a TorchScript image
-classifier and an exported (.pt2) tensor regressor, each served with servinglab's handler (the same
-load, precision conversion and inference code), its results' modelInfo counted; and each server's answers
+classifier, an exported (.pt2) tensor regressor and an ONNX image classifier (run in ONNX Runtime), each
+served with servinglab's handler (the same load, precision conversion and inference code), its results'
+modelInfo counted; and each server's answers
 equal to the model run in-process on the same input."""
 
 from __future__ import annotations
@@ -85,6 +86,27 @@ def test_a_users_torchscript_and_exported_models_run_end_to_end(
     assert "fp16" in results["runtime"]["precisionNote"]
     level = results["results"][0]
     assert level["requests"] > 0 and level["errors"] == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_users_onnx_model_runs_end_to_end(
+    kind: str, request: pytest.FixtureRequest, servinglab_cmd: list[str], user_models: UserModels, tmp_path: Path,
+    no_leftover_servers: float,
+) -> None:  # fmt: skip
+    if kind == "triton":
+        request.getfixturevalue("triton_env")
+    image = {"name": "classifier", "source": {"path": str(user_models.onnx_classifier)},
+             "input": {"kind": "image", "size": 32}}  # fmt: skip
+    payload = {"format": "png", "check": {"json": True}}
+    ran, results = run(servinglab_cmd, on(kind, experiment("onnx", image, "fp32", payload, ceiling=True)), tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert results is not None
+    info = results["modelInfo"]
+    assert info["format"] == "onnx" and info["flopsPerInference"] == 2 * (8 * 16 * 16 * 27 + 80)
+    assert "ONNX Runtime" in results["runtime"]["precisionNote"]
+    level = results["results"][0]
+    assert level["requests"] > 0 and level["errors"] == 0
+    assert results["ceiling"]["rawAtFormedBatchRps"] > 0, "measured alone where this server keeps it"
 
 
 @pytest.mark.parametrize("kind", KINDS)

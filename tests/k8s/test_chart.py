@@ -219,6 +219,8 @@ def test_pod_policy_is_bound_to_the_operators_service_account_and_needs_kubernet
         ),
         ({"podPolicy": {"allowedImages": ["registry.example.com/a b"]}}, "/podPolicy/allowedImages/0"),
         ({"podPolicy": {"allowedNodeSelectors": {"pool": "bench"}}}, "/podPolicy/allowedNodeSelectors/pool"),
+        ({"pricing": {"perGpuProduct": {"Tesla-T4": -0.35}}}, "/pricing/perGpuProduct/Tesla-T4"),
+        ({"pricing": {"perNode": {"cpu-0": "cheap"}}}, "/pricing/perNode/cpu-0"),
     ],
 )
 def test_values_violating_the_schema_are_refused_naming_the_key(
@@ -265,6 +267,10 @@ class Installed:
     prometheus: Prometheus
 
 
+#: The chart's prices: the experiments below give no spec.cost, so they are priced by their server's node.
+PRICING = {"perGpuProduct": {"Tesla-T4": 0.35}, "perNode": {"cpu-0": 0.12}}
+
+
 @pytest.fixture(scope="module")
 def installed(
     cluster: Cluster, monitoring: tuple[DcgmExporter, Prometheus], tmp_path_factory: pytest.TempPathFactory
@@ -294,7 +300,7 @@ def installed(
         helm(
             cluster, "install", RELEASE, str(CHART), "-n", namespace, "--take-ownership",
             "--wait", "--timeout", "180s", "--set", "pollSeconds=1", "--set", "unschedulableGraceSeconds=3",
-            "--set", f"prometheusUrl={prometheus.url}",
+            "--set", f"prometheusUrl={prometheus.url}", "--set-json", f"pricing={json.dumps(PRICING)}",
         )  # fmt: skip
         yield Installed(namespace, kubelet, prometheus)
     finally:
@@ -495,7 +501,8 @@ def finished(cluster: Cluster, installed: Installed) -> dict[str, Any]:
     ns = installed.namespace
     template = experiment("template")["spec"]
     one = {"batchSize": 4, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"}
-    one_trial = sweep("chart-sweep", template, strategy="list", configurations=[one])
+    # optimising cost with no price of its own: the chart's pricing prices its trial (else: InvalidSpec)
+    one_trial = sweep("chart-sweep", template, strategy="list", configurations=[one], objective={"optimize": "cost"})
     cluster.kubectl.apply(experiment("chart-e2e"), namespace=ns)
     cluster.kubectl.apply(one_trial, namespace=ns)
     # and LitServe on the CPU node, for its dashboard (awaited by `finished_litserve`)
@@ -537,6 +544,32 @@ def test_experiment_succeeds_as_the_charts_service_account(
     # the chart's prometheusUrl reached the operator: GPU figures without one in the experiment
     assert condition(finished, "GPUMetricsAvailable")["status"] == "True"
     assert all("gpu" in level for level in status["results"])
+
+
+def test_experiments_without_a_cost_are_priced_by_the_charts_pricing_for_their_node(
+    cluster: Cluster, installed: Installed, finished: dict[str, Any], finished_litserve: dict[str, Any]
+) -> None:
+    """The T4 server by its GPU product (per GPU x 1), LitServe on the CPU node by the node's name, and the
+    sweep's trial like any experiment: each level's cost per million at that price, saying where it came from."""
+    trials = cluster.kubectl.get("sx", "-n", installed.namespace, "-l", "servinglab.dev/sweep=chart-sweep")["items"]
+    assert len(trials) == 1
+    # the sweep optimised cost with no price of its own: its winner is ranked by the chart's price
+    swept = cluster.kubectl.get("servingsweep", "chart-sweep", "-n", installed.namespace)
+    assert "cost" not in swept["spec"]["template"] and swept["spec"]["objective"]["optimize"] == "cost"
+    assert swept["status"]["best"]["trial"] == trials[0]["metadata"]["name"], swept["status"]
+    for body, price, source in (
+        (finished, 0.35, "gpu product Tesla-T4"),
+        (trials[0], 0.35, "gpu product Tesla-T4"),
+        (finished_litserve, 0.12, "node cpu-0"),
+    ):
+        status = body["status"]
+        assert "cost" not in body["spec"]
+        assert status.get("price") == {"pricePerHour": price, "currency": "USD", "source": source}, status.get("price")
+        for level in status["results"]:
+            cost = level["cost"]
+            assert (cost["pricePerHour"], cost["priceSource"]) == (price, source), cost
+            assert cost["costPerMillion"] == pytest.approx(price / (level["throughputRps"] * 3600) * 1e6, rel=1e-4)
+            assert "reason" not in cost
 
 
 # -- the pod policy: what the operator's ServiceAccount may create ------------------------------------

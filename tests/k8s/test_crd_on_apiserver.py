@@ -4,6 +4,7 @@ unchanged."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 from pathlib import Path
@@ -191,11 +192,24 @@ def test_a_finished_experiments_status_is_stored_and_read_back_unchanged(
     assert to_json(ExperimentStatus.model_validate(stored)) == to_json(status)
 
 
+@pytest.mark.parametrize("fronts", ["as written", "with a cost front"])
 def test_a_finished_sweeps_status_is_stored_and_read_back_unchanged(
-    cluster: Cluster, namespace: str, crd_installed: None
+    cluster: Cluster, namespace: str, crd_installed: None, fronts: str
 ) -> None:
     status = SweepStatus.model_validate_json((OLD / "status-sweep.json").read_text())
     assert status.trials and status.best is not None and status.front  # a finished sweep, every part present
+    if fronts == "with a cost front":  # priced points with p99 bounds, as this version writes them
+        priced = [
+            p.model_copy(
+                update={
+                    "cost_per_million": 1.25 * (rank + 1),
+                    "p99_lower_ms": p.p99_latency_ms * 0.9,
+                    "p99_upper_ms": p.p99_latency_ms * 1.1,
+                }
+            )
+            for rank, p in enumerate(status.front)
+        ]
+        status = status.model_copy(update={"front": priced, "cost_front": priced[:1]})  # fmt: skip
     document = yaml.safe_load((EXAMPLES / "sweep-smoke.yaml").read_text())
     stored = stored_status(cluster, namespace, "servingsweep", document, status)
     assert SweepStatus.model_validate(stored) == status
@@ -233,3 +247,65 @@ def test_the_capacity_plans_hpa_is_accepted_by_the_api_server(cluster: Cluster, 
     bad = json.loads(json.dumps(hpa))
     bad["spec"]["metrics"][0]["pods"]["target"]["averageValue"] = "ten"
     assert dry_run(bad).returncode != 0
+
+
+#: The published CRDs of KEDA's ScaledObject and KServe's InferenceService (see the folder's README).
+PUBLISHED_CRDS = Path(__file__).resolve().parents[1] / "fixtures" / "crds"
+
+
+def strict_dry_run(cluster: Cluster, namespace: str, document: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """A server-side dry-run create with strict field validation: the schema's types, and no unknown field."""
+    return cluster.kubectl.run(
+        "create", "--dry-run=server", "--validate=strict", "-n", namespace, "-f", "-", stdin=json.dumps(document),
+        check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def published_crds(cluster: Cluster) -> None:
+    """KEDA's and KServe's CRDs, as their projects publish them, installed and established."""
+    for path in sorted(PUBLISHED_CRDS.glob("*.yaml*")):
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        crd = yaml.safe_load(text)
+        # server-side: KServe's CRD (2 MB) is larger than the annotation a client-side apply keeps
+        cluster.kubectl.run("apply", "--server-side", "-f", "-", stdin=json.dumps(crd))
+        cluster.kubectl.wait_established(crd["metadata"]["name"])
+
+
+def deep_merged(base: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """`part` merged into `base`, mappings key by key (as a user merges an exported part into their own)."""
+    merged = dict(base)
+    for key, value in part.items():
+        merged[key] = (
+            deep_merged(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        )
+    return merged
+
+
+#: The smallest InferenceService KServe serves: a predictor with a model format and where the model is.
+INFERENCE_SERVICE = {
+    "apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService", "metadata": {"name": "resnet50-t4-best"},
+    "spec": {"predictor": {"model": {"modelFormat": {"name": "pytorch"}, "storageUri": "gs://models/resnet50"}}},
+}  # fmt: skip
+
+
+def test_the_capacity_plans_keda_and_kserve_exports_are_accepted_by_their_published_crds(
+    cluster: Cluster, namespace: str, published_crds: None
+) -> None:
+    """KEDA's ScaledObject as exported, and KServe's part merged into a minimal InferenceService, in a strict
+    server-side dry run against the CRDs KEDA and KServe publish; each with a field of the wrong type is
+    refused, naming it, so the dry run does check them."""
+    found = plan.plan(400.0, 31.25, CapacitySpec(peak_rps=1000, headroom=0.2, min_replicas=2), None)
+    scaled = plan.keda(found, "resnet50-t4-best", "http://prometheus.monitoring:9090")
+    service = deep_merged(INFERENCE_SERVICE, plan.kserve(found, "resnet50-t4-best"))
+    assert service["spec"]["predictor"]["minReplicas"] == 2 and "model" in service["spec"]["predictor"]
+    for document in (scaled, service):
+        accepted = strict_dry_run(cluster, namespace, document)
+        assert accepted.returncode == 0, (document["kind"], accepted.stderr)
+    bad_scaled = json.loads(json.dumps(scaled))
+    bad_scaled["spec"]["minReplicaCount"] = "two"
+    bad_service = json.loads(json.dumps(service))
+    bad_service["spec"]["predictor"]["maxReplicas"] = "ten"
+    for document, field in ((bad_scaled, "spec.minReplicaCount"), (bad_service, "spec.predictor.maxReplicas")):
+        refused = strict_dry_run(cluster, namespace, document)
+        assert refused.returncode != 0 and field in refused.stderr, (document["kind"], refused.stderr)

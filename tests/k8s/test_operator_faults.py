@@ -30,6 +30,7 @@ from clusterenv.experiments import condition, experiment, wait_finished
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.operatorproc import Operator
 from clusterenv.policies import refusing
+from servinglab.api.results import to_json
 from servinglab.k8s.client import PASSING_REFUSALS, Kube, KubeError
 from servinglab.k8s.sink import decode_results
 
@@ -166,7 +167,7 @@ def test_a_results_document_of_several_mib_survives_writes_refused_for_a_while(
     assert "kept failing" not in pod_log(kubelet, "load")
 
     head = get(cluster, namespace, "configmap", "big-results")
-    document = decode_results(head, lambda name: get(cluster, namespace, "configmap", name))
+    document = to_json(decode_results(head, lambda name: get(cluster, namespace, "configmap", name)))
     assert len(json.dumps(document)) > 2 * 2**20  # several MiB, beyond one object's 1 MiB
     assert document["experimentUid"] == body["metadata"]["uid"]
     levels = document["results"]
@@ -315,7 +316,7 @@ def test_a_reapplied_experiment_never_reads_its_predecessors_job_or_results(
     job = get(cluster, namespace, "job", "again-load")
     assert job is not None and job["metadata"]["uid"] != old_job
     head = get(cluster, namespace, "configmap", "again-results")
-    assert decode_results(head, lambda name: None)["experimentUid"] == new_uid
+    assert decode_results(head, lambda name: None).experiment_uid == new_uid
 
 
 # -- 6. refusals that pass -----------------------------------------------------------------------------------

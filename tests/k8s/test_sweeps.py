@@ -28,9 +28,11 @@ from clusterenv.policies import refusing
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]
 
 
-def sweep(name: str, **spec: Any) -> dict[str, Any]:
+def sweep(name: str, price_per_hour: float | None = None, **spec: Any) -> dict[str, Any]:
     template = experiment("template")["spec"]
     template["load"] = {"concurrency": [4], "warmupSeconds": 0.5, "durationSeconds": 2}
+    if price_per_hour is not None:
+        template["cost"] = {"pricePerHour": price_per_hour}
     return sweep_of(name, template, **spec)
 
 
@@ -131,6 +133,16 @@ def assert_exported(cluster: Cluster, operator: Operator, name: str, status: dic
     cluster.kubectl.wait_for(lambda: best in exported(), 10, f"the best of {name} exported")
     assert exported()[best] == [pytest.approx(status["best"]["capacityRps"])]
     assert len(exported()["servinglab_sweep_front_throughput_rps"]) == len(status["front"])
+    # the cost front: one series per point, none for an unpriced sweep
+    assert len(exported().get("servinglab_sweep_cost_front_cost_per_million", [])) == len(status.get("costFront") or [])
+
+
+def assert_cost_front(status: dict[str, Any]) -> None:
+    """A priced sweep: its cost front (cost per million against p99's upper bound) reaches the status, with
+    no reason for its absence."""
+    assert status.get("costFront") and "costFrontReason" not in status, status.get("costFrontReason")
+    assert {p["trial"] for p in status["costFront"]} <= {t["name"] for t in status["trials"]}
+    assert all(p["costPerMillion"] > 0 for p in status["costFront"])
 
 
 def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
@@ -143,8 +155,8 @@ def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
     kubelet_factory()
     configs = [{"batchSize": b, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"} for b in (1, 4, 8)]
     confirm = {"candidates": 2, "rounds": 2}  # the best two measured again, alternating, twice
-    with ServerWatch(cluster, namespace) as watch:
-        cluster.kubectl.apply(sweep("sweep-e2e", strategy="list", configurations=configs, parallelism=3,
+    with ServerWatch(cluster, namespace) as watch:  # priced (a T4's hour), so the status has a cost front
+        cluster.kubectl.apply(sweep("sweep-e2e", 0.35, strategy="list", configurations=configs, parallelism=3,
                                     confirm=confirm), namespace=namespace)  # fmt: skip
         # parallelism 3, but two GPUs: at most two trials at once
         cluster.kubectl.wait_for(
@@ -182,6 +194,7 @@ def test_a_sweep_runs_its_trials_two_at_a_time_and_rolls_them_up(
     )
     assert status["front"] and {p["trial"] for p in status["front"]} <= {t["metadata"]["name"] for t in trials}
     assert_exported(cluster, operator, "sweep-e2e", status)
+    assert_cost_front(status)
 
     printed = cluster.kubectl.run("get", "servingsweeps", "-n", namespace).stdout
     assert "sweep-e2e" in printed and "Succeeded" in printed and status["summary"]["bestConfig"] in printed

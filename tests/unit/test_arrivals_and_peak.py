@@ -11,6 +11,7 @@ from functools import partial
 import pytest
 
 from servinglab.api import RateSearchSpec
+from servinglab.api.results import GeneratorVerdict, Latency
 from servinglab.loadgen.arrivals import arrival_offsets
 from servinglab.loadgen.peak import search_peak_rate
 from servinglab.loadgen.stats import LevelStats
@@ -67,9 +68,9 @@ def fake_server(capacity_rps: float, slo_ms: float = 100.0, saturated_above: flo
     def probe(rate: float) -> LevelStats:
         probed.append(rate)
         p99 = 20.0 if rate <= capacity_rps else 20.0 + 50.0 * (rate - capacity_rps)
-        generator = {"saturated": saturated_above is not None and rate > saturated_above}
+        generator = GeneratorVerdict(saturated=saturated_above is not None and rate > saturated_above)
         return LevelStats(
-            None, 100, 0, {}, min(rate, capacity_rps), 10.0, {"p99": p99}, generator=generator, rate_rps=rate
+            None, 100, 0, {}, min(rate, capacity_rps), 10.0, Latency(p99=p99), generator=generator, rate_rps=rate
         )
 
     return probe, probed

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from servinglab.api import ExperimentSpec, ServingSweep, SpecError, SweepSpec, TrialConfig, load_experiment
+from servinglab.api import ExperimentSpec, ServingSweep, SpecError, SweepSpec, TrialConfig, load_experiment, parse_sweep
 from servinglab.api.cost import NO_PRICE, CostSpec, cost_figures
 from servinglab.api.meta import ObjectMeta
 from servinglab.api.results import GpuFigures, Latency, LevelResult, Runtime
@@ -102,6 +102,10 @@ def test_the_command_line_price_overrides_the_spec_and_reaches_the_results(tmp_p
     assert unpriced.exit_code == 1 and "template.cost.pricePerHour" in unpriced.output
     priced = runner.invoke(main, ["validate", str(sweep), "--price-per-hour", "0.5"])
     assert priced.exit_code == 0, priced.output
+    # an operator whose chart prices its nodes prices each trial where it runs: no template price needed there
+    assert parse_sweep(sweep_document("cost"), prices_elsewhere=True).spec.objective.optimize == "cost"
+    with pytest.raises(SpecError, match="the chart's pricing"):
+        parse_sweep(sweep_document("cost"))
 
 
 def record(order: int, batch: int, rps: float, price: float, gpus: int) -> TrialRecord:

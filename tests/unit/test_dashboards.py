@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +70,41 @@ def test_dashboards_cover_what_the_issue_names() -> None:
     assert {"Sweep trials by state", "Best configuration per sweep", "Pareto front: throughput against p99"} <= titles[
         "experiments"
     ]
+
+
+def operator_metric_names() -> set[str]:
+    """The series names the operator exports (a counter's with its `_total`), from its registry."""
+    from prometheus_client import REGISTRY
+
+    import servinglab.k8s.metrics  # noqa: F401 - registers the operator's metrics
+
+    names = set()
+    for family in REGISTRY.collect():
+        names.add(family.name)
+        if family.type == "counter":
+            names.add(f"{family.name}_total")
+    return names
+
+
+def test_every_metric_the_experiments_dashboard_names_is_one_the_operator_exports() -> None:
+    """A panel that names a metric the operator does not export shows nothing, silently: refused here (the
+    queries' data is checked against a real run in tests/k8s/test_chart.py, which needs a cluster). The
+    experiments dashboard is the operator's; the servers' dashboards name the servers' own metrics."""
+    known = operator_metric_names()
+    dashboard = json.loads((DASHBOARDS[0].parent / "experiments.json").read_text())
+    queries = [(panel["title"], target["expr"]) for panel in panels(dashboard) for target in panel["targets"]]
+    queries += [("variable " + v["name"], v["query"]["query"]) for v in dashboard["templating"]["list"]
+                if v["type"] == "query"]  # fmt: skip
+    unknown = [(title, name) for title, expr in queries for name in re.findall(r"\bservinglab_\w+", expr)
+               if name not in known]  # fmt: skip
+    assert not unknown
+
+
+def test_the_experiments_dashboard_shows_cost_and_the_p99_interval() -> None:
+    dashboard = json.loads((DASHBOARDS[0].parent / "experiments.json").read_text())
+    exprs = {panel["title"]: " ".join(t["expr"] for t in panel["targets"]) for panel in panels(dashboard)}
+    assert "servinglab_experiment_cost_per_million" in exprs["Cost per million inferences by configuration and level"]
+    interval = exprs["p99 with its 95 % interval by configuration and level"]
+    assert all(f"servinglab_experiment_latency_p99{part}_ms" in interval for part in ("_lower", "", "_upper"))
+    front = exprs["Cost front: cost per million against p99"]
+    assert all(f"servinglab_sweep_cost_front_{name}" in front for name in ("cost_per_million", "p99_bound_ms"))

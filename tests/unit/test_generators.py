@@ -9,6 +9,7 @@ import random
 import pytest
 
 from servinglab.api import GeneratorLimits, StabilitySpec
+from servinglab.api.results import OpenLoopFigures
 from servinglab.loadgen import shapes, sharing
 from servinglab.loadgen.stats import LevelStats, Sample, generator_verdict, judge_stability, summarise
 
@@ -28,7 +29,7 @@ def generator_part(seed: int, users: int, errors: float, cpu: float, gap_ms: flo
             samples.append(Sample(sent, latency, error))
             sent += latency / 1000 + user * 1e-6
     stats = summarise(users, samples)
-    verdict = generator_verdict(cpu, [gap_ms] * 100, GeneratorLimits(), stats.latency_ms["p99"])
+    verdict = generator_verdict(cpu, [gap_ms] * 100, GeneratorLimits(), stats.latency_ms.p99)
     return dataclasses.replace(stats, generator=verdict)
 
 
@@ -49,21 +50,22 @@ def test_the_merged_level_is_the_single_computation_over_every_sample() -> None:
     assert merged.throughput_rps == alone.throughput_rps
     assert merged.window_start == min(s.sent_at for s in union)
     assert merged.window_end == max(s.finished_at for s in union)
-    windows = judge_stability(union, START, START + 10.0, STABILITY)["windows"]
-    assert merged.stability is not None and merged.stability["windows"] == windows
+    windows = judge_stability(union, START, START + 10.0, STABILITY).windows
+    assert merged.stability is not None and merged.stability.windows == windows
     # not what averaging the generators' own figures would give
-    assert merged.latency_ms["p99"] != pytest.approx((parts[0].latency_ms["p99"] + parts[1].latency_ms["p99"]) / 2)
-    assert merged.generator is not None and merged.generator["generators"] == 2
-    assert merged.generator["saturated"] is False
+    p99s = [part.latency_ms.p99 or 0.0 for part in parts]
+    assert merged.latency_ms.p99 != pytest.approx((p99s[0] + p99s[1]) / 2)
+    assert merged.generator is not None and merged.generator.generators == 2
+    assert merged.generator.saturated is False
 
 
 def test_a_saturated_generator_flags_the_level_and_is_named() -> None:
     parts = [generator_part(1, 3, 0.0, 30.0, 0.2), generator_part(2, 3, 0.0, 97.0, 0.2)]
     generator = merge(parts, 6).generator
-    assert generator is not None and generator["saturated"] is True
-    assert str(generator["reason"]).startswith("generator 2 of 2: generator CPU 97%"), generator["reason"]
-    assert [g["saturated"] for g in generator["perGenerator"]] == [False, True]  # type: ignore[index, union-attr]
-    assert generator["cpuPercent"] == 97.0
+    assert generator is not None and generator.saturated is True and generator.per_generator is not None
+    assert str(generator.reason).startswith("generator 2 of 2: generator CPU 97%"), generator.reason
+    assert [g.saturated for g in generator.per_generator] == [False, True]
+    assert generator.cpu_percent == 97.0
 
 
 def test_a_send_gap_is_judged_against_the_merged_p99() -> None:
@@ -72,9 +74,9 @@ def test_a_send_gap_is_judged_against_the_merged_p99() -> None:
     fast = generator_part(1, 2, 0.0, 30.0, 12.0)
     slow_samples = [Sample(START + i * 0.05, 2000.0) for i in range(200)]
     slow = dataclasses.replace(summarise(2, slow_samples), generator=fast.generator)
-    assert fast.generator is not None and fast.generator["saturated"] is True
+    assert fast.generator is not None and fast.generator.saturated is True
     merged = merge([fast, slow], 4)
-    assert merged.generator is not None and merged.generator["saturated"] is False, merged.generator
+    assert merged.generator is not None and merged.generator.saturated is False, merged.generator
 
 
 def test_open_loop_counts_are_summed_and_the_sent_rate_is_the_unions() -> None:
@@ -83,14 +85,14 @@ def test_open_loop_counts_are_summed_and_the_sent_rate_is_the_unions() -> None:
         samples = [Sample(START + i / 50 + number / 100, 5.0) for i in range(500)]
         samples += [Sample(START + 3.0 + number, 0.0, "dropped")] * (number + 1)
         stats = summarise(None, samples)
-        figures = {"offeredRps": 50.0, "arrival": "poisson", "sentRps": 50.0, "lateSends": 2 + number,
-                   "droppedSends": number + 1}  # fmt: skip
+        figures = OpenLoopFigures(offered_rps=50.0, arrival="poisson", sent_rps=50.0, late_sends=2 + number,
+                                  dropped_sends=number + 1)  # fmt: skip
         verdict = generator_verdict(20.0, [0.1], GeneratorLimits(), 5.0)
         parts.append(dataclasses.replace(stats, open_loop=figures, rate_rps=50.0, generator=verdict))
     merged = merge(parts, 100.0, closed=False)
     assert merged.rate_rps == 100.0 and merged.concurrency is None
-    assert merged.open_loop == {"offeredRps": 100.0, "arrival": "poisson", "sentRps": 100.0, "lateSends": 5,
-                                "droppedSends": 3}  # fmt: skip
+    assert merged.open_loop == OpenLoopFigures(offered_rps=100.0, arrival="poisson", sent_rps=100.0, late_sends=5,
+                                               dropped_sends=3)  # fmt: skip
     assert merged.errors_by_kind == {"dropped": 3}
 
 

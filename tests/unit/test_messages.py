@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import socket
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -15,7 +16,9 @@ from typing import Any
 import pytest
 
 from servinglab.api import GeneratorLimits, ShapeSpec
+from servinglab.api.results import OpenLoopFigures, PhaseFigures, Stability
 from servinglab.loadgen import messages, shapes, wire
+from servinglab.loadgen.level_message import LevelMessage
 from servinglab.loadgen.stats import LevelStats, Sample, generator_verdict, summarise
 
 KEY = bytes(range(32))
@@ -52,8 +55,9 @@ def test_a_level_arrives_with_its_figures_and_samples(channels: Any) -> None:
     stats = summarise(4, samples(5000))
     stats = dataclasses.replace(
         stats, generator=generator_verdict(42.5, [0.25, 3.0], GeneratorLimits(), 20.0), rate_rps=None,
-        stability={"stable": None, "windows": [], "reason": "1 window(s), 3 needed"},
-        open_loop={"offeredRps": 50.0, "lateSends": 2, "droppedSends": 0}, phases=[{"name": "step 1"}],
+        stability=Stability(stable=None, windows=[], reason="1 window(s), 3 needed"),
+        open_loop=OpenLoopFigures(offered_rps=50.0, sent_rps=49.5, late_sends=2, dropped_sends=0),
+        phases=[PhaseFigures(name="step 1", seconds=2.0, requests=3, errors=0, throughput_rps=1.5)],
     )  # fmt: skip
     executor.submit(messages.send_done, generator, stats)
     received = messages.receive_done(coordinator)
@@ -118,9 +122,60 @@ def test_malformed_samples_are_refused(channels: Any, change: dict[str, Any], pr
     assert problem in str(raised.value)
 
 
-def test_a_level_without_its_generator_verdict_figures_is_refused(channels: Any) -> None:
-    coordinator, generator, executor = channels
-    stats = dataclasses.replace(summarise(2, samples(10)), generator={"cpuPercent": "high"})
-    executor.submit(messages.send_done, generator, stats)
-    with pytest.raises(messages.MessageError, match="'cpuPercent' is missing or not int or float"):
-        messages.receive_done(coordinator)
+def done_message(**change: Any) -> dict[str, Any]:
+    """A generator's `done` message as it sends it, with `change` made to its fields."""
+    stats = dataclasses.replace(summarise(2, samples(10)), generator=generator_verdict(9.0, [0.5], GeneratorLimits()))
+    return {**LevelMessage.of(stats).model_dump(mode="json", by_alias=True, exclude_none=True), **change}
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (
+            {"generator": {"cpuPercent": "high", "sendGapMs": {"p99": 1.0}}},
+            "generator.cpuPercent: 'high': Input should be a valid number",
+        ),
+        ({"generator": {"saturated": False}}, "generator: a generator's verdict without its cpuPercent and sendGapMs"),
+        ({"requests": True}, "requests: True: Input should be a valid integer"),
+        ({"errors": 2.0}, "errors: 2.0: Input should be a valid integer"),
+        ({"throughputRps": "9.5"}, "throughputRps: '9.5': Input should be a valid number"),
+        ({"openLoop": {"sentRps": 1.0, "lateSends": 1.5, "droppedSends": 0}}, "openLoop.lateSends: 1.5:"),
+        ({"errorsByKind": {"http_503": "7"}}, "errorsByKind.http_503: '7': Input should be a valid integer"),
+        ({"errorsByKind": {f"http_{i}": 1 for i in range(1001)}}, "errorsByKind: "),
+        ({"errorsByKind": {"x" * 201: 1}}, "errorsByKind.xxxx"),
+        ({"latencyCdfMs": [[0.0, 1.0]] * 202}, "latencyCdfMs: "),
+        ({"latencyCdfMs": [[0.0, 1.0, 2.0]]}, "latencyCdfMs[0]: "),
+        (
+            {"phases": [{"name": "step 1", "seconds": 1, "requests": 1, "errors": 0, "throughputRps": 1}] * 2003},
+            "phases: ",
+        ),
+        ({"latencyMs": {"p99": 10**400}}, "latencyMs.p99: "),
+        ({"windowStart": None}, "windowStart: None: Input should be a valid number"),
+        ({"stable": True}, "stable: unknown field"),
+    ],
+    ids=[
+        "cpu-text",
+        "no-cpu",
+        "bool-count",
+        "float-count",
+        "text-number",
+        "late-sends",
+        "kind-count",
+        "kinds",
+        "long-kind",
+        "long-cdf",
+        "cdf-point",
+        "phases",
+        "huge-int",
+        "null",
+        "unknown",
+    ],
+)
+def test_a_level_that_is_not_what_the_protocol_says_is_refused_naming_the_field(
+    channels: Any, change: dict[str, Any], problem: str
+) -> None:
+    coordinator, generator, _ = channels
+    generator.send(done_message(**change))
+    with pytest.raises(messages.MessageError) as raised:  # a deadline: were it taken, no samples would follow
+        messages.receive_done(coordinator, deadline=time.monotonic() + 10)
+    assert str(raised.value).startswith("'done' message: ") and problem in str(raised.value), raised.value

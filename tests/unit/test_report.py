@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from servinglab.api.results import to_json
 from servinglab.loadgen.stats import Sample, summarise, windows
 
 SERVINGLAB = str(Path(sys.executable).with_name("servinglab"))
@@ -20,7 +21,7 @@ def closed_loop_document() -> dict[str, Any]:
         stats = summarise(concurrency, samples)
         entry = stats.to_json()
         entry["server"] = {"queueMsMean": 1.5, "inferenceMsPerBatch": 6.0, "meanBatchSize": 2.0}
-        series = [window.to_json() for window in windows(samples, 100.0, 102.0, 0.5)]
+        series = [to_json(window.figures()) for window in windows(samples, 100.0, 102.0, 0.5)]
         entry["stability"] = {
             "stable": concurrency == 1,
             "reason": "p99 varies 40% across the last 3",

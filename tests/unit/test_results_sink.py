@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from servinglab.api import GeneratorLimits, LoadSpec
-from servinglab.api.results import ServerBreakdown, to_json
+from servinglab.api.results import OpenLoopFigures, Repeats, ServerBreakdown, to_json
 from servinglab.k8s import sink as results_sink
 from servinglab.k8s.sink import (
     MAX_DOCUMENT_BYTES,
@@ -75,7 +75,7 @@ def test_a_small_document_is_plain_json_under_the_documented_key() -> None:
     assert [name for name, _ in writes] == ["x-results"]
     assert json.loads(writes[0][1]["data"]["results.json"]) == document
     maps = stored(writes)
-    assert decode_results(maps["x-results"], maps.get) == document
+    assert to_json(decode_results(maps["x-results"], maps.get)) == document
 
 
 def test_a_document_of_several_mib_is_split_into_parts_and_read_back_exactly() -> None:
@@ -90,7 +90,7 @@ def test_a_document_of_several_mib_is_split_into_parts_and_read_back_exactly() -
         encoded = sum(len(v) for v in content.get("binaryData", {}).values())
         assert encoded <= results_sink.INLINE_LIMIT
     maps = stored(writes)
-    assert decode_results(maps["x-results"], maps.get) == document
+    assert to_json(decode_results(maps["x-results"], maps.get)) == document
 
 
 def test_the_largest_document_a_legal_spec_makes_is_read_back() -> None:
@@ -112,9 +112,9 @@ def test_the_largest_document_a_legal_spec_makes_is_read_back() -> None:
         verdict = judge_stability(samples, start, start + load.duration_seconds, load.stability)
         throughputs = [rng.uniform(0, 9e5) for _ in range(20)]
         p99s = [rng.uniform(0, 9e5) for _ in range(20)]
-        repeats = {"runs": 20, "throughputRps": throughputs, "p99Ms": p99s,
-                   "throughputRpsMean": mean_ci95(throughputs), "p99MsMean": mean_ci95(p99s)}  # fmt: skip
-        open_loop = {"offeredRps": 1.0, "sentRps": 1.0, "lateSends": 1, "droppedSends": 0}
+        repeats = Repeats(runs=20, throughput_rps=throughputs, p99_ms=p99s,
+                          throughput_rps_mean=mean_ci95(throughputs), p99_ms_mean=mean_ci95(p99s))  # fmt: skip
+        open_loop = OpenLoopFigures(offered_rps=1.0, sent_rps=1.0, late_sends=1, dropped_sends=0)
         generator = generator_verdict(99.9, gaps, GeneratorLimits())
         stats.append(dataclasses.replace(level, rate_rps=123456.789, stability=verdict, repeats=repeats,
                                          generator=generator, open_loop=open_loop))  # fmt: skip
@@ -127,7 +127,7 @@ def test_the_largest_document_a_legal_spec_makes_is_read_back() -> None:
     size = len(json.dumps(document, separators=(",", ":")))
     assert size < MAX_DOCUMENT_BYTES * 0.75, size  # room to spare
     maps = stored(encode_results("x-results", document))
-    assert decode_results(maps["x-results"], maps.get) == json.loads(json.dumps(document))
+    assert to_json(decode_results(maps["x-results"], maps.get)) == json.loads(json.dumps(document))
 
 
 def test_a_missing_or_corrupt_part_is_reported_not_misread() -> None:
@@ -213,10 +213,16 @@ def test_a_part_larger_than_any_written_one_is_refused() -> None:
         ("[" + "[]," * 300_000 + "[]]", "up to 600002 JSON values; at most 600000"),
         ('{"results": [], "x": [' + "1," * 700_000 + "1]}", "up to 700004 JSON values; at most 600000"),
         ("[" * 100_000 + "]" * 100_000, "not JSON"),
-        ('{"results": {}}', "not a results document"),
-        ('{"results": [{"throughputRps": "' + "9" * 1000 + '"}]}', r"results\[0\].throughputRps is not a number"),
-        ('{"results": [], "ceiling": {"x": "' + "y" * 20_000 + '"}}', "ceiling is not an object of at most 16384"),
-        ('{"results": [' + ",".join(["{}"] * 129) + "]}", "129 levels; a load runs at most 128"),
+        ('{"results": {}}', "not a results document: results: {}: Input should be a valid array"),
+        (
+            '{"results": [{"throughputRps": "' + "9" * 1000 + '"}]}',
+            r"results\[0\].throughputRps: \"'9+\.\.\. \(str\)\": Input should be a valid number",
+        ),
+        ('{"results": [], "ceiling": {"x": "' + "y" * 20_000 + '"}}', "ceiling: more than 16384 bytes"),
+        (
+            '{"results": [' + ",".join(['{"throughputRps": 1, "requests": 1, "errors": 0}'] * 129) + "]}",
+            r"results: \"\[\{.*\.\.\. \(list\)\" has 129 items; list should have at most 128 items",
+        ),
     ],
     ids=["brackets", "commas", "nesting", "no-levels", "not-a-number", "large-ceiling", "levels"],
 )
@@ -243,7 +249,8 @@ def test_a_levels_percentile_bounds_are_read_and_must_be_numbers() -> None:
     def stored() -> dict[str, object]:
         return {"metadata": {"name": "x-results"}, "data": {"results.json": json.dumps({"results": [level]})}}
 
-    assert decode_results(stored(), lambda name: None)["results"][0]["latencyMs"]["intervals"]["p99"]["upper"] == 9.9
+    bound = decode_results(stored(), lambda name: None).results[0].latency_ms.p99_interval
+    assert bound is not None and bound.upper == 9.9
     bounds["upper"] = "9.9"
-    with pytest.raises(ResultsUnreadable, match=r"results\[0\].latencyMs.intervals.p99.upper is not a number"):
+    with pytest.raises(ResultsUnreadable, match=r"results\[0\].latencyMs.intervals.p99.upper: '9.9': Input should"):
         decode_results(stored(), lambda name: None)

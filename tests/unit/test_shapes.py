@@ -10,7 +10,7 @@ import pytest
 
 from servinglab.api import ShapeSpec, SpecError, TraceShape, parse_experiment
 from servinglab.loadgen import shapes
-from servinglab.loadgen.stats import Sample, summarise
+from servinglab.loadgen.stats import Sample, rounded, summarise
 
 
 def shape(**fields: object) -> ShapeSpec:
@@ -78,9 +78,9 @@ def test_each_phase_gets_its_own_exact_figures() -> None:
     start = 1000.0
     samples = [Sample(start + o, 5.0 if o < 2 else 50.0 + o) for o in schedule.offsets]
     first, second = shapes.phase_figures(samples, start, schedule)
-    assert first["requests"] == 20 and second["requests"] == 40
-    assert first["latencyMs"] == {k: round(v, 3) for k, v in summarise(None, samples[:20]).latency_ms.items()}
-    assert second["latencyMs"]["p99"] == round(summarise(None, samples[20:]).latency_ms["p99"], 3)
+    assert first.requests == 20 and second.requests == 40
+    assert first.latency_ms == rounded(summarise(None, samples[:20]).latency_ms)
+    assert second.latency_ms.p99 == round(summarise(None, samples[20:]).latency_ms.p99 or 0.0, 3)
 
 
 def experiment(load: dict[str, object]) -> dict[str, object]:
@@ -122,7 +122,7 @@ def test_a_step_of_users_splits_each_step_between_generators() -> None:
     assert [[p.users for p in part.phases] for part in parts] == [[1, 2, 4], [0, 2, 3]]
     samples = [Sample(1000.0 + t, 10.0) for t in (1.0, 6.0, 7.0, 12.0)]
     figures = shapes.phase_figures(samples, 1000.0, schedule)
-    assert [(f["users"], f["requests"]) for f in figures] == [(1, 1), (4, 2), (7, 1)] and "rateRps" not in figures[0]
+    assert [(f.users, f.requests) for f in figures] == [(1, 1), (4, 2), (7, 1)] and figures[0].rate_rps is None
 
 
 def trace(file: str, speed: float = 1.0) -> TraceShape:

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from servinglab.api.results import Latency
 from servinglab.loadgen.stats import Sample, percentile, summarise
 
 
@@ -29,8 +30,8 @@ def test_sub_millisecond_precision_survives() -> None:
     """Locust would round these to whole milliseconds; we must not."""
     samples = [Sample(0.0, 0.25), Sample(0.001, 0.5), Sample(0.002, 0.75), Sample(0.003, 1.0)]
     stats = summarise(1, samples)
-    assert stats.latency_ms["p50"] == 0.5
-    assert stats.latency_ms["p99"] == 1.0
+    assert stats.latency_ms.p50 == 0.5
+    assert stats.latency_ms.p99 == 1.0
 
 
 def test_percentile_rejects_nonsense() -> None:
@@ -44,7 +45,7 @@ def test_percentiles_are_ordered_for_random_samples() -> None:
     rng = random.Random(4)
     samples = [Sample(i * 0.01, rng.lognormvariate(2, 1)) for i in range(5000)]
     latency = summarise(8, samples).latency_ms
-    ordered = [latency[k] for k in ("min", "p50", "p90", "p95", "p99", "max")]
+    ordered = [getattr(latency, k) for k in ("min", "p50", "p90", "p95", "p99", "max")]
     assert ordered == sorted(ordered)
 
 
@@ -68,7 +69,7 @@ def test_errors_count_but_do_not_enter_latency_or_throughput() -> None:
     assert stats.requests == 5
     assert stats.errors == 3
     assert stats.errors_by_kind == {"http_503": 2, "timeout": 1}
-    assert stats.latency_ms["max"] == 20.0
+    assert stats.latency_ms.max == 20.0
     # window spans all measured requests (0.0 .. 1.5 s); only the 2 successes count as throughput
     assert stats.throughput_rps == pytest.approx(2 / 1.5)
 
@@ -76,5 +77,5 @@ def test_errors_count_but_do_not_enter_latency_or_throughput() -> None:
 def test_no_samples_gives_zero_throughput_and_no_latency() -> None:
     stats = summarise(2, [])
     assert stats.throughput_rps == 0.0
-    assert stats.latency_ms == {}
+    assert stats.latency_ms == Latency()
     assert stats.to_json()["requests"] == 0

@@ -72,6 +72,13 @@ def test_every_bad_field_is_named_and_an_oversized_space_is_refused_with_its_cou
     assert f"1024 configurations (512 x 1 x 2 x 1 x 1) is more than the {MAX_SPACE}" in str(caught.value)
     with pytest.raises(SpecError, match="strategy list needs configurations"):
         parse_sweep(document(strategy="list"))
+    listed = parse_sweep(
+        document(
+            strategy="list",
+            configurations=[{"batchSize": b, "maxBatchDelayMs": 5, "workers": 1, "precision": "fp32"} for b in (1, 4)],
+        )
+    )
+    assert space_size(listed.spec) == 2  # a list's size is its length, whatever its axes would expand to
 
 
 def test_trial_names_are_deterministic_unique_and_fit_an_experiment_name() -> None:

@@ -118,7 +118,7 @@ def served(spec: ExperimentSpec, parameters: dict[str, str] | None = None, **cha
     wanted = config.expected(spec.server, spec.server.gpus, spec.load)
     values = wanted.parameters | (parameters or {})
     return {
-        "name": "tiny", "max_batch_size": wanted.max_batch_size,
+        "name": "tiny", "backend": "python", "max_batch_size": wanted.max_batch_size,
         "dynamic_batching": {"max_queue_delay_microseconds": str(wanted.max_queue_delay_us)},
         "instance_group": [{"name": "tiny_0", "kind": "KIND_CPU", "count": wanted.instances}],
         "parameters": {key: {"string_value": value} for key, value in values.items()},
@@ -145,6 +145,10 @@ def test_the_load_job_reads_what_triton_serves_and_names_each_field_that_differs
     assert "max_batch_size is 16, the spec's is 4" in differs
     assert "instance_group count is 1, the spec's is 2" in differs
     assert "parameters.precision is 'fp16', the spec's is 'fp32'" in differs
+    # another backend than servinglab's model (a native one) is named too, and what served is reported
+    assert effective.backend == "python"
+    _, differs = triton.applied_settings(spec, "tiny", answering(served(spec, backend="onnxruntime")))
+    assert differs is not None and "backend is 'onnxruntime', the spec's is 'python'" in differs
     # TorchServe and LitServe say nothing on their inference port
     assert get("torchserve").applied_settings(spec, "tiny", answering(changed)) == (None, None)
 

@@ -37,7 +37,7 @@ def model_ref(path: Path, model_input: dict[str, object] | None = None) -> Model
 
 
 def test_every_server_declares_the_user_model_formats_it_serves() -> None:
-    packed = {ModelFormat.TORCHSCRIPT, ModelFormat.EXPORTED}
+    packed = {ModelFormat.TORCHSCRIPT, ModelFormat.EXPORTED, ModelFormat.ONNX}
     assert set(servers.get("litserve").capabilities.user_model_formats) == packed
     assert set(servers.get("triton").capabilities.user_model_formats) == packed
     assert set(servers.get("torchserve").capabilities.user_model_formats) == {

@@ -161,7 +161,10 @@ def test_messages_cross_whole_in_many_frames_and_in_order(pool: ThreadPoolExecut
     assert generator.recv(timeout_seconds=5) == {"kind": "stop"}
 
 
-@pytest.mark.parametrize("text", ['{"kind":"extend","seconds":NaN}', "[1, 2]", '{"seconds": 1}', "\xff"])
+@pytest.mark.parametrize(
+    "text",
+    ['{"kind":"extend","seconds":NaN}', '{"kind":"extend","seconds":-1e400}', "[1, 2]", '{"seconds": 1}', "\xff"],
+)
 def test_a_message_that_is_not_a_json_object_with_a_kind_is_refused(pool: ThreadPoolExecutor, text: str) -> None:
     coordinator, generator = pair(pool)
     generator._sock.sendall(raw_frame(generator, text.encode("latin-1")))

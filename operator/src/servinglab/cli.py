@@ -51,7 +51,7 @@ def validate(file: Path, price_per_hour: float | None) -> None:
     try:
         if _kind_of(file) == SWEEP_KIND:
             sweep = load_sweep(file, price_per_hour)
-            size = space_size(sweep.spec) if sweep.spec.strategy != "list" else len(sweep.spec.configurations)
+            size = space_size(sweep.spec)
             what = f"({sweep.spec.strategy}, {size} configurations)"
             click.echo(f"{file}: valid {SWEEP_KIND} '{sweep.metadata.name}' {what}")
             return
@@ -341,7 +341,7 @@ def prepare_model(spec_file: Path, into: Path, mounted: Path | None, cache: Path
             _fail(f"{MODEL_URL_ENV}: {exc}", ExitCode.INVALID)
     try:
         described = servers.get(spec.server.kind).prepare_user_model(
-            model, spec.server.precision, into, mounted, cache, count
+            model, spec.server.precision, into, mounted, cache, count, spec.server.batch_size
         )
     except ModelError as exc:
         _report(termination_log, f"{exc.reason}: {exc}")
@@ -372,6 +372,41 @@ def count_model(directory: Path, termination_log: Path) -> None:
     counts = probe.count(directory) if packed else {}
     _report(termination_log, counts)
     click.echo(json.dumps(counts))
+
+
+@main.command("prepare-form")
+@click.option("--spec-file", type=click.Path(path_type=Path, exists=True), required=True)
+@click.option("--folder", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="The folder the handler loads the model from (Triton: the entry's 1/build).")  # fmt: skip
+@click.option("--cache", type=click.Path(path_type=Path), help="Where built forms are kept, keyed by content.")
+@click.option("--merge", is_flag=True,
+              help="Add the form as `form` to the JSON object in the termination log (the model's).")  # fmt: skip
+@click.option("--termination-log", type=click.Path(path_type=Path), default=Path("/dev/termination-log"),
+              show_default=True, help="Where the outcome goes for Kubernetes (skipped if absent).")  # fmt: skip
+def prepare_form(spec_file: Path, folder: Path, cache: Path | None, merge: bool, termination_log: Path) -> None:
+    """Build (or find built), gate against eager fp32 and put beside the model the spec's `server.form`, as
+    `servinglab run` does before its server starts (a server pod's init container). On success the
+    termination message is the form run (JSON; with --merge, under `form` in the model's description); on
+    failure "<Reason>: <message>" (FormDisagrees, FormNotBuilt, FormNotSupported) and the exit code is 3."""
+    from servinglab.models import forms
+    from servinglab.servers.handler import powers_of_two_up_to
+    from servinglab.servers.process import visible_gpus
+
+    server = load_experiment(spec_file).spec.server
+    try:
+        run = forms.prepare(server, folder, powers_of_two_up_to(server.batch_size), visible_gpus() > 0, cache)
+    except forms.FormError as exc:
+        _report(termination_log, f"{exc.reason}: {exc}")
+        _fail(f"{exc.reason}: {exc}", ExitCode.MODEL_UNSERVABLE)
+    said = to_json(run) if run is not None else {}
+    if merge:
+        try:
+            described = json.loads(termination_log.read_text())
+        except (OSError, ValueError):
+            described = None
+        said = {**described, "form": said} if isinstance(described, dict) else {"form": said}
+    _report(termination_log, said)
+    click.echo(json.dumps(said))
 
 
 def _report(termination_log: Path | None, message: str | dict[str, object]) -> None:

@@ -36,6 +36,7 @@ from servinglab.api.meta import (
     API_VERSION,
     EXPERIMENT_LABEL,
     EXPERIMENT_UID_LABEL,
+    GROUP_VERSION,
     KIND,
     PLURAL,
     SWEEP_KIND,
@@ -72,7 +73,7 @@ from servinglab.api.sweep import (
 )
 
 __all__ = [
-    "API_GROUP", "API_VERSION", "BUILTIN_MODELS", "EXPERIMENT_LABEL", "EXPERIMENT_UID_LABEL", "KIND",
+    "API_GROUP", "API_VERSION", "BUILTIN_MODELS", "EXPERIMENT_LABEL", "EXPERIMENT_UID_LABEL", "GROUP_VERSION", "KIND",
     "MAX_GENERATORS", "MAX_SPACE", "PLURAL", "SWEEP_KIND", "SWEEP_LABEL", "SWEEP_PLURAL",
     "BurstShape", "CeilingSpec", "CleanupSpec", "CompileMode", "DataPath", "Decode", "ExperimentSpec",
     "GeneratorLimits", "LoadSpec", "MetricsSpec",

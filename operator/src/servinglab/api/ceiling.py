@@ -23,6 +23,29 @@ class RawSkip(ResultModel):
     reason: str
 
 
+class FormAlone(ResultModel):
+    """The model alone in one form at the served batch size (`ceiling.forms`): measured (its throughput, the
+    build's seconds, whether the build was cached), or why not (refused, build-failed, failed-gate)."""
+
+    form: str
+    status: str
+    throughput_rps: float | None = None
+    build_seconds: float | None = None
+    cached: bool | None = None
+    reason: str | None = None
+
+
+class BestForm(ResultModel):
+    """The fastest form alone at the served batch, against the served form alone there: `gain` is what the
+    better form would add to the model (the served form's own gap to it is `servedOverRaw`'s business)."""
+
+    form: str
+    rps: float
+    served_form: str
+    served_form_rps: float
+    gain: float
+
+
 class Ceiling(ResultModel):
     """How far the served throughput is from the model alone (raw) and from the chip's peak."""
 
@@ -46,6 +69,11 @@ class Ceiling(ResultModel):
     served_over_raw: float | None = None
     served_over_best_raw: float | None = None
     served_over_theoretical: float | None = None
+    #: The form the raw figures ran in: the served one (absent: the model as it comes).
+    form: str | None = None
+    #: With `ceiling.forms`: every form alone at the formed batch, and the fastest against the served one.
+    forms_alone: list[FormAlone] | None = None
+    best_form: BestForm | None = None
     note: str | None = None
 
 

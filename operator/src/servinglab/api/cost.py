@@ -19,7 +19,10 @@ from servinglab.api.meta import ResultModel, SpecModel
 #: The most an hour of one replica may cost (a bound against a typo of a few orders of magnitude).
 MAX_PRICE_PER_HOUR = 10_000.0
 
-NO_PRICE = "no price: set spec.cost.pricePerHour or --price-per-hour"
+NO_PRICE = (
+    "no price: set spec.cost.pricePerHour, --price-per-hour locally, or in the cluster the chart's "
+    "pricing.perGpuProduct or pricing.perNode for the server's node"
+)
 NO_THROUGHPUT = "no throughput: nothing was answered, so there is no cost per inference"
 
 
@@ -32,6 +35,21 @@ class CostSpec(SpecModel):
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$", description="An ISO 4217 code (USD, EUR, ...).")
 
 
+class Price(ResultModel):
+    """The price a run's figures are at, and where it came from: `spec` (spec.cost, or --price-per-hour),
+    `gpu product <label value>` or `node <name>` (the operator chart's pricing values, for the node the
+    server pod ran on)."""
+
+    price_per_hour: float
+    currency: str
+    source: str
+
+
+def spec_price(cost: CostSpec | None) -> Price | None:
+    """The spec's own price (with --price-per-hour, the command line's), as a price with its source."""
+    return Price(price_per_hour=cost.price_per_hour, currency=cost.currency, source="spec") if cost else None
+
+
 class CostFigures(ResultModel):
     """One level's cost at its measured throughput: per million inferences (needs a price), GPU-seconds per
     thousand inferences (with a GPU), and energy per inference (from GPU telemetry). `reason` says why a
@@ -41,6 +59,10 @@ class CostFigures(ResultModel):
     throughput_rps: float | None = None
     price_per_hour: float | None = None
     currency: str | None = None
+    #: Where the price came from (see :class:`Price`).
+    price_source: str | None = None
+    #: How many replicas answered the throughput, each at `price_per_hour` (absent: one).
+    replicas: int | None = None
     cost_per_million: float | None = None
     gpu_seconds_per_thousand: float | None = None
     energy_per_inference_joules: float | None = None
@@ -48,20 +70,31 @@ class CostFigures(ResultModel):
 
 
 def cost_figures(
-    price: CostSpec | None, throughput_rps: float, gpus: int, energy_per_inference_joules: float | None = None
+    price: CostSpec | Price | None,
+    throughput_rps: float,
+    gpus: int,
+    energy_per_inference_joules: float | None = None,
+    replicas: int = 1,
 ) -> CostFigures:
-    """The cost figures of one level answered at `throughput_rps` by a replica holding `gpus` GPUs."""
+    """The cost figures of one level answered at `throughput_rps` by `replicas` replicas each holding `gpus`
+    GPUs: the whole deployment is priced (the price per replica-hour x `replicas`)."""
+    several = replicas if replicas > 1 else None
+    if isinstance(price, CostSpec):
+        price = spec_price(price)
     if throughput_rps <= 0:
         return CostFigures(
             price_per_hour=price.price_per_hour if price else None, currency=price.currency if price else None,
+            price_source=price.source if price else None,
             energy_per_inference_joules=energy_per_inference_joules, reason=NO_THROUGHPUT,
         )  # fmt: skip
     return CostFigures(
         throughput_rps=throughput_rps,
         price_per_hour=price.price_per_hour if price else None,
         currency=price.currency if price else None,
-        cost_per_million=_figure(price.price_per_hour / (throughput_rps * 3600) * 1e6) if price else None,
-        gpu_seconds_per_thousand=_figure(gpus * 1000 / throughput_rps) if gpus >= 1 else None,
+        price_source=price.source if price else None,
+        replicas=several,
+        cost_per_million=_figure(price.price_per_hour * replicas / (throughput_rps * 3600) * 1e6) if price else None,
+        gpu_seconds_per_thousand=_figure(gpus * replicas * 1000 / throughput_rps) if gpus >= 1 else None,
         energy_per_inference_joules=energy_per_inference_joules,
         reason=None if price else NO_PRICE,
     )

@@ -13,9 +13,11 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from servinglab.api.cost import CostSpec, with_price
+from servinglab.api.datapath import CompileMode
+from servinglab.api.forms import ModelForm
 from servinglab.api.load import LoadSpec
 from servinglab.api.meta import ObjectMeta, SpecModel, parse_document, read_document
-from servinglab.api.modelref import ModelRef, redact_url, userinfo_refusal
+from servinglab.api.modelref import EAGER_ONLY_MODELS, ModelRef, redact_url, userinfo_refusal
 from servinglab.api.servers import ServerSpec
 
 
@@ -72,6 +74,12 @@ class CeilingSpec(SpecModel):
 
     enabled: bool = Field(default=True, description="Measure the model alone after the run (local runs).")
     raw_seconds: float = Field(default=5.0, gt=0, le=600, description="How long the in-process loop runs.")
+    forms: bool = Field(
+        default=False,
+        description="Also run the model alone in each other form (eager, torchscript, compile, onnxruntime; "
+        "tensorrt on a GPU) at the formed batch, each for rawSeconds (local runs of a built-in model): the "
+        "report shows the best form alone and what it would gain over the served one.",
+    )
 
 
 class ExperimentSpec(SpecModel):
@@ -92,6 +100,18 @@ class ExperimentSpec(SpecModel):
     def _search_has_an_objective(self) -> ExperimentSpec:
         if self.load.rate_search is not None and self.slo.p99_latency_ms is None:
             raise ValueError("load.rateSearch needs slo.p99LatencyMs (the latency the peak rate must meet)")
+        return self
+
+    @model_validator(mode="after")
+    def _eager_only_model(self) -> ExperimentSpec:
+        why = EAGER_ONLY_MODELS.get(self.model.name) if self.model.source is None else None
+        if why is None:
+            return self
+        if self.server.form not in (None, ModelForm.EAGER):
+            raise ValueError(f"server.form: {self.server.form}; model {self.model.name} runs eager only: {why}")
+        if self.server.data_path.compile is not CompileMode.NONE:
+            raise ValueError(f"server.dataPath.compile: {self.server.data_path.compile}; model {self.model.name} "
+                             f"runs eager only: {why}")  # fmt: skip
         return self
 
 

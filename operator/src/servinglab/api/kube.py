@@ -50,6 +50,21 @@ def label_value_problem(value: str) -> str | None:
     return None
 
 
+#: An extended resource's name as the API server accepts it: a DNS subdomain prefix, a slash, a name.
+_RESOURCE = re.compile(
+    r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+def resource_problem(name: str) -> str | None:
+    """Why `name` cannot be the GPU resource (None if it can): a vendor's extended resource, such as
+    nvidia.com/gpu, nvidia.com/mig-1g.5gb or amd.com/gpu."""
+    if not _RESOURCE.match(name) or name.split("/")[0].endswith("kubernetes.io"):
+        return f"'{name}' is not an extended resource name such as nvidia.com/gpu or nvidia.com/mig-1g.5gb"
+    return None
+
+
 # The image reference grammar of the distribution project (docker/distribution's reference package), which
 # the container runtimes parse with: [host[:port]/]path[:tag][@digest].
 _HOST_PART = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"

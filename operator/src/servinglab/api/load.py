@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from servinglab.api.kube import Resources
 from servinglab.api.meta import SpecModel, VolumePath
+from servinglab.api.utilisation import MAX_USERS, UtilisationTargetSpec
 
 
 class PayloadFormat(StrEnum):
@@ -236,6 +237,11 @@ class LoadSpec(SpecModel):
         default=1024, ge=1, le=65536, description="Open loop: sends beyond this many outstanding are dropped."
     )
     rate_search: RateSearchSpec | None = None
+    utilisation_target: UtilisationTargetSpec | None = Field(
+        default=None,
+        description="Raise users (closed) or rate (open) until the server's utilisation holds at a target, then "
+        "measure there; replaces concurrency and rates.",
+    )
     shape: ShapeSpec | None = Field(
         default=None, description="Open loop: one run whose rate changes (step, burst or trace replay)."
     )
@@ -263,6 +269,10 @@ class LoadSpec(SpecModel):
         """One line for people: what load is about to run."""
         if self.shape is not None:
             return f"{self.mode} loop, {self.shape.kind} shape"
+        if (aim := self.utilisation_target) is not None:
+            raised = "users" if self.mode == "closed" else "rate"
+            return (f"{self.mode} loop, {raised} raised until the {aim.resource} utilisation holds at "
+                    f"{aim.target:g} ± {aim.tolerance:g}")  # fmt: skip
         if self.mode == "closed":
             return f"closed loop, concurrency {self.concurrency}"
         parts = [f"open loop ({self.arrival}), rates {self.rates} rps" if self.rates else f"open loop ({self.arrival})"]
@@ -272,8 +282,9 @@ class LoadSpec(SpecModel):
 
     @model_validator(mode="after")
     def _open_loop_has_rates(self) -> LoadSpec:
-        if self.mode == "open" and not self.rates and self.rate_search is None and self.shape is None:
-            raise ValueError("mode open needs rates, rateSearch or shape")
+        aim = self.utilisation_target
+        if self.mode == "open" and not self.rates and self.rate_search is None and self.shape is None and aim is None:
+            raise ValueError("mode open needs rates, rateSearch, shape or utilisationTarget")
         closed_step = self.shape is not None and self.shape.step is not None and self.shape.step.users is not None
         if self.mode == "closed" and (self.rates or self.rate_search is not None):
             raise ValueError("rates and rateSearch need mode: open")
@@ -283,7 +294,29 @@ class LoadSpec(SpecModel):
             raise ValueError("shape replaces rates and rateSearch: give one or the other")
         if self.shape is not None and self.repeats > 1:
             raise ValueError(f"repeats: {self.repeats}; a shaped run is one run (its phases are its levels)")
+        if aim is not None:
+            self._check_utilisation_target(aim)
         return self
+
+    def _check_utilisation_target(self, aim: UtilisationTargetSpec) -> None:
+        """The utilisation search chooses the levels itself: nothing else may name them."""
+        given = [name for name, field in (("concurrency", "concurrency"), ("rates", "rates"),
+                 ("rateSearch", "rate_search"), ("shape", "shape")) if field in self.model_fields_set]  # fmt: skip
+        if given:
+            raise ValueError(f"utilisationTarget chooses the load itself; remove {', '.join(given)}")
+        if self.repeats > 1:
+            raise ValueError(f"repeats: {self.repeats}; the utilisation search probes each load once")
+        if self.mode == "open" and aim.start is None:
+            raise ValueError("utilisationTarget.start: an open loop needs the first probe's rate (rps)")
+        if self.mode == "closed":
+            for name, users in (("start", aim.start), ("maxLoad", aim.max_load)):
+                if users is not None and (users != int(users) or users > MAX_USERS):
+                    raise ValueError(
+                        f"utilisationTarget.{name}: {users:g} users; a closed loop needs a whole number, 1..{MAX_USERS}"
+                    )
+        probe, full = aim.probe_seconds, max(self.duration_seconds, self.stability.max_duration_seconds or 0.0)
+        if probe is not None and probe > full:
+            raise ValueError(f"utilisationTarget.probeSeconds: {probe:g} is longer than durationSeconds {full:g}")
 
     @model_validator(mode="after")
     def _results_stay_bounded(self) -> LoadSpec:
@@ -323,6 +356,8 @@ class LoadSpec(SpecModel):
         levels = len(self.concurrency) if self.mode == "closed" else len(self.rates)
         if self.mode == "open" and self.rate_search is not None:
             levels += self.rate_search.max_probes
+        if self.utilisation_target is not None:  # the probes, then the measurement at the load found
+            levels = self.utilisation_target.max_probes + 1
         return levels, max(self.duration_seconds, self.stability.max_duration_seconds or 0.0)
 
     @model_validator(mode="after")

@@ -21,6 +21,8 @@ from pydantic.alias_generators import to_camel
 
 API_GROUP = "servinglab.dev"
 API_VERSION = "v1alpha1"
+#: The `apiVersion` of servinglab's resources: group/version, spelled once.
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 KIND = "ServingExperiment"
 SWEEP_KIND = "ServingSweep"
 PLURAL = "servingexperiments"
@@ -138,6 +140,15 @@ def describe_error(error: Mapping[str, Any]) -> str:
     return f"{shown}: {error['msg']}"
 
 
+def brief_error(error: Mapping[str, Any]) -> str:
+    """'field.path: sentence' for one pydantic error, a long offending value cut short (a peer's 129
+    levels or 5,000 characters would drown what is wrong with them)."""
+    value = error.get("input")
+    if len(shown := repr(value)) > 80:
+        value = shown[:60] + f"... ({type(value).__name__})"
+    return f"{field_path(error['loc'])}: {describe_error({**error, 'input': value})}"
+
+
 def as_json(document: Any) -> str:
     """The document as the API server would see it: JSON, where YAML's dates and the like are strings.
 
@@ -164,15 +175,18 @@ def read_document(path: str | Path, what: str = "experiment") -> Any:
 Document = TypeVar("Document", bound=BaseModel)
 
 
-def parse_document(model: type[Document], document: Any, source: str | None, what: str,
-                   problems: list[str] | None = None) -> Document:  # fmt: skip
+def parse_document(
+    model: type[Document], document: Any, source: str | None, what: str, problems: list[str] | None = None,
+    context: Mapping[str, Any] | None = None,
+) -> Document:  # fmt: skip
     """Validate one parsed YAML/JSON document as `model` (strictly, as the API server would: JSON types);
-    raise :class:`SpecError` naming every bad field, with `problems` found beforehand."""
+    raise :class:`SpecError` naming every bad field, with `problems` found beforehand. `context` reaches the
+    model's validators (what the reader knows beyond the document)."""
     found = list(problems or [])
     if not isinstance(document, Mapping):
         raise SpecError([f"(document): expected a mapping, got {type(document).__name__}"], source, what)
     try:
-        parsed = model.model_validate_json(as_json(document), strict=True)
+        parsed = model.model_validate_json(as_json(document), strict=True, context=context)
     except ValidationError as exc:
         found += [f"{field_path(e['loc'])}: {describe_error(e)}" for e in exc.errors()]
         raise SpecError(found, source, what) from None

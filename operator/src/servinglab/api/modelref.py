@@ -16,7 +16,12 @@ from pydantic import Field, model_validator
 from servinglab.api.meta import SpecModel, VolumePath
 
 #: Built-in demo models shipped in model-store/ (see :mod:`servinglab.models`).
-BUILTIN_MODELS = ("resnet50", "tiny")
+BUILTIN_MODELS = ("resnet50", "tiny", "fixed-latency")
+#: Built-in models that run eager only, and why: what `server.form` other than eager is refused with.
+EAGER_ONLY_MODELS = {
+    "fixed-latency": "its forward waits in Python (time.sleep), which a traced, exported or compiled form "
+    "would drop or split",
+}
 
 
 class ModelFormat(StrEnum):
@@ -27,6 +32,7 @@ class ModelFormat(StrEnum):
     DIRECTORY = "directory"  # the same, unpacked into a folder
     TORCHSCRIPT = "torchscript"  # torch.jit.save output, packed with servinglab's handler
     EXPORTED = "exported"  # torch.export.save output (.pt2), packed with servinglab's handler
+    ONNX = "onnx"  # an ONNX model (.onnx, one file), run in ONNX Runtime by servinglab's handler
 
 
 class SecretKeyRef(SpecModel):
@@ -134,7 +140,7 @@ class ModelSource(SpecModel):
 
 
 class ModelInput(SpecModel):
-    """What one request decodes to for a model packed with servinglab's handler (TorchScript, .pt2)."""
+    """What one request decodes to for a model packed with servinglab's handler (TorchScript, .pt2, ONNX)."""
 
     kind: Literal["image", "tensor"] = Field(
         default="image",
@@ -187,5 +193,7 @@ class ModelRef(SpecModel):
         if self.source is None and self.input is not None:
             raise ValueError("input: built-in models declare their own input; it is for a model.source")
         if self.source is not None and self.source.format in (ModelFormat.MAR, ModelFormat.DIRECTORY) and self.input:
-            raise ValueError("input: an archive's own handler decodes requests; input is for TorchScript and .pt2")
+            raise ValueError(
+                "input: an archive's own handler decodes requests; input is for TorchScript, .pt2 and ONNX"
+            )
         return self

@@ -21,7 +21,9 @@ from pydantic import BaseModel, Field
 from servinglab.api.ceiling import Ceiling, ModelDescription
 from servinglab.api.conditions import Condition
 from servinglab.api.cost import CostFigures
-from servinglab.api.meta import API_GROUP, API_VERSION, ResultModel
+from servinglab.api.forms import FormRun
+from servinglab.api.meta import GROUP_VERSION, ResultModel
+from servinglab.api.utilisation import UtilisationSearch
 from servinglab.api.verdicts import CpuFigures, Verdict
 
 RESULTS_KIND = "ServingExperimentResults"
@@ -271,6 +273,12 @@ class EffectiveSettings(ResultModel):
     min_workers: int | None = None
     max_workers: int | None = None
     ready_workers: int | None = None
+    #: The server's backend that served the model, where it has several (Triton: `python`, servinglab's model,
+    #: or a native one: `onnxruntime`, `pytorch`, `tensorrt`), as the server says.
+    backend: str | None = None
+    #: Why the model's form is not on the server's native backend for it (Triton: none here, or the requests'
+    #: encoding), where a form was asked for.
+    backend_note: str | None = None
 
 
 class ServerSettings(ResultModel):
@@ -356,12 +364,17 @@ class Runtime(ResultModel):
     device: str | None = None
     precision_note: str | None = None
     data_path: DataPathRun | None = None
+    #: The model's form as built, checked and served (absent: the model as it comes).
+    form: FormRun | None = None
     warmup: Warmup | None = None
     cpu_count: int | None = None
     machine: str | None = None
     #: Where the levels' GPU figures came from, or why there are none (no GPU, NVML not readable).
     gpu_telemetry: str | None = None
+    #: The pod read for logs and telemetry (with several replicas: the first by name).
     server_pod: str | None = None
+    #: How many server replicas the load ran against (absent: one); throughput and cost are the whole deployment's.
+    server_replicas: int | None = None
 
 
 class Producer(ResultModel):
@@ -375,7 +388,7 @@ class ExperimentResults(ResultModel):
     """One experiment's results document: the local `--output` file, `servinglab results -o`, and
     what the table and the report read."""
 
-    api_version: str = f"{API_GROUP}/{API_VERSION}"
+    api_version: str = GROUP_VERSION
     kind: str = RESULTS_KIND
     experiment: str
     model: str
@@ -388,6 +401,7 @@ class ExperimentResults(ResultModel):
     results: list[LevelResult] = Field(default_factory=list)
     best: BestLevel | None = None
     peak_rate: PeakRate | None = None
+    utilisation: UtilisationSearch | None = None
     ceiling: Ceiling | None = None
     runtime: Runtime | None = None
     model_info: ModelDescription | None = None

@@ -13,7 +13,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from servinglab.api.datapath import DataPath
+from servinglab.api.datapath import CompileMode, DataPath
+from servinglab.api.forms import GPU_ONLY_FORMS, ModelForm
 from servinglab.api.kube import Resources, image_problem, label_key_problem, label_value_problem
 from servinglab.api.meta import SpecModel
 
@@ -55,6 +56,9 @@ class Toleration(SpecModel):
         return self
 
 
+#: The most server replicas one experiment may run (a bound against a typo; a plan check needs a handful).
+MAX_REPLICAS = 32
+
 #: The model servers servinglab can put under test (each one a folder of :mod:`servinglab.servers`).
 ServerKind = Literal["torchserve", "litserve", "triton"]
 
@@ -92,6 +96,11 @@ class ServerSpec(SpecModel):
     workers: int = Field(default=1, ge=1, le=64, description="Backend worker processes (model copies).")
     precision: Precision = Precision.FP32
     gpus: int = Field(default=1, ge=0, le=16, description="GPUs requested on Kubernetes (0 = CPU).")
+    replicas: int = Field(
+        default=1, ge=1, le=MAX_REPLICAS,
+        description="Server pods behind the experiment's Service, each with `gpus` and `resources` (Kubernetes; "
+        "a capacity plan's check runs its replica count). The load is measured against all of them.",
+    )  # fmt: skip
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     resources: Resources = Field(default_factory=Resources)
@@ -108,6 +117,11 @@ class ServerSpec(SpecModel):
     )
     data_path: DataPath = Field(
         default_factory=DataPath, description="How the handler decodes, copies and runs a batch (each a sweep axis)."
+    )
+    form: ModelForm | None = Field(
+        default=None,
+        description="How the model runs: eager, torchscript, compile (dataPath.compile's mode), onnxruntime or "
+        "tensorrt (GPU only); built once, cached and checked against eager fp32. Unset: the model as it comes.",
     )
 
     @field_validator("node_selector")
@@ -137,4 +151,29 @@ class ServerSpec(SpecModel):
         if self.gpus == 0 and (needs := self.data_path.gpu_only()):
             raise ValueError(f"dataPath.{needs[0]} needs a GPU, and gpus is 0 (ask for gpus: 1, or use the CPU's "
                              "options: decode: cpu with decodeThreads, compile: default)")  # fmt: skip
+        if (problem := self.form_problem()) is not None:
+            raise ValueError(problem)
         return self
+
+    def form_problem(self) -> str | None:
+        """Why `form` cannot run with the rest of this spec (naming the fields), or None."""
+        form = self.form
+        if form is None:
+            return None
+        if self.gpus == 0 and form in GPU_ONLY_FORMS:
+            return f"spec.server.form: {form} needs a GPU ({GPU_ONLY_FORMS[form]}), and gpus is 0"
+        compiled = self.data_path.compile is not CompileMode.NONE
+        if compiled and form is not ModelForm.COMPILE:
+            return (f"spec.server.form: {form} and spec.server.dataPath.compile: {self.data_path.compile} contradict "
+                    "each other (torch.compile is the form compile: set form: compile, or leave dataPath.compile "
+                    "none)")  # fmt: skip
+        if form is ModelForm.ONNXRUNTIME and self.precision in (Precision.FP16, Precision.BF16):
+            return (f"spec.server.form: onnxruntime runs the exported model at fp32 (tf32 on a GPU), not "
+                    f"spec.server.precision: {self.precision}")  # fmt: skip
+        return None
+
+    def compile_mode(self) -> CompileMode:
+        """The torch.compile mode the handler runs: dataPath.compile's, `default` for form compile left unset."""
+        if self.form is ModelForm.COMPILE and self.data_path.compile is CompileMode.NONE:
+            return CompileMode.DEFAULT
+        return self.data_path.compile

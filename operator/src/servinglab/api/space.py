@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from servinglab.api.datapath import CompileMode, Decode, Transfer
+from servinglab.api.forms import ModelForm
 from servinglab.api.meta import SpecModel
 from servinglab.api.servers import Precision, ServerKind
 
@@ -78,6 +79,19 @@ class BoolAxis(SpecModel):
     values: list[bool] = Field(min_length=1, max_length=2)
 
 
+class FormAxis(SpecModel):
+    """The model's forms to try (`server.form`): eager, torchscript, compile, onnxruntime, tensorrt."""
+
+    values: list[ModelForm] = Field(min_length=1, max_length=5)
+
+    @field_validator("values")
+    @classmethod
+    def _distinct(cls, value: list[ModelForm]) -> list[ModelForm]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"values {[str(v) for v in value]} repeat a form")
+        return value
+
+
 class KnobSpace(SpecModel):
     """The server knobs to vary; a knob left out keeps the template's value."""
 
@@ -105,7 +119,9 @@ class SweepSpace(KnobSpace):
     its own: the axes here, or those of `perKind.<server>` (knob by knob) where a knob's useful values
     differ on that server. The data path's axes combine into the data paths tried (on every server); a
     combination that means nothing (device decode with decode threads, float transfer or pinned copies)
-    is left out rather than run."""
+    is left out rather than run; so is a form the rest of the configuration cannot run (onnxruntime at
+    fp16, a GPU-only form with gpus 0, a form other than compile with dataPath.compile set), listed with
+    its reason among the sweep's pruned configurations."""
 
     decode: DecodeAxis | None = None
     decode_threads: IntAxis | None = None
@@ -113,6 +129,7 @@ class SweepSpace(KnobSpace):
     pinned_copies: BoolAxis | None = None
     compile: CompileAxis | None = None
     channels_last: BoolAxis | None = None
+    form: FormAxis | None = None
     kind: KindAxis | None = None
     per_kind: dict[str, KnobSpace] = Field(
         default_factory=dict, description="Knob axes for one server of the kind axis, replacing the shared ones."

@@ -11,6 +11,8 @@ from pydantic import Field
 
 from servinglab.api.ceiling import Ceiling, ModelDescription
 from servinglab.api.conditions import Condition
+from servinglab.api.cost import Price
+from servinglab.api.forms import FormRun
 from servinglab.api.meta import ResultModel
 from servinglab.api.results import EffectiveSettings, LevelResult, PeakRate
 from servinglab.api.trials import (
@@ -57,8 +59,14 @@ class ExperimentStatus(ResultModel):
     queued_seconds: float | None = None
     server_ready_at: str | None = None
     cold_start_seconds: float | None = None
+    #: The server pod read where one is (logs, the model's description, telemetry): the first ready by name.
     server_pod: str | None = None
+    #: Every replica's pod the load ran against, and how many served (spec.server.replicas once ready).
+    server_pods: list[str] | None = None
+    server_replicas: int | None = None
     model: ModelDescription | None = None
+    #: The model's form as the server pod's init container built, gated and put beside it (`server.form`).
+    form: FormRun | None = None
     results: list[LevelResult] | None = None
     summary: ExperimentSummary | None = None
     results_ref: ResultsRef | None = None
@@ -66,6 +74,8 @@ class ExperimentStatus(ResultModel):
     ceiling: Ceiling | None = None
     #: What the server said it applied, checked against the spec before the load (where its metrics say).
     effective: EffectiveSettings | None = None
+    #: The price the levels' cost figures are at, and its source (spec.cost, or the chart's for the server's node).
+    price: Price | None = None
     #: The Secret of the load pods' generator key (several generators only): its name, never its value.
     generator_key_secret: str | None = None
     #: The Secret of a model URL's query string (a pre-signed URL's signature), kept out of the
@@ -87,6 +97,9 @@ class SweepStatus(ResultModel):
     confirmation: Confirmation | None = None
     best_per_kind: list[SweepBest] | None = None
     front: list[SweepPoint] | None = None
+    #: The cost front (cost per million against p99's upper bound), or why there is none.
+    cost_front: list[SweepPoint] | None = None
+    cost_front_reason: str | None = None
     stop_reason: str | None = None
     grid_size: int | None = None
     started_at: str | None = None

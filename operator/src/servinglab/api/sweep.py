@@ -2,8 +2,8 @@
 
 A sweep is a `template` experiment spec plus the server settings to vary: a `space` of axes
 (batch size, max batch delay, workers, precision, the handler's data path: decode, decode threads,
-transfer, pinned copies, compile mode, channels-last; and the server `kind`) searched by `grid` (every
-combination) or by `search` (far fewer trials, :mod:`servinglab.sweep.search`), or an explicit list of
+transfer, pinned copies, compile mode, channels-last; the model's `form`; and the server `kind`) searched
+by `grid` (every combination) or by `search` (far fewer trials, :mod:`servinglab.sweep.search`), or an explicit list of
 `configurations`. Every trial is the template with one configuration applied; the objective is the
 highest throughput that meets the template's SLO. Validation names every bad field like the
 experiment's (:func:`parse_sweep`), including values of an axis that the experiment would refuse.
@@ -24,21 +24,28 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from servinglab.api.capacity import CapacitySpec
 from servinglab.api.cost import with_price
 from servinglab.api.datapath import DataPath
 from servinglab.api.experiment import ExperimentSpec
+from servinglab.api.forms import FORM_LABELS, ModelForm
 from servinglab.api.meta import ObjectMeta, SpecModel, describe_error, parse_document, read_document
 from servinglab.api.servers import Precision, ServerKind, ServerSpec
 from servinglab.api.space import DATA_PATH_AXES, IntAxis, KnobSpace, SweepSpace
 
 #: A space larger than this is refused: at a minute or more per trial it would run for days.
 MAX_SPACE = 512
+#: The validation context's key that says the trials are priced where they run (:func:`parse_sweep`).
+PRICES_ELSEWHERE = "pricesElsewhere"
 
 AXES = ("batchSize", "maxBatchDelayMs", "workers", "precision", "decode", "decodeThreads", "transfer", "pinnedCopies",
-        "compile", "channelsLast", "kind")  # fmt: skip
+        "compile", "channelsLast", "form", "kind")  # fmt: skip
+#: A configuration's key: batch, delay, workers, precision, data path label, server, form.
+ConfigKey = tuple[int, int, int, str, str, str, str]
+#: One variant of a configuration (the search's category): its precision, data path and form.
+Variant = tuple[Precision, DataPath, ModelForm | None]
 
 
 class TrialConfig(SpecModel):
@@ -52,6 +59,7 @@ class TrialConfig(SpecModel):
     data_path: DataPath | None = Field(
         default=None, description="The handler's data path (unset: its defaults; listed: the template's)."
     )
+    form: ModelForm | None = Field(default=None, description="The model's form (server.form); unset: the template's.")
 
     @field_validator("data_path")
     @classmethod
@@ -65,18 +73,19 @@ class TrialConfig(SpecModel):
     def path_for_people(self) -> str:
         return self.path.describe() if self.data_path is not None else "default"
 
-    def key(self) -> tuple[int, int, int, str, str, str]:
+    def key(self) -> ConfigKey:
         return (self.batch_size, self.max_batch_delay_ms, self.workers, str(self.precision), self.path.label(),
-                self.kind or "")  # fmt: skip
+                self.kind or "", str(self.form or ""))  # fmt: skip
 
     def label(self) -> str:
         """Short, unique and DNS-safe: b8-d5-w1-fp32, the server first when the trial names one
         (litserve-b8-d5-w1-fp32), the data path's label last when it is not the handler's default
-        (b8-d5-w1-fp32-t4-cd)."""
+        (b8-d5-w1-fp32-t4-cd), and the form's mark after it when the trial names one (b8-d5-w1-fp32-ort)."""
         base = f"b{self.batch_size}-d{self.max_batch_delay_ms}-w{self.workers}-{self.precision}"
         base = f"{self.kind}-{base}" if self.kind else base
         path = self.path.label()
-        return f"{base}-{path}" if path else base
+        base = f"{base}-{path}" if path else base
+        return f"{base}-{FORM_LABELS[self.form]}" if self.form is not None else base
 
 
 class StopSpec(SpecModel):
@@ -176,27 +185,41 @@ class SweepSpec(SpecModel):
         if self.strategy != "list" and not data_paths(self):
             raise ValueError("space: every combination of the data-path axes conflicts (" + "; ".join(
                 sorted({p.conflict() or "" for p in data_paths(self, keep_conflicts=True)})) + ")")  # fmt: skip
+        if self.strategy != "list":
+            for kind in kinds(self):
+                if not variants(self, kind):
+                    where = f" on {kind}" if kind else ""
+                    raise ValueError(f"space: every form{where} is refused with the other axes (" + "; ".join(
+                        sorted({why for _, why in variant_problems(self, kind)})) + ")")  # fmt: skip
         paths = [c.path for c in self.configurations] if self.strategy == "list" else data_paths(self)
         if self.template.server.gpus == 0:
             for path in paths:
                 if needs := path.gpu_only():
                     raise ValueError(f"space: dataPath.{needs[0]} needs a GPU, and template.server.gpus is 0")
-        size = len(self.configurations) if self.strategy == "list" else space_size(self)
+        size = space_size(self)
         if size > MAX_SPACE:
-            counts = " + ".join(" x ".join(str(len(v)) for v in axis_values(self, kind)) for kind in kinds(self))
+            shown = 6 if self.space.form is not None else 5  # the forms' count where they are varied
+            counts = " + ".join(
+                " x ".join(str(len(v)) for v in axis_values(self, kind)[:shown]) for kind in kinds(self)
+            )
             raise ValueError(f"space: {size} configurations ({counts}) is more than the {MAX_SPACE} a sweep may have")
         return self
 
     @model_validator(mode="after")
-    def _cost_needs_a_price(self) -> SweepSpec:
-        if self.objective.optimize == "cost" and self.template.cost is None:
-            raise ValueError("objective.optimize cost needs template.cost.pricePerHour (locally: or --price-per-hour)")
+    def _cost_needs_a_price(self, info: ValidationInfo) -> SweepSpec:
+        # on a cluster whose chart prices its nodes, each trial is priced by the node it ran on
+        prices_elsewhere = bool((info.context or {}).get(PRICES_ELSEWHERE))
+        if self.objective.optimize == "cost" and self.template.cost is None and not prices_elsewhere:
+            raise ValueError(
+                "objective.optimize cost needs template.cost.pricePerHour (locally: or --price-per-hour; on a "
+                "cluster: or the chart's pricing.perGpuProduct / pricing.perNode)"
+            )
         return self
 
     @field_validator("configurations")
     @classmethod
     def _distinct(cls, value: list[TrialConfig]) -> list[TrialConfig]:
-        seen: set[tuple[int, int, int, str, str, str]] = set()
+        seen: set[ConfigKey] = set()
         for config in value:
             if config.key() in seen:
                 raise ValueError(f"configuration {config.label()} appears twice")
@@ -211,9 +234,9 @@ def kinds(sweep: SweepSpec) -> list[ServerKind | None]:
 
 
 def axis_values(sweep: SweepSpec, kind: ServerKind | None = None) -> list[list[Any]]:
-    """Per axis (batch, delay, workers, precision, data path), its values ascending on server `kind` (its
-    own knob axes where perKind gives them); the template's where not varied (the data paths:
-    :func:`data_paths`). For strategy list: one list, the configurations."""
+    """Per axis (batch, delay, workers, precision, data path, form), its values ascending on server `kind`
+    (its own knob axes where perKind gives them); the template's where not varied (the data paths:
+    :func:`data_paths`; the forms in the axis' order). For strategy list: one list, the configurations."""
     if sweep.strategy == "list":
         return [list(sweep.configurations)]
     server, shared = sweep.template.server, sweep.space
@@ -228,7 +251,50 @@ def axis_values(sweep: SweepSpec, kind: ServerKind | None = None) -> list[list[A
         workers.expand() if workers else [server.workers],
         [Precision(p) for p in precision.values] if precision else [server.precision],
         data_paths(sweep),
+        list(shared.form.values) if shared.form else [server.form],
     ]
+
+
+def _variant_problem(sweep: SweepSpec, variant: Variant) -> str | None:
+    """Why the template's server cannot run this precision, data path and form together, or None."""
+    precision, path, form = variant
+    server = sweep.template.server.model_copy(update={"precision": precision, "data_path": path, "form": form})
+    return server.form_problem()
+
+
+def _all_variants(sweep: SweepSpec, kind: ServerKind | None) -> list[Variant]:
+    """Every form x precision x data path, the form outermost (a local sweep rebuilds the model per form)."""
+    precisions, paths, forms = axis_values(sweep, kind)[3:]
+    return [(precision, path, form) for form in forms for precision in precisions for path in paths]
+
+
+def variants(sweep: SweepSpec, kind: ServerKind | None = None) -> list[Variant]:
+    """The precision, data path and form combinations a sweep tries on server `kind`: those the server can
+    run (a form the precision, the device or the compile mode rules out is left out: :func:`variant_problems`)."""
+    return [variant for variant in _all_variants(sweep, kind) if _variant_problem(sweep, variant) is None]
+
+
+def variant_problems(sweep: SweepSpec, kind: ServerKind | None = None) -> list[tuple[Variant, str]]:
+    """The combinations left out of server `kind`'s space, each with its reason (naming the fields)."""
+    found = [(variant, _variant_problem(sweep, variant)) for variant in _all_variants(sweep, kind)]
+    return [(variant, why) for variant, why in found if why is not None]
+
+
+def left_out(sweep: SweepSpec) -> list[tuple[TrialConfig, str]]:
+    """The configurations a grid leaves out because their form cannot run with the rest, with the reason:
+    listed among the sweep's pruned configurations (none for strategy list)."""
+    if sweep.strategy == "list":
+        return []
+    found = []
+    for server in kinds(sweep):
+        batches, delays, workers = axis_values(sweep, server)[:3]
+        for (precision, path, form), why in variant_problems(sweep, server):
+            found += [
+                (TrialConfig(kind=server, batch_size=b, max_batch_delay_ms=d, workers=w, precision=precision,
+                             data_path=path, form=form), why)
+                for w, d, b in itertools.product(workers, delays, batches)
+            ]  # fmt: skip
+    return found
 
 
 def data_paths(sweep: SweepSpec, keep_conflicts: bool = False) -> list[DataPath]:
@@ -248,13 +314,14 @@ def data_paths(sweep: SweepSpec, keep_conflicts: bool = False) -> list[DataPath]
 
 
 def space_size(sweep: SweepSpec) -> int:
-    """How many configurations there are: on each server of the kind axis, the product of its axes."""
+    """How many configurations the sweep has: a list's length; else, on each server of the kind axis, the
+    product of its axes."""
+    if sweep.strategy == "list":
+        return len(sweep.configurations)
     total = 0
     for kind in kinds(sweep):
-        size = 1
-        for values in axis_values(sweep, kind):
-            size *= len(values)
-        total += size
+        batches, delays, workers = axis_values(sweep, kind)[:3]
+        total += len(batches) * len(delays) * len(workers) * len(variants(sweep, kind))
     return total
 
 
@@ -265,8 +332,11 @@ TRIAL_NAME_LIMIT = 52
 def trial_name(sweep_name: str, config: TrialConfig, repeat: int = 0) -> str:
     """Deterministic and unique per configuration, at most 52 characters: `<sweep>-b8-d5-w1-fp32`
     (a long sweep name is cut and keeps a digest of the whole, so two sweeps never share trials); the
-    `repeat`-th confirmation of a trial ends in `-r<repeat>`."""
+    `repeat`-th confirmation of a trial ends in `-r<repeat>` (an extreme label is cut too, keeping a digest)."""
     label = config.label() + (f"-r{repeat}" if repeat else "")
+    if len(label) > TRIAL_NAME_LIMIT - 8:  # room for at least a letter of the sweep and its digest
+        digest = hashlib.sha256(label.encode()).hexdigest()[:6]
+        label = f"{label[: TRIAL_NAME_LIMIT - 8 - 7].rstrip('-')}-{digest}"
     room = TRIAL_NAME_LIMIT - len(label) - 1
     if len(sweep_name) > room:
         digest = hashlib.sha256(sweep_name.encode()).hexdigest()[:4]
@@ -275,17 +345,19 @@ def trial_name(sweep_name: str, config: TrialConfig, repeat: int = 0) -> str:
 
 
 def grid(sweep: SweepSpec, kind: ServerKind | None = None, every_kind: bool = True) -> list[TrialConfig]:
-    """Every configuration, server outermost (in the kind axis' order), then precision, the data path, and
-    batch size innermost (or the explicit list); only server `kind`'s with `every_kind` False."""
+    """Every configuration, server outermost (in the kind axis' order), then the form, precision, the data
+    path, and batch size innermost (or the explicit list); only server `kind`'s with `every_kind` False.
+    A form the rest cannot run is left out (:func:`left_out`)."""
     if sweep.strategy == "list":
         return list(sweep.configurations)
     found = []
     for server in kinds(sweep) if every_kind else [kind]:
-        batches, delays, workers, precisions, paths = axis_values(sweep, server)
+        batches, delays, workers = axis_values(sweep, server)[:3]
         found += [
-            TrialConfig(kind=server, batch_size=b, max_batch_delay_ms=d, workers=w, precision=p, data_path=path)
-            for p, path, w, d, b in itertools.product(precisions, paths, workers, delays, batches)
-        ]
+            TrialConfig(kind=server, batch_size=b, max_batch_delay_ms=d, workers=w, precision=p, data_path=path,
+                        form=form)
+            for (p, path, form), w, d, b in itertools.product(variants(sweep, server), workers, delays, batches)
+        ]  # fmt: skip
     return found
 
 
@@ -301,6 +373,8 @@ def trial_spec(sweep: SweepSpec, config: TrialConfig) -> ExperimentSpec:
     )
     if config.kind is not None:
         server["kind"] = config.kind
+    if config.form is not None:
+        server["form"] = str(config.form)
     document = sweep.template.model_dump(by_alias=True, exclude_none=True, mode="json")
     document["server"] = server
     return ExperimentSpec.model_validate(document)
@@ -342,11 +416,13 @@ def _axis_bounds(document: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def parse_sweep(document: Any, source: str | None = None) -> ServingSweep:
+def parse_sweep(document: Any, source: str | None = None, prices_elsewhere: bool = False) -> ServingSweep:
     """Validate one parsed sweep document; raise :class:`~servinglab.api.meta.SpecError` naming every bad
-    field (an axis value the experiment would refuse included)."""
+    field (an axis value the experiment would refuse included). `prices_elsewhere`: the trials are priced by
+    where they run (an operator whose chart has prices), so a cost objective needs no template price."""
     problems = _axis_bounds(document) if isinstance(document, Mapping) else []
-    return parse_document(ServingSweep, document, source, "sweep", problems)
+    context = {PRICES_ELSEWHERE: prices_elsewhere}
+    return parse_document(ServingSweep, document, source, "sweep", problems, context)
 
 
 def load_sweep(path: str | Path, price_per_hour: float | None = None) -> ServingSweep:

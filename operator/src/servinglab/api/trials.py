@@ -1,4 +1,5 @@
-"""A sweep's results, typed: each trial's record, the best configuration, the Pareto front.
+"""A sweep's results, typed: each trial's record, the best configuration, the Pareto fronts (throughput
+and cost per million, each against p99).
 
 A trial *record* is what one trial leaves behind (locally the file `trials/<name>.json`, on the
 cluster a child experiment's status read back): its configuration, its state — Succeeded (measured;
@@ -13,7 +14,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from servinglab.api.cost import CostFigures
-from servinglab.api.meta import API_GROUP, API_VERSION, ResultModel
+from servinglab.api.meta import GROUP_VERSION, ResultModel
 from servinglab.api.results import ExperimentResults
 from servinglab.api.sweep import TrialConfig
 from servinglab.api.verdicts import Verdict
@@ -122,7 +123,8 @@ class Confirmation(ResultModel):
 
 
 class SweepPoint(ResultModel):
-    """One measured level of one trial: a point of the throughput-p99 plane."""
+    """One measured level of one trial: a point of the throughput-p99 plane (and, priced, of the cost-p99
+    plane). The p99's bounds at 95 % are absent where the level was too short for them."""
 
     trial: str
     config: TrialConfig
@@ -130,6 +132,13 @@ class SweepPoint(ResultModel):
     throughput_rps: float
     p99_latency_ms: float
     cost_per_million: float | None = None
+    p99_lower_ms: float | None = None
+    p99_upper_ms: float | None = None
+
+    @property
+    def p99_bound_ms(self) -> float:
+        """The p99 the cost front ranks by: its upper bound where the level has one, else the p99 itself."""
+        return self.p99_upper_ms if self.p99_upper_ms is not None else self.p99_latency_ms
 
 
 class SweepCounts(ResultModel):
@@ -155,6 +164,8 @@ class SweepSpace(ResultModel):
     precision: list[str] | None = None
     #: The data paths tried, by label ("default": the handler's), when the sweep varied them.
     data_path: list[str] | None = None
+    #: The model's forms tried, when the sweep varied them.
+    form: list[str] | None = None
     configurations: int | None = None
     kind: list[str] | None = None
     per_kind: dict[str, SweepSpace] | None = None
@@ -178,7 +189,7 @@ class SweepSummary(ResultModel):
 class SweepResults(ResultModel):
     """A sweep's document."""
 
-    api_version: str = f"{API_GROUP}/{API_VERSION}"
+    api_version: str = GROUP_VERSION
     kind: str = SWEEP_RESULTS_KIND
     sweep: str
     model: str
@@ -197,6 +208,10 @@ class SweepResults(ResultModel):
     best_per_kind: list[SweepBest] | None = None
     points: list[SweepPoint] = Field(default_factory=list)
     front: list[SweepPoint] = Field(default_factory=list)
+    #: The points no other beats on both cost per million and p99's upper bound (both lower), by p99; absent,
+    #: with `cost_front_reason`, when no point is priced.
+    cost_front: list[SweepPoint] | None = None
+    cost_front_reason: str | None = None
     stop_reason: str | None = None
     started_at: str | None = None
     finished_at: str | None = None

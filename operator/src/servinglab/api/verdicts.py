@@ -112,11 +112,12 @@ class BatchFormation(_Figures):
 
 class VerdictHint(_Figures):
     """The sweep axis the next change moves, and which way (+1: a larger value, -1: a smaller one).
-    Axes: batchSize, maxBatchDelayMs, workers, precision, and the data-path axes a server may add
-    (decode); a sweep whose space lacks the axis ignores the hint."""
+    Axes: batchSize, maxBatchDelayMs, workers, precision, the data-path axes a server may add (decode), and
+    form (with `value`: the form to try); a sweep whose space lacks the axis ignores the hint."""
 
     axis: str
     step: int = Field(ge=-1, le=1)
+    value: str | None = None
 
 
 class Verdict(_Figures):

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 import yaml
 
-from servinglab.api import API_GROUP, API_VERSION, EXPERIMENT_LABEL, EXPERIMENT_UID_LABEL, KIND, ExperimentSpec
+from servinglab.api import (
+    EXPERIMENT_LABEL,
+    EXPERIMENT_UID_LABEL,
+    GROUP_VERSION,
+    KIND,
+    ExperimentSpec,
+)
 from servinglab.api.kube import Resources
 from servinglab.k8s import sink
 from servinglab.k8s.deadline import load_job_deadline
@@ -95,7 +101,7 @@ def pod_selector(owner: Owner, component: str) -> str:
 
 def owner_reference(owner: Owner, controller: bool = True) -> Manifest:
     return {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "apiVersion": GROUP_VERSION,
         "kind": KIND,
         "name": owner.name,
         "uid": owner.uid,
@@ -149,7 +155,7 @@ def deployment(owner: Owner, spec: ExperimentSpec, plan: PodPlan) -> Manifest:
         "kind": "Deployment",
         "metadata": _metadata(owner, Names(owner.name).server, "server"),
         "spec": {
-            "replicas": 1,
+            "replicas": server.replicas,
             "selector": {"matchLabels": selector(owner, "server")},
             "template": {
                 "metadata": {"labels": {**labels(owner, "server"), UID_LABEL: owner.uid}},

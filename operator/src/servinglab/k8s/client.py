@@ -23,7 +23,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from servinglab.api import API_GROUP, API_VERSION
+from servinglab.api import GROUP_VERSION
 
 FIELD_MANAGER = "servinglab-operator"
 
@@ -48,12 +48,8 @@ _PATHS = {
     ("v1", "Node"): "/api/v1/nodes",
     ("v1", "Namespace"): "/api/v1/namespaces",
     ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
-    (f"{API_GROUP}/{API_VERSION}", "ServingSweep"): (
-        f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{namespace}}/servingsweeps"
-    ),
-    (f"{API_GROUP}/{API_VERSION}", "ServingExperiment"): (
-        f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{namespace}}/servingexperiments"
-    ),
+    (GROUP_VERSION, "ServingSweep"): (f"/apis/{GROUP_VERSION}/namespaces/{{namespace}}/servingsweeps"),
+    (GROUP_VERSION, "ServingExperiment"): (f"/apis/{GROUP_VERSION}/namespaces/{{namespace}}/servingexperiments"),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from servinglab.api import API_GROUP, API_VERSION, KIND, ExperimentSpec, ServingExperiment, ServingSweep
+from servinglab.api import GROUP_VERSION, KIND, ExperimentSpec, ServingExperiment, ServingSweep
 from servinglab.api import conditions as cond
 from servinglab.api.results import ExperimentResults, PeakRate, Runtime
 from servinglab.api.status import ExperimentStatus
@@ -40,7 +40,7 @@ class ClusterSweep:
 
 
 def _ref(namespace: str, name: str) -> Ref:
-    return Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace, name)
+    return Ref(GROUP_VERSION, KIND, namespace, name)
 
 
 def experiment_of(body: dict[str, Any]) -> ClusterExperiment:
@@ -57,9 +57,11 @@ def experiment_of(body: dict[str, Any]) -> ClusterExperiment:
         peak = PeakRate(rate_rps=summary.peak_rate_rps)  # a status written before the peak rate was typed
     document = experiment_results(
         name, spec, status.results or [],
-        runtime=Runtime(mode="cluster", server_pod=status.server_pod), cold_start_seconds=status.cold_start_seconds,
+        runtime=Runtime(mode="cluster", server_pod=status.server_pod, server_replicas=status.server_replicas,
+                        form=status.form),
+        cold_start_seconds=status.cold_start_seconds,
         peak_rate=peak, ceiling=status.ceiling, model=status.model, started_at=status.started_at,
-        finished_at=status.finished_at, effective=status.effective,
+        finished_at=status.finished_at, effective=status.effective, price=status.price,
     ).model_copy(update={"conditions": status.conditions, "generator": None})  # fmt: skip
     failed = cond.get(status.conditions, cond.FAILED)
     failure = f"{failed.reason}: {failed.message}" if failed is not None and failed.status == "True" else None

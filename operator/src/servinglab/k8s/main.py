@@ -22,7 +22,7 @@ from typing import Any
 
 import kopf
 
-from servinglab.api import API_GROUP, API_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL
+from servinglab.api import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL
 from servinglab.api import conditions as cond
 from servinglab.k8s import leader
 from servinglab.k8s import metrics as opmetrics
@@ -187,7 +187,7 @@ async def drive(
     name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
     """One per experiment, restarted with the operator: reconcile until finished."""
-    ref = Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace or "", name)
+    ref = Ref(GROUP_VERSION, KIND, namespace or "", name)
     deployed = queued = False
     pinned = snapshot.Pinned()
 
@@ -218,8 +218,9 @@ async def drive_sweep(
     name: str, namespace: str | None, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
 ) -> None:
     """One per sweep, restarted with the operator: start trials and roll them up until finished."""
-    ref = Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace or "", name)
-    await _drive(ref, lambda body: reconcile_sweep(memo.kube, body, memo.queue), memo, stopped, logger,
+    ref = Ref(GROUP_VERSION, SWEEP_KIND, namespace or "", name)
+    chart_prices = memo.settings.pricing.priced()
+    await _drive(ref, lambda body: reconcile_sweep(memo.kube, body, memo.queue, chart_prices), memo, stopped, logger,
                  give_up=lambda body, why: end_sweep(memo.kube, body, "ReconcileFailed", why))  # fmt: skip
 
 

@@ -8,13 +8,19 @@
 * `servinglab_experiment_throughput_rps`, `servinglab_experiment_latency_p99_ms` — each finished
   experiment's result per level, labelled with its configuration so dashboards can compare
   configurations; `servinglab_experiment_best_throughput_rps` — its best level;
+* `servinglab_experiment_cost_per_million{..., currency}` — each level's cost per million inferences, only
+  where the experiment was priced (an unpriced level has no sample, never a 0);
+  `servinglab_experiment_latency_p99_lower_ms` and `..._upper_ms` — the p99's bounds at 95 % (each only
+  where the level was long enough for it);
 * `servinglab_experiment_verdict{..., verdict}` — 1 for each level's bottleneck verdict (generator-bound,
   queue-bound, compute-bound, ...: :class:`~servinglab.api.verdicts.Bottleneck`), labelled like the two above;
 * `servinglab_sweep_trials{namespace, sweep, model, state}` — a sweep's trials by state (Succeeded,
   Infeasible, Running, Pruned); `servinglab_sweep_best_capacity_rps` — its best configuration's
   capacity within the SLO, labelled with the configuration; `servinglab_sweep_front_throughput_rps`
   and `servinglab_sweep_front_p99_ms` — its Pareto front, one series per point (`point` is its rank
-  by p99), labelled with the trial and level.
+  by p99), labelled with the trial and level; `servinglab_sweep_cost_front_cost_per_million` and
+  `servinglab_sweep_cost_front_p99_bound_ms` — its cost front (cost per million against the p99's upper
+  bound, or the p99 where a level had no bound), labelled likewise, absent when nothing was priced.
 
 A deleted experiment's or sweep's series are removed (:func:`forget`, :func:`forget_sweep`: the wiring
 calls them on the watch's DELETED event), so a long-lived operator's metrics do not grow with every
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge, start_http_server
 
@@ -54,6 +61,21 @@ THROUGHPUT = Gauge(
     "servinglab_experiment_throughput_rps", "Measured throughput per level", [*_CONFIG_LABELS, *_LEVEL_LABELS]
 )
 P99 = Gauge("servinglab_experiment_latency_p99_ms", "Measured p99 latency per level", [*_CONFIG_LABELS, *_LEVEL_LABELS])
+P99_LOWER = Gauge(
+    "servinglab_experiment_latency_p99_lower_ms",
+    "Lower bound at 95 % of a level's p99",
+    [*_CONFIG_LABELS, *_LEVEL_LABELS],
+)
+P99_UPPER = Gauge(
+    "servinglab_experiment_latency_p99_upper_ms",
+    "Upper bound at 95 % of a level's p99",
+    [*_CONFIG_LABELS, *_LEVEL_LABELS],
+)
+COST = Gauge(
+    "servinglab_experiment_cost_per_million",
+    "Cost per million inferences at a level's throughput (priced experiments only)",
+    [*_CONFIG_LABELS, *_LEVEL_LABELS, "currency"],
+)
 BEST = Gauge("servinglab_experiment_best_throughput_rps", "Best throughput of an experiment", list(_CONFIG_LABELS))
 VERDICT = Gauge(
     "servinglab_experiment_verdict",
@@ -71,6 +93,14 @@ SWEEP_BEST = Gauge(
 _FRONT_LABELS = (*_SWEEP_LABELS, "point", "trial", "level")
 FRONT_RPS = Gauge("servinglab_sweep_front_throughput_rps", "Throughput of a Pareto-front point", list(_FRONT_LABELS))
 FRONT_P99 = Gauge("servinglab_sweep_front_p99_ms", "p99 latency of a Pareto-front point", list(_FRONT_LABELS))
+COST_FRONT = Gauge(
+    "servinglab_sweep_cost_front_cost_per_million", "Cost per million of a cost-front point", list(_FRONT_LABELS)
+)
+COST_FRONT_P99 = Gauge(
+    "servinglab_sweep_cost_front_p99_bound_ms",
+    "p99 upper bound (the p99 where the level had none) of a cost-front point",
+    list(_FRONT_LABELS),
+)
 _Series = list[tuple[Gauge, tuple[str, ...]]]
 _sweep_series: dict[tuple[str, str], _Series] = {}
 _experiment_series: dict[tuple[str, str], _Series] = {}
@@ -114,9 +144,16 @@ def finished(
         values = (*config.values(), *which.values())
         THROUGHPUT.labels(*values).set(level.throughput_rps)
         series.append((THROUGHPUT, values))
-        if level.latency_ms.p99 is not None:
-            P99.labels(*values).set(level.latency_ms.p99)
-            series.append((P99, values))
+        bounds = level.latency_ms.p99_interval
+        for gauge, figure in ((P99, level.latency_ms.p99), (P99_LOWER, bounds.lower if bounds else None),
+                              (P99_UPPER, bounds.upper if bounds else None)):  # fmt: skip
+            if figure is not None:
+                gauge.labels(*values).set(figure)
+                series.append((gauge, values))
+        if level.cost is not None and level.cost.cost_per_million is not None:
+            priced = (*values, level.cost.currency or "")
+            COST.labels(*priced).set(level.cost.cost_per_million)
+            series.append((COST, priced))
         if level.verdict is not None:
             judged = (*values, str(level.verdict.bottleneck))
             VERDICT.labels(*judged).set(1)
@@ -142,8 +179,8 @@ def forget_sweep(namespace: str, name: str) -> None:
 
 
 def sweep(namespace: str, name: str, model: str, counts: dict[str, int], best: SweepBest | None,
-          front: list[SweepPoint]) -> None:  # fmt: skip
-    """A sweep's current roll-up; replaces the series this sweep had before (its best and front move)."""
+          front: list[SweepPoint], cost_front: Sequence[SweepPoint] = ()) -> None:  # fmt: skip
+    """A sweep's current roll-up; replaces the series this sweep had before (its best and fronts move)."""
     forget_sweep(namespace, name)
     series: _Series = []
 
@@ -162,4 +199,10 @@ def sweep(namespace: str, name: str, model: str, counts: dict[str, int], best: S
         labels = (namespace, name, model, str(rank), point.trial, level)
         put(FRONT_RPS, labels, point.throughput_rps)
         put(FRONT_P99, labels, point.p99_latency_ms)
+    for rank, point in enumerate(cost_front):
+        level = "" if point.level is None else f"{point.level:g}"
+        labels = (namespace, name, model, str(rank), point.trial, level)
+        if point.cost_per_million is not None:  # a cost front holds priced points only
+            put(COST_FRONT, labels, point.cost_per_million)
+            put(COST_FRONT_P99, labels, point.p99_bound_ms)
     _sweep_series[(namespace, name)] = series

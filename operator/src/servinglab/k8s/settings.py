@@ -13,9 +13,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from servinglab.api.kube import Resources, image_problem
+from servinglab.api.kube import Resources, image_problem, resource_problem
 from servinglab.k8s import credentials
-from servinglab.k8s.experiment.placement import resource_problem
+from servinglab.k8s import pricing as prices
 from servinglab.servers.base import GPU_RESOURCE
 
 #: A load pod's requests and limits unless the chart or the experiment says otherwise: the generator is one
@@ -67,6 +67,10 @@ class Settings:
     """Each load pod's requests and limits when the experiment gives none (SERVINGLAB_LOAD_RESOURCES, JSON
     `{"requests": {...}, "limits": {...}}`; the chart's loadJob.resources)."""
 
+    pricing: prices.Pricing = field(default_factory=prices.Pricing)
+    """What a server replica costs per hour by its node, for an experiment without spec.cost
+    (SERVINGLAB_PRICING, JSON; the chart's pricing)."""
+
     @classmethod
     def from_env(cls) -> Settings:
         env = os.environ
@@ -93,6 +97,7 @@ class Settings:
             start_grace_seconds=float(env.get("SERVINGLAB_START_GRACE_SECONDS", cls.start_grace_seconds)),
             node_grace_seconds=float(env.get("SERVINGLAB_NODE_GRACE_SECONDS", cls.node_grace_seconds)),
             load_resources=_resources(env.get("SERVINGLAB_LOAD_RESOURCES", "")),
+            pricing=prices.parse(env.get(prices.ENV, "")),
         )
 
 

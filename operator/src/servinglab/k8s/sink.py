@@ -15,9 +15,10 @@ nothing.
 
 The operator reads these ConfigMaps (:class:`Reader`), and anything with the load Job's credentials
 can write them: reading is bounded whatever they hold — at most MAX_PARTS parts, each no larger than
-a written one, inflated through a cap, parsed only below a count of JSON values, and checked for the
-shape the operator copies into status (:func:`check_document`). The writer refuses a document the
-reader would (MAX_DOCUMENT_BYTES); the spec keeps every legal one far below it.
+a written one, inflated through a cap, and parsed only below a count of JSON values, once, straight into
+the typed document (:class:`StoredResults`: the load Job's results, with the bounds of what the operator
+copies into status). The writer refuses a document the reader would (MAX_DOCUMENT_BYTES); the spec keeps
+every legal one far below it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import base64
 import gzip
 import hashlib
 import json
-import math
 import os
 import ssl
 import sys
@@ -36,9 +36,12 @@ import urllib.request
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Annotated, Any
 
-from servinglab.api.results import JsonObject
+from pydantic import Field, ValidationError, field_validator
+
+from servinglab.api.meta import brief_error
+from servinglab.api.results import JsonObject, LevelResult, LoadJobResults
 
 SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RESULTS_KEY = "results.json"
@@ -110,12 +113,27 @@ def encode_results(configmap: str, document: JsonObject) -> list[tuple[str, Json
     return [*writes, (configmap, head)]
 
 
+class StoredResults(LoadJobResults):
+    """A results document as the operator reads it: the load Job's results, at most MAX_LEVELS levels and a
+    ceiling of at most MAX_CEILING_BYTES (what it copies into the experiment's status stays small)."""
+
+    results: Annotated[list[LevelResult], Field(max_length=MAX_LEVELS)]
+
+    @field_validator("ceiling", mode="before")
+    @classmethod
+    def _small(cls, ceiling: Any) -> Any:
+        if ceiling is not None and len(json.dumps(ceiling)) > MAX_CEILING_BYTES:
+            raise ValueError(f"more than {MAX_CEILING_BYTES} bytes; the ceiling's figures are a few hundred")
+        return ceiling
+
+
 class Reader:
     """Reads one stored document within bounds, part by part (the operator awaits each part between
     calls): at most MAX_PARTS parts, each no larger than a written one, inflated through a cap of
-    MAX_DOCUMENT_BYTES, parsed only if it holds at most MAX_VALUES values, and checked
-    as a results document. Whatever a writer put there, reading it costs the reader a bounded amount
-    of memory; anything beyond raises ResultsUnreadable naming what was too large."""
+    MAX_DOCUMENT_BYTES, parsed only if it holds at most MAX_VALUES values, and validated once, strictly
+    (JSON's own types), as :class:`StoredResults`. Whatever a writer put there, reading it costs the
+    reader a bounded amount of memory; anything beyond raises ResultsUnreadable naming what was too large
+    or malformed."""
 
     def __init__(self, head: JsonObject | None) -> None:
         if head is None:
@@ -171,7 +189,7 @@ class Reader:
         except zlib.error as exc:
             raise ResultsUnreadable(f"{where}: not gzip data ({exc})") from None
 
-    def document(self) -> JsonObject:
+    def results(self) -> StoredResults:
         """The whole document, once every part in `part_names` has been added."""
         if self._plain is not None:
             text = self._plain.encode()
@@ -185,69 +203,24 @@ class Reader:
         if values > MAX_VALUES:
             raise ResultsUnreadable(f"{self.name}: the results hold up to {values} JSON values; at most {MAX_VALUES}")
         try:
-            document = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise ResultsUnreadable(f"{self.name}: not JSON ({str(exc)[:200]})") from None
-        check_document(self.name, document)
-        return cast(JsonObject, document)
+            return StoredResults.model_validate_json(text, strict=True)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            if errors[0]["type"] == "json_invalid":
+                raise ResultsUnreadable(f"{self.name}: not JSON ({errors[0]['msg'][:200]})") from None
+            problems = [brief_error(error) for error in errors[:5]]
+            more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+            raise ResultsUnreadable(f"{self.name}: not a results document: {'; '.join(problems)}{more}") from None
 
 
-def decode_results(head: JsonObject | None, read_part: Callable[[str], JsonObject | None]) -> JsonObject:
+def decode_results(head: JsonObject | None, read_part: Callable[[str], JsonObject | None]) -> StoredResults:
     """The document stored by :func:`encode_results`; `head` is the results ConfigMap, `read_part`
     fetches a part ConfigMap by name. Raises ResultsUnreadable naming what is missing, corrupt or
     too large (see :class:`Reader`)."""
     reader = Reader(head)
     for index, name in enumerate(reader.part_names, start=1):
         reader.add_part(index, read_part(name))
-    return reader.document()
-
-
-def _numbers(value: Any, where: str, required: tuple[str, ...] = (), optional: tuple[str, ...] | None = None) -> None:
-    """`value` is an object whose `required` keys are numbers and whose `optional` ones (None: all
-    others) are numbers or null."""
-    if not isinstance(value, dict):
-        raise ResultsUnreadable(f"{where} is not an object")
-    for key in (*required, *(value if optional is None else optional)):
-        item = value.get(key)
-        if item is None and key not in required:
-            continue
-        if not isinstance(item, int | float) or isinstance(item, bool) or not math.isfinite(item):
-            raise ResultsUnreadable(f"{where}.{str(key)[:40]} is not a number")
-
-
-def check_document(name: str, document: Any) -> None:
-    """What the operator copies from the document into the experiment's status has the shape and size
-    it expects: numbers where it reads numbers, at most MAX_LEVELS levels, a small ceiling."""
-    if not isinstance(document, dict) or not isinstance(document.get("results"), list):
-        raise ResultsUnreadable(f"{name}: not a results document")
-    levels = document["results"]
-    if len(levels) > MAX_LEVELS:
-        raise ResultsUnreadable(f"{name}: {len(levels)} levels; a load runs at most {MAX_LEVELS}")
-    _numbers(document, name, optional=("serverAnsweredAt",))
-    if document.get("peakRate") is not None:
-        _numbers(document["peakRate"], f"{name}: peakRate", optional=("rateRps",))
-    ceiling = document.get("ceiling")
-    if ceiling is not None and (not isinstance(ceiling, dict) or len(json.dumps(ceiling)) > MAX_CEILING_BYTES):
-        raise ResultsUnreadable(f"{name}: ceiling is not an object of at most {MAX_CEILING_BYTES} bytes")
-    for index, level in enumerate(levels):
-        where = f"{name}: results[{index}]"
-        required = ("throughputRps", "requests", "errors", "windowStart", "windowEnd")
-        _numbers(level, where, required, optional=("concurrency", "rateRps"))
-        latency = level.get("latencyMs") or {}
-        _numbers(latency, f"{where}.latencyMs", optional=())
-        _numbers(latency, f"{where}.latencyMs", optional=tuple(key for key in latency if key != "intervals"))
-        if (intervals := latency.get("intervals")) is not None:  # each percentile's bounds: objects of numbers
-            _numbers(intervals, f"{where}.latencyMs.intervals", optional=())
-            for key, bounds in intervals.items():
-                _numbers(bounds, f"{where}.latencyMs.intervals.{str(key)[:40]}")
-        _numbers(level.get("server") or {}, f"{where}.server")
-        if "openLoop" in level:
-            _numbers(level["openLoop"], f"{where}.openLoop", ("sentRps", "lateSends", "droppedSends"), optional=())
-        if "stability" in level and not isinstance(level["stability"], dict):
-            raise ResultsUnreadable(f"{where}.stability is not an object")
-        generator = level.get("generator")
-        if generator is not None and not (isinstance(generator, dict) and isinstance(generator.get("saturated"), bool)):
-            raise ResultsUnreadable(f"{where}.generator.saturated is not true or false")
+    return reader.results()
 
 
 def _credentials_dir() -> Path:

@@ -33,11 +33,11 @@ from geventhttpclient import HTTPClient
 
 from servinglab.api import GeneratorLimits, RequestProtocol, ResponseCheck, StabilitySpec
 from servinglab.loadgen import shapes
+from servinglab.loadgen.cpumeter import CpuMeter
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.protocol import Request, answer_problem, encode_all
 from servinglab.loadgen.stats import (
-    CpuMeter,
     LevelStats,
     Sample,
     generator_verdict,
@@ -275,9 +275,9 @@ def _run_level(
     samples, plan.samples, plan.measuring_since = plan.samples, [], None
     # the final verdict: the whole measured period, every request answered
     verdict = judge_stability(samples, since, since + measured, plan.stability)
-    verdict["measuredSeconds"] = round(measured, 3)
+    verdict = verdict.model_copy(update={"measured_seconds": round(measured, 3)})
     stats = summarise(level, samples)
-    generator = generator_verdict(cpu_percent, plan.send_gaps_ms, plan.generator_limits, stats.latency_ms.get("p99"))
+    generator = generator_verdict(cpu_percent, plan.send_gaps_ms, plan.generator_limits, stats.latency_ms.p99)
     phases = shapes.phase_figures(samples, since, steps) if steps is not None else None
     return dataclasses.replace(stats, stability=verdict, generator=generator, phases=phases)
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
+from servinglab.api import StabilitySpec
 from servinglab.loadgen import closed_loop, messages, open_loop, shapes, sharing, wire
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.stats import (
@@ -70,7 +71,7 @@ class _CoordinatedTiming(LevelTiming):
     def measure_from(self, planned: float) -> float:
         return self._measure_from
 
-    def extend(self, samples: Sequence[Sample], start: float, measured: float, rule: Any) -> float:
+    def extend(self, samples: Sequence[Sample], start: float, measured: float, rule: StabilitySpec) -> float:
         messages.send_samples(self._channel, samples[self.sent :])
         self.sent = len(samples)
         # gevent's sockets wait cooperatively: the generator's users keep sending meanwhile
@@ -198,7 +199,7 @@ class GeneratorPool:
         self, level: float, index: int, warmup_seconds: float, duration_seconds: float, hooks: LevelHooks | None = None
     ) -> LevelStats:
         """One level (users or rate) split between the generators and merged exactly."""
-        shares: list[Any]
+        shares: Sequence[messages.Share]
         if self.loop == "closed":
             shares = shapes.split_users(int(level), self.count)
             setup = _SETUP_SECONDS + max(shares) / _SPAWN_RATE
@@ -219,8 +220,8 @@ class GeneratorPool:
                          f"{schedule.kind} shape", level, schedule)  # fmt: skip
 
     def _run(
-        self, shares: list[Any], setup: float, index: int, warmup_seconds: float, duration_seconds: float,
-        hooks: LevelHooks, label: str, level: float, schedule: shapes.Schedule | None = None,
+        self, shares: Sequence[messages.Share], setup: float, index: int, warmup_seconds: float,
+        duration_seconds: float, hooks: LevelHooks, label: str, level: float, schedule: shapes.Schedule | None = None,
     ) -> LevelStats:  # fmt: skip
         """Give each generator its share (users, a rate or a schedule), start them together, decide
         extensions on their merged samples, and merge their results."""
@@ -281,7 +282,7 @@ class GeneratorPool:
         except (wire.WireError, OSError) as exc:
             raise GeneratorError(f"{self._name(number)}: {exc}") from None
 
-    def _send(self, number: int, message: dict[str, Any]) -> None:
+    def _send(self, number: int, message: wire.Message) -> None:
         try:
             self._channels[number].send(message)
         except (wire.WireError, OSError) as exc:

@@ -22,12 +22,14 @@ from pathlib import Path
 
 from servinglab.api import LoadSpec, RequestProtocol, ResponseCheck
 from servinglab.api.results import PeakRate
+from servinglab.api.utilisation import UtilisationSearch
 from servinglab.loadgen import closed_loop, generators, open_loop, shapes, sharing, wire
 from servinglab.loadgen.hooks import LevelHooks
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.peak import search_peak_rate
 from servinglab.loadgen.protocol import encode
 from servinglab.loadgen.stats import LevelStats, combine_repeats
+from servinglab.loadgen.utilisation import Reading, hold_utilisation
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class LoadOutcome:
     levels: list[LevelStats] = field(default_factory=list)
     sweep_levels: int = 0  # levels[:sweep_levels] are the requested levels, the rest peak-search probes
     peak: PeakRate | None = None
+    utilisation: UtilisationSearch | None = None
 
 
 def run_load(
@@ -59,10 +62,12 @@ def run_load(
     target: Target,
     hooks: LevelHooks | None = None,
     remote: Sequence[wire.Channel] = (),
+    reading: Reading | None = None,
 ) -> LoadOutcome:
     """Every level of `load`, in this process or split between generators: `load.generators` local
     processes, or one local process and the `remote` generators (the other load pods) that joined.
-    `probe_passes` judges the peak-rate search's probes against the SLO (no search without it)."""
+    `probe_passes` judges the peak-rate search's probes against the SLO (no search without it);
+    `reading` reads the server's utilisation for `load.utilisationTarget` (no search without it)."""
     plan: Plan
     if load.mode == "closed":
         plan = closed_loop.LoadPlan(
@@ -81,11 +86,12 @@ def run_load(
     if load.shape is not None:
         return _run_shape(load, target, plan, hooks, local, remote)
     if local == 1 and not remote:
-        return _run_levels(load, probe_passes, partial(_in_process, plan, load, hooks))
+        return _run_levels(load, probe_passes, partial(_in_process, plan, load, hooks), reading)
     with generators.GeneratorPool(plan, local=local, remote=remote) as pool:
         return _run_levels(
             load, probe_passes,
-            lambda level, index: pool.run_level(level, index, load.warmup_seconds, load.duration_seconds, hooks),
+            lambda level, index, seconds: pool.run_level(level, index, load.warmup_seconds, seconds, hooks),
+            reading,
         )  # fmt: skip
 
 
@@ -115,18 +121,35 @@ def _run_shape(
     return LoadOutcome([stats], 1)
 
 
-def _in_process(plan: Plan, load: LoadSpec, hooks: LevelHooks | None, level: float, index: int) -> LevelStats:
+#: Runs one level: (users or rate, its index in the run, seconds measured) -> its statistics.
+RunOne = Callable[[float, int, float], LevelStats]
+
+
+def _in_process(
+    plan: Plan, load: LoadSpec, hooks: LevelHooks | None, level: float, index: int, seconds: float
+) -> LevelStats:
     if isinstance(plan, closed_loop.LoadPlan):
-        run = closed_loop.run_levels(plan, [int(level)], load.warmup_seconds, load.duration_seconds, hooks, index)
+        run = closed_loop.run_levels(plan, [int(level)], load.warmup_seconds, seconds, hooks, index)
     else:
-        run = open_loop.run_rates(plan, [level], load.warmup_seconds, load.duration_seconds, hooks, index)
+        run = open_loop.run_rates(plan, [level], load.warmup_seconds, seconds, hooks, index)
     return run[0]
 
 
 def _run_levels(
-    load: LoadSpec, probe_passes: Callable[[LevelStats], bool] | None, run_one: Callable[[float, int], LevelStats]
+    load: LoadSpec, probe_passes: Callable[[LevelStats], bool] | None, run_any: RunOne, reading: Reading | None
 ) -> LoadOutcome:
-    """The requested levels (each repeated), then the open loop's peak-rate search if asked for."""
+    """The requested levels (each repeated), then the open loop's peak-rate search if asked for; or the
+    search for the load that holds a utilisation."""
+    if load.utilisation_target is not None:
+        if reading is None:  # the cluster refuses the spec (k8s.experiment.diagnose): nothing reads it there
+            raise ValueError("load.utilisationTarget: this load runs without a reading of the server's utilisation")
+        levels, found = hold_utilisation(load.utilisation_target, load.mode == "closed", load.duration_seconds,
+                                         run_any, reading)  # fmt: skip
+        return LoadOutcome(levels, len(levels), utilisation=found)
+
+    def run_one(level: float, index: int) -> LevelStats:
+        return run_any(level, index, load.duration_seconds)
+
     if load.mode == "closed":
         stats = _each_repeated(run_one, [float(users) for users in load.concurrency], 0, load.repeats)
         return LoadOutcome(stats, len(stats))

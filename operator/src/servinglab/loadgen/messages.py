@@ -10,16 +10,16 @@ wire.MAX_MESSAGE_BYTES.
 
 Coordinator -> generator: `plan` (+ `payloads` batches), `clock`, `level` (a share: users, a rate
 or a schedule), `extend`, `stop`. Generator -> coordinator: `clock`, `samples` batches (the last one
-marked), `done` (its LevelStats, then its samples). Used by :mod:`servinglab.loadgen.generators`
-over :class:`servinglab.loadgen.wire.Channel`; importable without gevent (the plans' classes are
-imported when a plan is decoded).
+marked), `done` (its LevelStats, then its samples). A level's figures travel as the typed model
+:class:`LevelMessage` (camelCase, the results' own part models), validated once where it arrives.
+Used by :mod:`servinglab.loadgen.generators` over :class:`servinglab.loadgen.wire.Channel`; importable
+without gevent (the plans' classes are imported when a plan is decoded).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import math
 import sys
 from array import array
@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pydantic
 
 from servinglab.api import GeneratorLimits, RequestProtocol, ResponseCheck, StabilitySpec
+from servinglab.api.meta import brief_error
 from servinglab.loadgen import shapes
+from servinglab.loadgen.level_message import MAX_ERROR_KIND, MAX_TEXT, LevelMessage
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.stats import LevelStats, Sample
-from servinglab.loadgen.wire import Channel, WireError
+from servinglab.loadgen.wire import Channel, Message, WireError
 
 if TYPE_CHECKING:
     from servinglab.loadgen.closed_loop import LoadPlan
@@ -42,15 +44,8 @@ if TYPE_CHECKING:
 SAMPLES_PER_MESSAGE = 200_000
 #: Request bodies per `payloads` message stop growing past this many bytes (base64).
 PAYLOAD_BATCH_BYTES = 16 << 20
-#: Longest text field (URLs, content types, error kinds, phase names).
-_MAX_TEXT = 4096
-#: Longest error kind of a sample (`connection:<exception name>`, `http_<status>`, ...).
-_MAX_ERROR_KIND = 200
 _LITTLE = sys.byteorder == "little"
 _Model = TypeVar("_Model", bound=pydantic.BaseModel)
-
-#: One decoded JSON frame: an object with a `kind`, read field by field through _Fields.
-Message = dict[str, Any]
 
 
 class MessageError(WireError):
@@ -84,8 +79,8 @@ class _Fields:
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             names = " or ".join(kind.__name__ for kind in kinds)
             raise MessageError(f"{self.where}: {name!r} is missing or not {names}")
-        if isinstance(value, str) and len(value) > _MAX_TEXT:
-            raise MessageError(f"{self.where}: {name!r} is longer than {_MAX_TEXT} characters")
+        if isinstance(value, str) and len(value) > MAX_TEXT:
+            raise MessageError(f"{self.where}: {name!r} is longer than {MAX_TEXT} characters")
         return value
 
     def number(self, name: str, optional: bool = False) -> float | None:
@@ -329,7 +324,7 @@ def receive_samples(channel: Channel, deadline: float | None = None) -> list[Sam
         errors: dict[int, str] = {}
         for pair in fields.get("errors", list):
             if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and 0 <= pair[0] < len(sent)
-                    and isinstance(pair[1], str) and 0 < len(pair[1]) <= _MAX_ERROR_KIND):  # fmt: skip
+                    and isinstance(pair[1], str) and 0 < len(pair[1]) <= MAX_ERROR_KIND):  # fmt: skip
                 raise MessageError("'samples' message: an error is not [sample index, kind]")
             errors[pair[0]] = pair[1]
         samples += [Sample(at, ms, errors.get(i)) for i, (at, ms) in enumerate(zip(sent, latency, strict=True))]
@@ -337,52 +332,18 @@ def receive_samples(channel: Channel, deadline: float | None = None) -> list[Sam
             return samples
 
 
-_STATS_FIELDS = [field.name for field in dataclasses.fields(LevelStats) if field.name != "samples"]
-
-
 def send_done(channel: Channel, stats: LevelStats) -> None:
     """A generator's level: its figures, then the samples it has not sent yet."""
-    channel.send({"kind": "done", **{_camel(name): getattr(stats, name) for name in _STATS_FIELDS}})
+    channel.send(LevelMessage.of(stats).model_dump(mode="json", by_alias=True, exclude_none=True))
     send_samples(channel, stats.samples)
 
 
 def receive_done(channel: Channel, deadline: float | None = None) -> LevelStats:
     """A generator's level as it sent it (:func:`send_done`), all by `deadline` (monotonic) when there is one."""
-    fields = _Fields(expect(channel.recv(deadline=deadline), "done"), "'done' message")
-    errors_by_kind, latency = fields.get("errorsByKind", dict), fields.get("latencyMs", dict)
-    if not all(type(count) is int for count in errors_by_kind.values()):
-        raise MessageError("'done' message: 'errorsByKind' is not a count per kind")
-    if not all(_finite(value) for value in latency.values()):
-        raise MessageError("'done' message: 'latencyMs' is not a latency per statistic")
-    stats = LevelStats(
-        concurrency=fields.get("concurrency", int, optional=True), requests=fields.get("requests", int),
-        errors=fields.get("errors", int), errors_by_kind=errors_by_kind, latency_ms=latency,
-        throughput_rps=fields.real("throughputRps"), window_seconds=fields.real("windowSeconds"),
-        window_start=fields.real("windowStart"), window_end=fields.real("windowEnd"),
-        latency_cdf_ms=fields.get("latencyCdfMs", list), stability=fields.get("stability", dict, optional=True),
-        generator=_verdict(fields), rate_rps=fields.number("rateRps", optional=True), open_loop=_open_loop(fields),
-        repeats=fields.get("repeats", dict, optional=True), phases=fields.get("phases", list, optional=True),
-    )  # fmt: skip
-    return dataclasses.replace(stats, samples=tuple(receive_samples(channel, deadline)))
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
-def _verdict(fields: _Fields) -> Message | None:
-    """A generator's own saturation verdict: the figures the coordinator judges again must be numbers."""
-    verdict: Message | None = fields.get("generator", dict, optional=True)
-    if verdict is not None:
-        judged = _Fields(verdict, "'done' message: generator")
-        judged.real("cpuPercent")
-        _Fields(judged.get("sendGapMs", dict), "'done' message: generator.sendGapMs").real("p99")
-    return verdict
-
-
-def _open_loop(fields: _Fields) -> Message | None:
-    figures: Message | None = fields.get("openLoop", dict, optional=True)
-    if figures is not None and not all(type(figures.get(k, 0)) is int for k in ("lateSends", "droppedSends")):
-        raise MessageError("'done' message: 'openLoop' late and dropped sends are not counts")
-    return figures
+    message = expect(channel.recv(deadline=deadline), "done")
+    try:
+        figures = LevelMessage.model_validate(message, strict=True)
+    except pydantic.ValidationError as exc:
+        problems = [brief_error(error) for error in exc.errors()[:5]]
+        raise MessageError("'done' message: " + "; ".join(problems)) from None
+    return figures.stats(tuple(receive_samples(channel, deadline)))

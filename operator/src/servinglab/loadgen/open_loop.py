@@ -28,14 +28,15 @@ import gevent.pool
 from geventhttpclient import HTTPClient
 
 from servinglab.api import GeneratorLimits, RequestProtocol, ResponseCheck, StabilitySpec
+from servinglab.api.results import OpenLoopFigures
 from servinglab.loadgen import shapes
 from servinglab.loadgen.closed_loop import exchange
+from servinglab.loadgen.cpumeter import CpuMeter
 from servinglab.loadgen.hooks import LevelHooks, LevelTiming
 from servinglab.loadgen.payloads import Payload
 from servinglab.loadgen.precise_sleep import PreciseSleeper
 from servinglab.loadgen.protocol import Request, encode_all
 from servinglab.loadgen.stats import (
-    CpuMeter,
     LevelStats,
     Sample,
     generator_verdict,
@@ -169,17 +170,17 @@ def _run_schedule(
     # the whole measured period, every request answered
     start, end = level.epoch_offset + level.measure_from, level.epoch_offset + level.measure_until
     verdict = judge_stability(list(level.samples), start, end, rule)
-    verdict["measuredSeconds"] = round(measured_seconds, 3)
+    verdict = verdict.model_copy(update={"measured_seconds": round(measured_seconds, 3)})
     sent = len(level.samples) - level.dropped
-    open_loop = {
-        "offeredRps": rate,
-        "arrival": plan.arrival,
-        "sentRps": round(sent / measured_seconds, 3) if measured_seconds > 0 else 0.0,
-        "lateSends": level.late,
-        "droppedSends": level.dropped,
-    }
+    open_loop = OpenLoopFigures(
+        offered_rps=rate,
+        arrival=plan.arrival,
+        sent_rps=round(sent / measured_seconds, 3) if measured_seconds > 0 else 0.0,
+        late_sends=level.late,
+        dropped_sends=level.dropped,
+    )
     stats = summarise(None, level.samples)
-    generator = generator_verdict(cpu_percent, level.lags_ms, plan.generator_limits, stats.latency_ms.get("p99"))
+    generator = generator_verdict(cpu_percent, level.lags_ms, plan.generator_limits, stats.latency_ms.p99)
     phases = shapes.phase_figures(level.samples, start, schedule) if schedule.kind != "steady" else None
     return dataclasses.replace(
         stats, rate_rps=rate, stability=verdict, generator=generator, open_loop=open_loop, phases=phases

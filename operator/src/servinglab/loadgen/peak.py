@@ -58,7 +58,7 @@ def _summary(
     peak: float | None, failed_at: float | None, probes: list[LevelStats], search: RateSearchSpec, note: str | None
 ) -> PeakRate:
     at_peak = next((p for p in probes if p.rate_rps == peak), None)
-    p99 = at_peak.latency_ms.get("p99") if at_peak is not None else None
+    p99 = at_peak.latency_ms.p99 if at_peak is not None else None
     return PeakRate(
         rate_rps=round(peak, 3) if peak is not None else None,
         p99_latency_ms=round(p99, 3) if p99 is not None else None,

@@ -25,9 +25,10 @@ from pathlib import Path
 
 from servinglab.api import ShapeSpec, TraceShape
 from servinglab.api.load import MAX_WINDOWS_PER_LEVEL
+from servinglab.api.results import PhaseFigures
 from servinglab.loadgen import folder
 from servinglab.loadgen.arrivals import arrival_offsets
-from servinglab.loadgen.stats import Sample, summarise
+from servinglab.loadgen.stats import Sample, rounded, summarise
 
 #: The most a trace may be: bytes of text, lines (comments included), sends, and seconds as replayed
 #: (as long as a burst run may be).
@@ -233,20 +234,24 @@ def _trace_line(line: str, where: str, payload_count: int | None) -> tuple[float
     return moment, index
 
 
-def phase_figures(samples: Sequence[Sample], measured_start: float, schedule: Schedule) -> list[dict[str, object]]:
+def phase_figures(samples: Sequence[Sample], measured_start: float, schedule: Schedule) -> list[PhaseFigures]:
     """Each phase's figures over the requests sent in it (exact, as for a level); a burst run adds
     every base and every burst phase taken together."""
 
     def figures(
-        name: str, rate: float, chosen: list[Sample], seconds: float, users: int | None = None
-    ) -> dict[str, object]:
+        name: str,
+        rate: float,
+        chosen: list[Sample],
+        seconds: float,
+        users: int | None = None,
+        start: float | None = None,
+    ) -> PhaseFigures:
         stats = summarise(None, chosen)
-        return {
-            "name": name, **({"users": users} if users is not None else {"rateRps": round(rate, 3)}),
-            "seconds": round(seconds, 3), "requests": stats.requests,
-            "errors": stats.errors, "throughputRps": round(stats.throughput_rps, 3),
-            "latencyMs": {key: round(value, 3) for key, value in stats.latency_ms.items()},
-        }  # fmt: skip
+        return PhaseFigures(
+            name=name, start=start, users=users, rate_rps=round(rate, 3) if users is None else None,
+            seconds=round(seconds, 3), requests=stats.requests, errors=stats.errors,
+            throughput_rps=round(stats.throughput_rps, 3), latency_ms=rounded(stats.latency_ms),
+        )  # fmt: skip
 
     by_phase: list[list[Sample]] = [[] for _ in schedule.phases]
     for sample in samples:
@@ -256,10 +261,7 @@ def phase_figures(samples: Sequence[Sample], measured_start: float, schedule: Sc
                 by_phase[number].append(sample)
                 break
     result = [
-        {
-            "start": round(phase.start, 3),
-            **figures(phase.name, phase.rate_rps, chosen, phase.end - phase.start, phase.users),
-        }  # fmt: skip
+        figures(phase.name, phase.rate_rps, chosen, phase.end - phase.start, phase.users, round(phase.start, 3))
         for phase, chosen in zip(schedule.phases, by_phase, strict=True)
     ]
     if schedule.kind == "burst":

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from servinglab.api import GeneratorLimits, StabilitySpec
+from servinglab.api.results import OneGenerator, OpenLoopFigures
 from servinglab.loadgen import shapes
 from servinglab.loadgen.stats import LevelStats, judge_stability, merge_generator_verdicts, summarise
 
@@ -41,20 +41,20 @@ def merge_levels(
     samples = [sample for part in parts for sample in part.samples]
     stats = summarise(int(level) if closed else None, samples)
     verdict = judge_stability(samples, measure_from, measure_from + measured_seconds, stability)
-    verdict["measuredSeconds"] = round(measured_seconds, 3)
-    generators = [part.generator or {} for part in parts]
-    generator = merge_generator_verdicts(generators, limits, stats.latency_ms.get("p99"))
+    verdict = verdict.model_copy(update={"measured_seconds": round(measured_seconds, 3)})
+    generators = [part.generator or OneGenerator() for part in parts]
+    generator = merge_generator_verdicts(generators, limits, stats.latency_ms.p99)
     open_loop_figures = None
     if not closed:
-        figures: list[dict[str, Any]] = [dict(part.open_loop or {}) for part in parts]
+        figures = [part.open_loop for part in parts if part.open_loop is not None]
         sent = sum(1 for sample in samples if sample.error != "dropped")
-        open_loop_figures = {
-            "offeredRps": level,
-            "arrival": figures[0].get("arrival"),
-            "sentRps": round(sent / measured_seconds, 3) if measured_seconds > 0 else 0.0,
-            "lateSends": sum(int(f.get("lateSends", 0)) for f in figures),
-            "droppedSends": sum(int(f.get("droppedSends", 0)) for f in figures),
-        }
+        open_loop_figures = OpenLoopFigures(
+            offered_rps=level,
+            arrival=figures[0].arrival if figures else None,
+            sent_rps=round(sent / measured_seconds, 3) if measured_seconds > 0 else 0.0,
+            late_sends=sum(f.late_sends for f in figures),
+            dropped_sends=sum(f.dropped_sends for f in figures),
+        )
     phases = shapes.phase_figures(samples, measure_from, schedule) if schedule is not None else None
     return dataclasses.replace(
         stats,

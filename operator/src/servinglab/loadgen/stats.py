@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import psutil
 
 from servinglab.api import GeneratorLimits, StabilitySpec
+from servinglab.api.results import (
+    GeneratorVerdict,
+    Latency,
+    MeanCi,
+    OneGenerator,
+    OpenLoopFigures,
+    PhaseFigures,
+    Repeats,
+    SendGap,
+    Stability,
+    to_json,
+)
+from servinglab.api.results import Window as WindowFigures
 
 PERCENTILES = (50, 90, 95, 99)
 CDF_STEP_PERCENT = 0.5  # the stored latency CDF: exact nearest-rank values every half percent
@@ -53,7 +62,8 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
 
 @dataclass(frozen=True)
 class LevelStats:
-    """What one level measured; field names follow the results JSON / CR status."""
+    """What one level measured, exact (unrounded); field names follow the results JSON / CR status, and
+    every part is the typed model :class:`servinglab.api.results.LevelResult` holds it in."""
 
     concurrency: int | None  # closed loop: users; None for an open-loop level
     requests: int
@@ -61,26 +71,29 @@ class LevelStats:
     errors_by_kind: dict[str, int]
     throughput_rps: float
     window_seconds: float
-    latency_ms: dict[str, float] = field(default_factory=dict)
+    latency_ms: Latency = field(default_factory=Latency)
     window_start: float = 0.0
     window_end: float = 0.0
     latency_cdf_ms: list[list[float]] = field(default_factory=list)  # [percent, ms] pairs, for plots
-    stability: dict[str, object] | None = None
-    generator: dict[str, object] | None = None
+    stability: Stability | None = None
+    generator: GeneratorVerdict | None = None
     rate_rps: float | None = None  # open loop: the offered rate
-    open_loop: dict[str, object] | None = None  # open loop: late and dropped sends, sent rate
-    repeats: dict[str, object] | None = None  # repeats > 1: every run's figures, mean and 95% CI
-    phases: list[dict[str, object]] | None = None  # a shaped run (step, burst, trace): each phase's figures
+    open_loop: OpenLoopFigures | None = None  # open loop: late and dropped sends, sent rate
+    repeats: Repeats | None = None  # repeats > 1: every run's figures, mean and 95% CI
+    phases: list[PhaseFigures] | None = None  # a shaped run (step, burst, trace): each phase's figures
     samples: tuple[Sample, ...] = field(default=(), repr=False, compare=False)  # kept for pooling repeats
 
     def to_json(self) -> dict[str, object]:
+        """The level for people and tools (camelCase, rounded to the µs and the mrps, None left out)."""
         level: dict[str, object] = (
             {"concurrency": self.concurrency} if self.concurrency is not None else {"rateRps": self.rate_rps}
         )
+        parts = {"stability": self.stability, "generator": self.generator, "openLoop": self.open_loop,
+                 "repeats": self.repeats}  # fmt: skip
         return {
             **level,
             "throughputRps": round(self.throughput_rps, 3),
-            "latencyMs": {k: round(v, 3) for k, v in self.latency_ms.items()},
+            "latencyMs": to_json(rounded(self.latency_ms)),
             "requests": self.requests,
             "errors": self.errors,
             "errorsByKind": dict(self.errors_by_kind),
@@ -88,12 +101,14 @@ class LevelStats:
             "windowStart": round(self.window_start, 3),
             "windowEnd": round(self.window_end, 3),
             "latencyCdfMs": self.latency_cdf_ms,
-            **({"stability": self.stability} if self.stability is not None else {}),
-            **({"generator": self.generator} if self.generator is not None else {}),
-            **({"openLoop": self.open_loop} if self.open_loop is not None else {}),
-            **({"repeats": self.repeats} if self.repeats is not None else {}),
-            **({"phases": self.phases} if self.phases is not None else {}),
+            **{name: to_json(part) for name, part in parts.items() if part is not None},
+            **({"phases": [to_json(phase) for phase in self.phases]} if self.phases is not None else {}),
         }
+
+
+def rounded(latency: Latency) -> Latency:
+    """The percentiles to the µs (as results keep them)."""
+    return latency.model_copy(update={name: round(value, 3) for name, value in latency if isinstance(value, float)})
 
 
 def latency_cdf(sorted_ms: Sequence[float]) -> list[list[float]]:
@@ -117,12 +132,10 @@ def summarise(concurrency: int | None, samples: Iterable[Sample]) -> LevelStats:
     if samples:
         start, end = min(s.sent_at for s in samples), max(s.finished_at for s in samples)
     window = end - start
-    latency: dict[str, float] = {}
+    latency = Latency()
     if ok:
-        latency = {f"p{p}": percentile(ok, p) for p in PERCENTILES}
-        latency["max"] = ok[-1]
-        latency["min"] = ok[0]
-        latency["mean"] = math.fsum(ok) / len(ok)
+        p50, p90, p95, p99 = (percentile(ok, p) for p in PERCENTILES)
+        latency = Latency(p50=p50, p90=p90, p95=p95, p99=p99, max=ok[-1], min=ok[0], mean=math.fsum(ok) / len(ok))
     return LevelStats(
         samples=tuple(samples),
         latency_cdf_ms=latency_cdf(ok),
@@ -152,9 +165,9 @@ class Window:
         """Answered requests sent in the window."""
         return round(self.throughput_rps * self.seconds)
 
-    def to_json(self) -> dict[str, object]:
+    def figures(self) -> WindowFigures:
         p99 = round(self.p99_ms, 3) if self.p99_ms is not None else None
-        return {"start": round(self.start, 3), "throughputRps": round(self.throughput_rps, 3), "p99Ms": p99}
+        return WindowFigures(start=round(self.start, 3), throughput_rps=round(self.throughput_rps, 3), p99_ms=p99)
 
 
 def windows(samples: Iterable[Sample], start: float, end: float, seconds: float) -> list[Window]:
@@ -183,7 +196,7 @@ def spread(values: Sequence[float]) -> float:
 MIN_REQUESTS_FOR_P99 = 100
 
 
-def stability_verdict(series: Sequence[Window], count: int, tolerance: float) -> dict[str, object]:
+def stability_verdict(series: Sequence[Window], count: int, tolerance: float) -> Stability:
     """Whether the last `count` windows agree within `tolerance` on throughput and on p99.
 
     Two guards keep sampling noise from passing for instability: throughput is judged against the
@@ -191,32 +204,35 @@ def stability_verdict(series: Sequence[Window], count: int, tolerance: float) ->
     standard deviations of a count of n), and p99 is compared only when every window answered at
     least MIN_REQUESTS_FOR_P99 requests. `stable` is None when there are too few windows to judge.
     """
-    verdict: dict[str, object] = {"windows": [w.to_json() for w in series], "tolerance": tolerance}
+    verdict = Stability(windows=[w.figures() for w in series], tolerance=tolerance)
     last = list(series[-count:])
     if len(last) < count:
-        return {**verdict, "stable": None, "reason": f"{len(series)} window(s), {count} needed"}
+        return verdict.model_copy(update={"reason": f"{len(series)} window(s), {count} needed"})
     if any(w.p99_ms is None for w in last):
-        return {**verdict, "stable": False, "reason": "a window without successful requests"}
+        return verdict.model_copy(update={"stable": False, "reason": "a window without successful requests"})
     fewest = min(w.requests for w in last)
     throughput_tolerance = max(tolerance, 2 / math.sqrt(fewest))
     spreads = {"throughput": spread([w.throughput_rps for w in last])}
-    verdict.update(throughputSpread=round(spreads["throughput"], 4), throughputTolerance=round(throughput_tolerance, 4))
+    figures: dict[str, float | bool] = {
+        "throughput_spread": round(spreads["throughput"], 4), "throughput_tolerance": round(throughput_tolerance, 4)
+    }  # fmt: skip
     if fewest >= MIN_REQUESTS_FOR_P99:
         spreads["p99"] = spread([w.p99_ms for w in last if w.p99_ms is not None])
-        verdict["p99Spread"] = round(spreads["p99"], 4)
+        figures["p99_spread"] = round(spreads["p99"], 4)
     else:
-        verdict["p99Compared"] = False  # fewer than MIN_REQUESTS_FOR_P99 answers: its "p99" is its maximum
+        figures["p99_compared"] = False  # fewer than MIN_REQUESTS_FOR_P99 answers: its "p99" is its maximum
     limits = {"throughput": throughput_tolerance, "p99": tolerance}
     over = {name: value for name, value in spreads.items() if value > limits[name]}
     if not over:
-        return {**verdict, "stable": True}
+        return verdict.model_copy(update={**figures, "stable": True})
     worst = max(over, key=lambda name: over[name] / limits[name])
-    return {**verdict, "stable": False, "reason": f"{worst} varies {over[worst]:.0%} across the last {count}"}
+    reason = f"{worst} varies {over[worst]:.0%} across the last {count}"
+    return verdict.model_copy(update={**figures, "stable": False, "reason": reason})
 
 
 def judge_stability(
     samples: Sequence[Sample], start: float, end: float, rule: StabilitySpec, in_flight_at: float | None = None
-) -> dict[str, object]:
+) -> Stability:
     """The stability verdict over [start, end).
 
     While requests are still in flight (`in_flight_at` = now), the last window would be missing its
@@ -237,53 +253,14 @@ def extension_seconds(
     limit = rule.max_duration_seconds
     if not limit or measured >= limit:
         return 0.0
-    if judge_stability(samples, start, start + measured, rule, in_flight_at=now)["stable"] is not False:
+    if judge_stability(samples, start, start + measured, rule, in_flight_at=now).stable is not False:
         return 0.0
     return min(rule.window_seconds, limit - measured)
 
 
-class CpuMeter:
-    """How busy this thread (the generator's event loop) was since creation, as a percentage of one
-    core over the wall time: the time it ran on a core *or waited in the run queue for one*.
-
-    CPU time alone reads low for a generator that never idles but shares its core with other busy
-    processes (a contended host or node, a CPU-throttled pod): it gets less CPU because others take
-    it, not because it has time to spare, and a starved generator would pass for a calm one. Linux's
-    scheduler statistics (/proc/thread-self/schedstat) give both times; without them (another OS, a
-    kernel without them) it falls back to the process's CPU time.
-    """
-
-    def __init__(self) -> None:
-        self._process = psutil.Process()
-        self._schedstat = _schedstat_seconds() is not None
-        self._busy = self._used()
-        self._wall = time.monotonic()
-
-    def _used(self) -> float:
-        if self._schedstat and (busy := _schedstat_seconds()) is not None:
-            return busy
-        times = self._process.cpu_times()
-        return float(times.user + times.system)
-
-    def percent(self) -> float:
-        wall = time.monotonic() - self._wall
-        return 100.0 * (self._used() - self._busy) / wall if wall > 0 else 0.0
-
-
-def _schedstat_seconds() -> float | None:
-    """This thread's time on a core plus its time waiting for one, in seconds (None: not readable).
-    Read by the thread measured: the event loop's, which the meter is created and read in."""
-    try:
-        with open("/proc/thread-self/schedstat") as schedstat:
-            on_cpu_ns, waiting_ns = schedstat.read().split()[:2]
-        return (int(on_cpu_ns) + int(waiting_ns)) / 1e9
-    except (OSError, ValueError):
-        return None
-
-
 def generator_verdict(
     cpu_percent: float, send_gaps_ms: list[float], limits: GeneratorLimits, latency_p99_ms: float | None = None
-) -> dict[str, object]:
+) -> GeneratorVerdict:
     """Did the load generator limit this level?
 
     Its CPU says so (gevent runs on one core; time waiting for the core counts, see
@@ -294,16 +271,16 @@ def generator_verdict(
     gaps = sorted(send_gaps_ms)
     gap_p99 = percentile(gaps, 99) if gaps else 0.0
     reasons = _limit_reasons(cpu_percent, gap_p99, limits, latency_p99_ms)
-    return {
-        "cpuPercent": round(cpu_percent, 1),
-        "sendGapMs": {
-            "p50": round(percentile(gaps, 50), 3) if gaps else None,
-            "p99": round(gap_p99, 3),
-            "max": round(gaps[-1], 3) if gaps else None,
-        },
-        "saturated": bool(reasons),
-        **({"reason": "; ".join(reasons)} if reasons else {}),
-    }
+    return GeneratorVerdict(
+        cpu_percent=round(cpu_percent, 1),
+        send_gap_ms=SendGap(
+            p50=round(percentile(gaps, 50), 3) if gaps else None,
+            p99=round(gap_p99, 3),
+            max=round(gaps[-1], 3) if gaps else None,
+        ),
+        saturated=bool(reasons),
+        reason="; ".join(reasons) if reasons else None,
+    )
 
 
 def _limit_reasons(
@@ -320,28 +297,30 @@ def _limit_reasons(
 
 
 def merge_generator_verdicts(
-    verdicts: Sequence[dict[str, Any]], limits: GeneratorLimits, latency_p99_ms: float | None
-) -> dict[str, object]:
+    verdicts: Sequence[OneGenerator], limits: GeneratorLimits, latency_p99_ms: float | None
+) -> GeneratorVerdict:
     """One level driven by several generator processes: each is judged again against the merged p99
     latency (a send gap is material or not relative to what the level measured), and any generator
     that limited the load flags the level, by number. The level's CPU and send gap are the worst
     generator's; every generator's own verdict is kept."""
     judged = []
     for verdict in verdicts:
-        cpu, gap_p99 = float(verdict["cpuPercent"]), float(verdict["sendGapMs"]["p99"])
-        reasons = _limit_reasons(cpu, gap_p99, limits, latency_p99_ms)
-        own = {key: value for key, value in verdict.items() if key not in ("saturated", "reason")}
-        judged.append({**own, "saturated": bool(reasons), **({"reason": "; ".join(reasons)} if reasons else {})})
-    flagged = [f"generator {i + 1} of {len(judged)}: {v['reason']}" for i, v in enumerate(judged) if v["saturated"]]
-    worst_gap = max(judged, key=lambda v: float(v["sendGapMs"]["p99"]))
-    return {
-        "generators": len(judged),
-        "cpuPercent": max(float(v["cpuPercent"]) for v in judged),
-        "sendGapMs": worst_gap["sendGapMs"],
-        "saturated": bool(flagged),
-        **({"reason": "; ".join(flagged)} if flagged else {}),
-        "perGenerator": judged,
-    }
+        reasons = _limit_reasons(verdict.cpu_percent or 0.0, _gap_p99(verdict), limits, latency_p99_ms)
+        own = OneGenerator(cpu_percent=verdict.cpu_percent, send_gap_ms=verdict.send_gap_ms)
+        judged.append(own.model_copy(update={"saturated": bool(reasons), "reason": "; ".join(reasons) or None}))
+    flagged = [f"generator {i + 1} of {len(judged)}: {v.reason}" for i, v in enumerate(judged) if v.saturated]
+    return GeneratorVerdict(
+        generators=len(judged),
+        cpu_percent=max(v.cpu_percent or 0.0 for v in judged),
+        send_gap_ms=max(judged, key=_gap_p99).send_gap_ms,
+        saturated=bool(flagged),
+        reason="; ".join(flagged) or None,
+        per_generator=judged,
+    )
+
+
+def _gap_p99(verdict: OneGenerator) -> float:
+    return verdict.send_gap_ms.p99 if verdict.send_gap_ms is not None else 0.0
 
 
 # Two-sided 95 % Student t critical values by degrees of freedom (1..30); 1.96 beyond.
@@ -351,15 +330,15 @@ _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 # fmt: on
 
 
-def mean_ci95(values: Sequence[float]) -> dict[str, float]:
+def mean_ci95(values: Sequence[float]) -> MeanCi:
     """Mean and the half-width of its 95 % confidence interval (Student t, sample standard deviation)."""
     n = len(values)
     mean = math.fsum(values) / n
     if n < 2:
-        return {"mean": round(mean, 3), "ci95": 0.0}
+        return MeanCi(mean=round(mean, 3), ci95=0.0)
     variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
     t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
-    return {"mean": round(mean, 3), "ci95": round(t * math.sqrt(variance / n), 3)}
+    return MeanCi(mean=round(mean, 3), ci95=round(t * math.sqrt(variance / n), 3))
 
 
 def combine_repeats(runs: Sequence[LevelStats]) -> LevelStats:
@@ -372,14 +351,14 @@ def combine_repeats(runs: Sequence[LevelStats]) -> LevelStats:
     ok = sum(run.requests - run.errors for run in runs)
     window = math.fsum(run.window_seconds for run in runs)
     throughputs = [run.throughput_rps for run in runs]
-    p99s = [float(run.latency_ms["p99"]) for run in runs if "p99" in run.latency_ms]
-    repeats: dict[str, object] = {
-        "runs": len(runs),
-        "throughputRps": [round(t, 3) for t in throughputs],
-        "p99Ms": [round(p, 3) for p in p99s],
-        "throughputRpsMean": mean_ci95(throughputs),
-        **({"p99MsMean": mean_ci95(p99s)} if p99s else {}),
-    }
+    p99s = [run.latency_ms.p99 for run in runs if run.latency_ms.p99 is not None]
+    repeats = Repeats(
+        runs=len(runs),
+        throughput_rps=[round(t, 3) for t in throughputs],
+        p99_ms=[round(p, 3) for p in p99s],
+        throughput_rps_mean=mean_ci95(throughputs),
+        p99_ms_mean=mean_ci95(p99s) if p99s else None,
+    )
     return dataclasses.replace(
         pooled,
         throughput_rps=ok / window if window > 0 else 0.0,
@@ -388,7 +367,7 @@ def combine_repeats(runs: Sequence[LevelStats]) -> LevelStats:
         window_end=runs[-1].window_end,
         rate_rps=first.rate_rps,
         stability=runs[-1].stability,
-        generator=max((run.generator or {} for run in runs), key=lambda g: bool(g.get("saturated"))) or None,
+        generator=next((run.generator for run in runs if run.generator and run.generator.saturated), first.generator),
         open_loop=runs[-1].open_loop,
         repeats=repeats,
     )

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import secrets
 import socket
 import struct
@@ -61,6 +62,8 @@ MAX_FRAME_BYTES = 4 << 20
 #: A whole message (JSON) is at most this long: the largest is one request body (64 MiB, see
 #: payloads.MAX_BODY_BYTES) in base64; samples and payloads travel in batches well below it.
 MAX_MESSAGE_BYTES = 96 << 20
+#: One decoded frame: a JSON object with a `kind` (:mod:`servinglab.loadgen.messages` reads its fields).
+Message = dict[str, Any]
 _LENGTH = struct.Struct(">I")
 _SEQUENCE = struct.Struct(">Q")
 _FINAL = 1
@@ -141,7 +144,7 @@ class Channel:
         self.peer = _address_of(sock)
         sock.settimeout(None)  # after the handshake a message may take as long as a level does
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: Message) -> None:
         try:
             data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
         except ValueError as exc:  # NaN or infinity: JSON has no such numbers
@@ -159,7 +162,7 @@ class Channel:
             self._sock.sendall(b"".join((_LENGTH.pack(1 + len(chunk) + _MAC_BYTES), flags, chunk, mac)))
             self._sent += 1
 
-    def recv(self, timeout_seconds: float | None = None, *, deadline: float | None = None) -> dict[str, Any]:
+    def recv(self, timeout_seconds: float | None = None, *, deadline: float | None = None) -> Message:
         """The next message: a JSON object whose every frame was authenticated, else WireError
         (DeadlinePassed when it is not whole within `timeout_seconds`, or by `deadline`, a monotonic time)."""
         if timeout_seconds is not None:
@@ -211,9 +214,16 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _decode(data: bytes) -> dict[str, Any]:
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: a JSON number, and infinite as a float
+        raise ValueError(f"{text[:40]} is not a finite number")
+    return value
+
+
+def _decode(data: bytes) -> Message:
     try:
-        message = json.loads(data.decode(), parse_constant=_refuse_constant)
+        message = json.loads(data.decode(), parse_constant=_refuse_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, ValueError) as exc:
         raise WireError(f"refused a message that is not JSON: {exc}") from None
     if not isinstance(message, dict) or not isinstance(message.get("kind"), str):

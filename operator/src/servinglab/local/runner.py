@@ -12,6 +12,7 @@ The caller must have imported Locust first (see :mod:`servinglab.entry`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import shutil
@@ -37,7 +38,9 @@ from servinglab.measure.driver import ServerWindows, measure_load
 from servinglab.measure.raw import probe as raw_probe
 from servinglab.measure.raw.figures import RawCache
 from servinglab.measure.telemetry import LocalTelemetry
+from servinglab.models import forms
 from servinglab.servers.base import LocalServer, ModelError, ServedModel, ServerError, not_applied
+from servinglab.servers.handler import powers_of_two_up_to
 from servinglab.servers.process import visible_gpus
 
 
@@ -110,6 +113,7 @@ class ServerSlot:
         spec = experiment.spec
         kind = servers.get(spec.server.kind)
         same = self.server is not None and self.kind == kind.kind and self.server.model_name == spec.model.name
+        same = same and self.model is not None and self.model.form_spec == spec.server.form  # a form is built anew
         if self.server is not None and same and self.reuse:
             _refuse_gpu_paths_without_a_gpu(spec.server, self.server.gpus)
             if kind.reconfigurable:
@@ -121,9 +125,11 @@ class ServerSlot:
             return self.server, seconds, False
         self.stop_server()
         _refuse_gpu_paths_without_a_gpu(spec.server, visible_gpus())
+        if (refused := forms.refusal(spec.server, visible_gpus())) is not None:
+            raise RunError(f"FormNotSupported: {refused}")
         self.hooks.phase(f"Preparing model {spec.model.name}")
         try:
-            self.model = model = kind.prepare_model(spec, self.workdir)
+            self.model = model = _with_form(spec.server, kind.prepare_model(spec, self.workdir), self.hooks)
         except ModelError as exc:
             raise RunError(f"{exc.reason}: {exc}") from None
         server = kind.local(spec.model.name, model.directory, spec, self.workdir, self.reuse)
@@ -145,6 +151,21 @@ class ServerSlot:
             self.hooks.phase(f"Server work directory kept for inspection: {self.workdir}")
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _with_form(server: ServerSpec, model: ServedModel, hooks: RunHooks) -> ServedModel:
+    """The model with its form (`server.form`) built or found built, gated and put beside it."""
+    if server.form is None:
+        return model
+    hooks.phase(f"Form {server.form}: built once per content, checked against eager fp32")
+    try:
+        run = forms.prepare(server, model.packed, powers_of_two_up_to(server.batch_size), visible_gpus() > 0)
+    except forms.FormError as exc:
+        raise ModelError(exc.reason, str(exc)) from None
+    if run is not None:
+        built = "found in the cache" if run.cached else f"built in {run.build_seconds:.1f} s"
+        hooks.phase(f"Form {run.form} ({run.backend}{f', {run.provider}' if run.provider else ''}): {built}")
+    return dataclasses.replace(model, form=run, form_spec=server.form)
 
 
 def _refuse_gpu_paths_without_a_gpu(server: ServerSpec, gpus: int) -> None:
@@ -175,6 +196,11 @@ def run_in(slot: ServerSlot, experiment: ServingExperiment, raw_cache: RawCache 
     measure the model alone at each batch size once. Raises :class:`RunError` on failure."""
     spec, hooks = experiment.spec, slot.hooks
     started_at = now()
+    if spec.server.replicas > 1:  # one local server process: several need a cluster's Service to share them
+        raise RunError(
+            f"server.replicas: {spec.server.replicas}; a local run serves from one server (replicas: 1); run "
+            "several replicas on Kubernetes (kubectl apply), where a Service spreads the load between them"
+        )
     if spec.load.shape is not None and spec.load.shape.trace is not None:
         try:  # a bad trace is refused before any server starts
             shapes.load_trace(spec.load.shape.trace, Path.cwd(), window_seconds=spec.load.stability.window_seconds)
@@ -224,16 +250,27 @@ def _ceiling(
     sizes = ceiling.plan(spec, document.results)
     precision, seconds, device = str(spec.server.precision), spec.ceiling.raw_seconds, "cuda" if gpu else "cpu"
     compiled = "" if spec.server.data_path.compile == "none" else f", compile {spec.server.data_path.compile}"
+    form = f", form {spec.server.form}" if spec.server.form is not None else ""
     hooks.phase(
-        f"Ceiling: {spec.model.name} alone in-process, {precision}{compiled}, at the formed batch size {sizes[0]} "
-        f"and the best of {sorted(sizes)}, within {seconds:g} s"
+        f"Ceiling: {spec.model.name} alone in-process, {precision}{compiled}{form}, at the formed batch size "
+        f"{sizes[0]} and the best of {sorted(sizes)}, within {seconds:g} s"
     )
     try:
-        options = spec.server.data_path.model_options(spec.server.batch_size)
+        options = ceiling.served_form_options(spec.server, served.packed)
         figures = raw_probe.measure(target, precision, device, sizes, seconds, hooks.phase, cache, options)
+        alone = None
+        if spec.ceiling.forms and spec.model.source is None:  # the forms' probe builds the built-ins alone
+            wanted = [str(form) for form in ceiling.CPU_FORMS] + (["tensorrt"] if gpu else [])
+            alone = raw_probe.measure_forms(target, precision, device, sizes[0], wanted, seconds,
+                                            str(forms.cache_dir() / "raw"), hooks.phase)  # fmt: skip
     except raw_probe.RawProbeError as exc:
         raise RunError(str(exc)) from None
-    return ceiling.ceiling_of(spec, document.results, description.flops_per_inference, figures, device)
+    found = ceiling.ceiling_of(spec, document.results, description.flops_per_inference, figures, device)
+    served_form = str(spec.server.form or "eager")  # a built-in as it comes runs eager
+    return found.model_copy(update={
+        "form": str(spec.server.form) if spec.server.form is not None else None, "forms_alone": alone,
+        "best_form": ceiling.best_form(served_form, alone) if alone is not None else None,
+    })  # fmt: skip
 
 
 def _measure(
@@ -271,10 +308,12 @@ def _measure(
     notes = server.notes()
     runtime = Runtime(
         mode="local", device="cuda" if server.gpus > 0 else "cpu", precision_note=notes.precision_note,
-        data_path=notes.data_path, warmup=notes.warmup, cpu_count=os.cpu_count(), machine=platform.machine(),
+        data_path=notes.data_path, form=model.form, warmup=notes.warmup, cpu_count=os.cpu_count(),
+        machine=platform.machine(),
         gpu_telemetry=telemetry.note,
     )  # fmt: skip
     return experiment_results(
         experiment.metadata.name, spec, measured.levels, runtime=runtime, effective=effective,
-        cold_start_seconds=cold_start, peak_rate=measured.peak_rate, model=model.description, finished_at=now(),
+        cold_start_seconds=cold_start, peak_rate=measured.peak_rate, utilisation=measured.utilisation,
+        model=model.description, finished_at=now(),
     )  # fmt: skip

@@ -21,15 +21,23 @@ memory-bandwidth roof (:data:`MEMORY_GBS`).
 The raw figures come from :mod:`servinglab.measure.raw` (a child process, within `ceiling.rawSeconds`);
 the local runner measures them after its server has stopped, the load Job cannot (it does not run on
 the GPU) and reports FLOPs and the theoretical figure for the accelerator its server is pinned to.
+
+The model alone runs in the **form that was served** (`server.form`: the TorchScript or ONNX file servinglab
+built beside the model, torch.compile's mode; :func:`served_form_options`), so served/raw is what the server
+loses. With `ceiling.forms`, every other form also runs alone at the formed batch, and :func:`best_form`
+names the fastest with its gain over the served form: what a better form would gain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ServerSpec
-from servinglab.api.ceiling import Ceiling, RawRow, RawSkip
+from servinglab.api.ceiling import BestForm, Ceiling, FormAlone, RawRow, RawSkip
+from servinglab.api.datapath import CompileMode
+from servinglab.api.forms import ModelForm
 from servinglab.api.results import LevelResult
 from servinglab.measure.levels import served_level
 from servinglab.measure.raw.figures import RawFigures
@@ -194,6 +202,37 @@ def ceiling_of(
     served = level.throughput_rps if level is not None else None
     raw = raw_block(mean, formed, figures, spec.ceiling.raw_seconds)
     return ceiling_report(served, flops_per_inference, raw, accelerator, str(spec.server.precision))
+
+
+#: The forms the model alone is measured in with `ceiling.forms` (the GPU adds TensorRT).
+CPU_FORMS = (ModelForm.EAGER, ModelForm.TORCHSCRIPT, ModelForm.COMPILE, ModelForm.ONNXRUNTIME)
+#: The file each form with one is served from, beside the model (the names :mod:`servinglab.models.forms` uses).
+_FORM_FILES = {ModelForm.TORCHSCRIPT: "servinglab-form.pt", ModelForm.ONNXRUNTIME: "servinglab-form.onnx"}
+
+
+def served_form_options(server: ServerSpec, folder: Path) -> dict[str, object]:
+    """The raw probe's model options for the model as served: the data path's, the compile mode the form
+    implies (form compile with dataPath.compile unset: default), and the form's file where it has one."""
+    options = server.data_path.model_options(server.batch_size)
+    if (mode := server.compile_mode()) is not CompileMode.NONE:
+        options.update(compile=str(mode), batchSize=server.batch_size)
+    if server.form is not None:
+        options["form"] = str(server.form)  # also keeps one form's raw figures apart from another's in the cache
+        built = folder / _FORM_FILES[server.form] if server.form in _FORM_FILES else None
+        if built is not None and built.is_file():
+            options["formFile"] = str(built)
+    return options
+
+
+def best_form(served_form: str, rows: Sequence[FormAlone]) -> BestForm | None:
+    """The fastest form alone against the served form alone at the same batch (None when the served form
+    was not measured alone: no gain to state)."""
+    measured = {row.form: row.throughput_rps for row in rows if row.status == "measured" and row.throughput_rps}
+    base = measured.get(served_form)
+    if not base:
+        return None
+    form, rps = max(measured.items(), key=lambda item: item[1])
+    return BestForm(form=form, rps=rps, served_form=served_form, served_form_rps=base, gain=round(rps / base, 3))
 
 
 def plan(spec: ExperimentSpec, levels: Sequence[LevelResult]) -> list[int]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from servinglab import __version__
 from servinglab.api import ExperimentSpec
 from servinglab.api.ceiling import Ceiling, ModelDescription
-from servinglab.api.cost import CostSpec, cost_figures
+from servinglab.api.cost import CostSpec, Price, cost_figures
 from servinglab.api.results import (
     EffectiveSettings,
     ExperimentResults,
@@ -25,6 +25,7 @@ from servinglab.api.results import (
     ServerSettings,
     Slo,
 )
+from servinglab.api.utilisation import UtilisationSearch
 from servinglab.measure.levels import best_level
 from servinglab.measure.verdict import judged
 
@@ -58,18 +59,21 @@ def experiment_results(
     effective: EffectiveSettings | None = None,
     cold_start_seconds: float | None = None,
     peak_rate: PeakRate | None = None,
+    utilisation: UtilisationSearch | None = None,
     ceiling: Ceiling | None = None,
     model: ModelDescription | None = None,
     started_at: str | None = None,
     finished_at: str | None = None,
+    price: Price | None = None,
 ) -> ExperimentResults:
     """The document of a finished experiment; its best level and each level's verdict are computed here,
-    once (:func:`with_ceiling` judges them again when the ceiling is measured afterwards)."""
+    once (:func:`with_ceiling` judges them again when the ceiling is measured afterwards). `price`: the
+    one the operator resolved (its status's); None: the spec's own `cost`."""
     slo = spec.slo.p99_latency_ms
     settings = server_settings(spec, effective)
     levels = judged(levels, settings, ceiling, GPU_SOURCES.get(runtime.mode))
     held = 0 if runtime.device == "cpu" else spec.server.gpus  # a local run without a GPU held none
-    levels = priced(levels, spec.cost, held)
+    levels = priced(levels, price or spec.cost, held, runtime.server_replicas or spec.server.replicas)
     return ExperimentResults(
         experiment=name,
         model=spec.model.name,
@@ -81,6 +85,7 @@ def experiment_results(
         results=list(levels),
         best=best_level(levels, slo),
         peak_rate=peak_rate,
+        utilisation=utilisation,
         ceiling=ceiling,
         runtime=runtime,
         model_info=model,
@@ -90,11 +95,15 @@ def experiment_results(
     )
 
 
-def priced(levels: Sequence[LevelResult], price: CostSpec | None, gpus: int) -> list[LevelResult]:
-    """Each level with its cost figures at its measured throughput (a replica holding `gpus` GPUs)."""
+def priced(
+    levels: Sequence[LevelResult], price: CostSpec | Price | None, gpus: int, replicas: int = 1
+) -> list[LevelResult]:
+    """Each level with its cost figures at its measured throughput, answered by `replicas` replicas each
+    holding `gpus` GPUs (the whole deployment is priced: price per replica x replicas)."""
     return [
         level.model_copy(update={"cost": cost_figures(
-            price, level.throughput_rps, gpus, level.gpu.energy_per_inference_joules if level.gpu else None)})
+            price, level.throughput_rps, gpus, level.gpu.energy_per_inference_joules if level.gpu else None,
+            replicas=replicas)})
         for level in levels
     ]  # fmt: skip
 

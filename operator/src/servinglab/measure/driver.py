@@ -17,9 +17,11 @@ from functools import partial
 
 from servinglab.api import LoadSpec
 from servinglab.api.results import LevelResult, PeakRate
+from servinglab.api.utilisation import UtilisationSearch
 from servinglab.loadgen import levels, wire
 from servinglab.loadgen.hooks import LevelHooks, ProgressFn
-from servinglab.measure.levels import level_results, probe_passes, with_device
+from servinglab.loadgen.utilisation import Reading
+from servinglab.measure.levels import latency_of, level_results, meets_slo, probe_passes, with_device
 from servinglab.measure.telemetry import LocalTelemetry
 from servinglab.measure.windows import WindowReader
 from servinglab.servers.base import ServerMetrics
@@ -37,10 +39,12 @@ class ServerWindows:
 
 @dataclass(frozen=True)
 class Measured:
-    """Every measured level in run order (peak-search probes last) and the peak rate found, if searched."""
+    """Every measured level in run order (peak-search probes last) and the peak rate found, if searched; or
+    the utilisation search's levels and its summary."""
 
     levels: list[LevelResult]
     peak_rate: PeakRate | None = None
+    utilisation: UtilisationSearch | None = None
 
     @property
     def requests(self) -> int:
@@ -84,7 +88,14 @@ def measure_load(
 
     hooks = LevelHooks(ticked, started, ended)
     passes = partial(probe_passes, slo_p99_ms=slo_p99_ms) if slo_p99_ms is not None else None
-    outcome = levels.run_load(load, passes, target, hooks, remote)
+    reading = None
+    if load.utilisation_target is not None and telemetry is not None:
+        reading = Reading(
+            resource := telemetry.resource(load.utilisation_target.resource),
+            partial(telemetry.utilisation, resource=resource),
+            lambda stats: meets_slo(latency_of(stats), stats.errors, stats.requests, slo_p99_ms),
+        )
+    outcome = levels.run_load(load, passes, target, hooks, remote, reading)
     breakdowns = windows.breakdowns if windows is not None else {}
     results = level_results(outcome.levels, outcome.sweep_levels, breakdowns, slo_p99_ms)
     if telemetry is not None:
@@ -92,4 +103,4 @@ def measure_load(
             with_device(level, telemetry.cpu.get(index), telemetry.gpu.get(index))
             for index, level in enumerate(results)
         ]  # fmt: skip
-    return Measured(results, outcome.peak)
+    return Measured(results, outcome.peak, outcome.utilisation)

@@ -14,20 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servinglab.api.results import (
-    BestLevel,
-    GeneratorVerdict,
-    GpuFigures,
-    Latency,
-    LevelResult,
-    OpenLoopFigures,
-    PhaseFigures,
-    Repeats,
-    ServerBreakdown,
-    Stability,
-)
+from servinglab.api.results import BestLevel, GpuFigures, Latency, LevelResult, ServerBreakdown
 from servinglab.api.verdicts import CpuFigures
-from servinglab.loadgen.stats import LevelStats
+from servinglab.loadgen.stats import LevelStats, rounded
 from servinglab.measure.tails import latency_intervals
 
 
@@ -58,7 +47,7 @@ def level_meets_slo(level: LevelResult, slo_p99_ms: float | None, max_error_rate
 
 def latency_of(stats: LevelStats) -> Latency:
     """The level's percentiles and, from its samples, their confidence bounds (none without samples)."""
-    latency = Latency.model_validate({k: round(v, 3) for k, v in stats.latency_ms.items()})
+    latency = rounded(stats.latency_ms)
     ok = sorted(sample.latency_ms for sample in stats.samples if sample.error is None)
     return latency.model_copy(update={"intervals": latency_intervals(ok)}) if ok else latency
 
@@ -66,7 +55,7 @@ def latency_of(stats: LevelStats) -> Latency:
 def probe_passes(stats: LevelStats, slo_p99_ms: float) -> bool:
     """A probe of the peak-rate search passes when it meets the SLO and the load generator did not limit
     it (a saturated generator cannot vouch for the server)."""
-    saturated = bool((stats.generator or {}).get("saturated"))
+    saturated = stats.generator is not None and stats.generator.saturated
     return meets_slo(latency_of(stats), stats.errors, stats.requests, slo_p99_ms) and not saturated
 
 
@@ -89,11 +78,11 @@ def level_result(
         window_start=round(stats.window_start, 3),
         window_end=round(stats.window_end, 3),
         latency_cdf_ms=stats.latency_cdf_ms,
-        stability=Stability.model_validate(stats.stability) if stats.stability is not None else None,
-        generator=GeneratorVerdict.model_validate(stats.generator) if stats.generator is not None else None,
-        open_loop=OpenLoopFigures.model_validate(stats.open_loop) if stats.open_loop is not None else None,
-        repeats=Repeats.model_validate(stats.repeats) if stats.repeats is not None else None,
-        phases=[PhaseFigures.model_validate(p) for p in stats.phases] if stats.phases is not None else None,
+        stability=stats.stability,
+        generator=stats.generator,
+        open_loop=stats.open_loop,
+        repeats=stats.repeats,
+        phases=list(stats.phases) if stats.phases is not None else None,
         server=server,
         meets_slo=meets_slo(latency, stats.errors, stats.requests, slo_p99_ms) if slo_p99_ms is not None else None,
         slo_uncertain=True if judged and judged_p99(latency)[1] else None,

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import psutil
 
@@ -77,6 +77,23 @@ class LocalTelemetry:
         self._gpu_open: dict[int, GpuWindow] = {}
         self.cpu: dict[int, CpuFigures] = {}
         self.gpu: dict[int, GpuFigures] = {}
+
+    def resource(self, asked: str) -> Literal["gpu", "cpu"]:
+        """The resource a utilisation target reads: the one asked for; for `auto` the GPU where NVML shows the
+        server's, else the CPU."""
+        if asked == "gpu" or (asked == "auto" and self._gpus is not None):
+            return "gpu"
+        return "cpu"
+
+    def utilisation(self, level: int, resource: Literal["gpu", "cpu"]) -> float | None:
+        """The share of the resource the server used over the level's window (None: unread): the GPU's mean
+        utilisation; or its workers' CPU seconds per second over the cores it may run on (waits in the run
+        queue are not use)."""
+        if resource == "gpu":
+            gpu = self.gpu.get(level)
+            return gpu.utilization_avg_percent / 100 if gpu and gpu.utilization_avg_percent is not None else None
+        cpu = self.cpu.get(level)
+        return cpu.cores_busy / max(cpu.cores, 1) if cpu is not None else None
 
     def window_start(self, level: int) -> None:
         self._cpu_before[level] = (time.monotonic(), read_cpu(self._process_ids()))

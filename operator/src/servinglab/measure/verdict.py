@@ -9,7 +9,8 @@ and how batches formed (the mean formed batch against batchSize; throughput x de
 The rules, in order (the first that holds is the verdict; docs/verdicts.md explains each):
 
 1. the generator was saturated (its own judgement, or an open loop that dropped sends) -> generator-bound;
-2. served/raw at the formed batch is at least RAW_CEILING -> near-raw-ceiling;
+2. served/raw at the formed batch is at least RAW_CEILING -> near-raw-ceiling (its next change: another form
+   where one alone is at least FORM_GAIN faster than the served form, before a faster device);
 3. the workers were busy (at least BUSY of the window): the largest stage of their time says which —
    preprocess-bound, postprocess-bound, or, when the forward pass is the largest, compute-bound where the
    device is busy and queue-bound (too few workers) where it has room;
@@ -55,6 +56,8 @@ FULL = 0.95
 WAITED = 0.25
 #: An open loop that dropped more than this share of its sends could not offer the load.
 DROPPED = 0.01
+#: Near the raw ceiling, another form alone at least this much faster than the served one is the next change.
+FORM_GAIN = 1.15
 
 WORKERS_UP = VerdictHint(axis="workers", step=1)
 BATCH_UP = VerdictHint(axis="batchSize", step=1)
@@ -300,13 +303,14 @@ def judge(level: LevelResult, server: ServerSettings, ceiling: Ceiling | None = 
     if raw is not None and raw >= RAW_CEILING:
         formed = batch.formed or 0
         bigger = ceiling is not None and (ceiling.raw_best_batch_size or 0) > round(formed)
+        form = _better_form(ceiling)
         return Verdict(
             bottleneck=Bottleneck.RAW_CEILING,
             because=f"served {level.throughput_rps:.1f} rps = {_pct(raw)} of the model alone at the formed batch "
             f"{formed:.3g}",
-            next="the server adds little: a larger batch where the model alone is faster there, else a lower "
-            "precision, a compiled model or a faster device",
-            hints=[BATCH_UP] if bigger else [], **parts,
+            next=form[0] if form is not None else "the server adds little: a larger batch where the model alone is "
+            "faster there, else a lower precision, a compiled model or a faster device",
+            hints=([form[1]] if form is not None else []) + ([BATCH_UP] if bigger else []), **parts,
         )  # fmt: skip
     if level.server is None or split.client_ms is None:
         return Verdict(bottleneck=Bottleneck.UNKNOWN, because="no server breakdown for this level",
@@ -316,6 +320,17 @@ def judge(level: LevelResult, server: ServerSettings, ceiling: Ceiling | None = 
     else:
         found = _idle_verdict(split, load, batch, delay_ms)
     return found.model_copy(update=parts)
+
+
+def _better_form(ceiling: Ceiling | None) -> tuple[str, VerdictHint] | None:
+    """Near the raw ceiling: the form alone that is at least FORM_GAIN faster than the served one, as the next
+    change to try (what to say, and the sweep's hint), or None."""
+    better = ceiling.best_form if ceiling is not None else None
+    if better is None or better.form == better.served_form or better.gain < FORM_GAIN:
+        return None
+    say = (f"near the raw ceiling in {better.served_form} form: the {better.form} form alone runs {better.gain:.2g}x "
+           f"faster at this batch; try server.form: {better.form} (before a faster device)")  # fmt: skip
+    return say, VerdictHint(axis="form", step=1, value=better.form)
 
 
 def judged(levels: Sequence[LevelResult], server: ServerSettings, ceiling: Ceiling | None = None,

@@ -20,12 +20,12 @@ from servinglab.api import ModelInput, ModelRef, PayloadSpec
 
 HANDLER_FILE = "servinglab_image_handler.py"
 HANDLER_HELPERS = ("servinglab_imaging.py", "servinglab_datapath.py")
-#: The declared input of a packed model (TorchScript, exported program), read by servinglab's handler.
+#: The declared input of a packed model (TorchScript, exported program, ONNX), read by servinglab's handler.
 INPUT_FILE = "servinglab-input.json"
 #: Written into every folder a server lays a user's model out in: what was served and where it came from.
 INFO_FILE = "servinglab-model.json"
 #: What servinglab runs with its own handler: the formats a model probe can count.
-PACKED_FORMATS = ("torchscript", "exported")
+PACKED_FORMATS = ("torchscript", "exported", "onnx")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ class BuiltinModel:
 BUILTINS: dict[str, BuiltinModel] = {
     "resnet50": BuiltinModel("resnet50", 50, 4, 8, "ResNet-50 architecture, 224x224, 1000 classes"),
     "tiny": BuiltinModel("tiny", 7, 4, 32, "tiny CNN for fast tests, 32x32, 10 classes"),
+    "fixed-latency": BuiltinModel(
+        "fixed-latency", 11, 1, 1, "a known service time (100 ms a batch), for checking capacity plans, 32x32"
+    ),
 }
 
 

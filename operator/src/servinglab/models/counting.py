@@ -5,8 +5,9 @@ read once per batch, and its activations per inference.
 
 Imported only by the programs that run as child processes (a model's build, the model probe, the raw
 measurement): never by a process that generates load or reconciles. Also how those programs load a model
-as servinglab serves it: a built-in with its seeded weights, or a packed TorchScript/.pt2 with its
-declared input, converted to a precision by the handler's own helpers.
+as servinglab serves it: a built-in with its seeded weights, or a packed TorchScript/.pt2/ONNX model with
+its declared input, converted to a precision by the handler's own helpers. (An ONNX model's figures are
+counted from its graph: :mod:`.onnxcount`.)
 """
 
 from __future__ import annotations
@@ -49,12 +50,19 @@ def network(model_name: str, weights: bool = False) -> tuple[Any, int]:
     return built.eval(), int(source.INPUT_SIZE)
 
 
+def packed_file(directory: str) -> Path:
+    """The model file servinglab packed in `directory` (model.pt, model.pt2 or model.onnx)."""
+    folder = Path(directory)
+    return next(p for p in (folder / "model.pt", folder / "model.pt2", folder / "model.onnx") if p.exists())
+
+
 def packed_network(directory: str) -> tuple[Any, dict[str, Any]]:
-    """A model servinglab packed (TorchScript or .pt2) on the CPU, and its declared input."""
+    """A model servinglab packed (TorchScript, .pt2, or ONNX in an ONNX Runtime session) on the CPU, and its
+    declared input."""
     import torch
 
     folder = Path(directory)
-    serialized = next(p for p in (folder / "model.pt", folder / "model.pt2") if p.exists())
+    serialized = packed_file(directory)
     declared: dict[str, Any] = json.loads((folder / INPUT_FILE).read_text())
     return handler_imaging().load_serialized(serialized, torch.device("cpu")), declared
 

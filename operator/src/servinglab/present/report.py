@@ -31,7 +31,7 @@ from servinglab.measure.document import with_verdicts
 from servinglab.measure.trust import trust_checks
 from servinglab.present import roofline
 from servinglab.present.page import html_page
-from servinglab.present.tables import p99_cell, tails_legend
+from servinglab.present.tables import p99_cell, tails_legend, utilisation_notes
 
 PLOTS = ("latency-cdf.png", "throughput-p99.png", "server-breakdown.png", "timeseries.png", "roofline.png")
 
@@ -195,6 +195,8 @@ def _facts(document: ExperimentResults) -> list[str]:
     if (peak := document.peak_rate) is not None:
         note = f" ({html.escape(peak.note)})" if peak.note else ""
         facts.append(f"Peak rate within the SLO: {_cell(peak.rate_rps)} rps after {peak.probes} probes{note}")
+    if document.utilisation is not None:
+        facts += [html.escape(line) for line in utilisation_notes(document.utilisation)]
     if (ceiling := document.ceiling) is not None:
         note = f" — {html.escape(ceiling.note)}" if ceiling.note else ""
         facts.append(

@@ -15,6 +15,7 @@ from servinglab.api import TrialConfig
 from servinglab.api.ceiling import Ceiling
 from servinglab.api.results import ExperimentResults, Latency, PeakRate
 from servinglab.api.trials import SweepResults, TrialRecord
+from servinglab.api.utilisation import UtilisationSearch
 from servinglab.measure.trust import trust_checks
 
 # Wide enough for the results table when output goes to a file or a CI log, not a terminal.
@@ -121,6 +122,8 @@ def notes(document: ExperimentResults) -> list[str]:
         found.append(f"best: level {document.best.label} at {document.best.throughput_rps:.1f} rps")
     if document.peak_rate is not None:
         found.append(peak_note(document.peak_rate))
+    if document.utilisation is not None:
+        found += utilisation_notes(document.utilisation)
     if document.ceiling is not None:
         found.append(ceiling_note(document.ceiling))
     precision_note = document.runtime.precision_note if document.runtime is not None else None
@@ -139,6 +142,23 @@ def peak_note(peak: PeakRate) -> str:
         f"peak rate within the SLO: {peak.rate_rps:g} rps (p99 {ms(peak.p99_latency_ms)} ms, "
         f"{peak.probes} probes{'; ' + peak.note if peak.note else ''})"
     )
+
+
+def utilisation_notes(search: UtilisationSearch) -> list[str]:
+    """The utilisation search's answer, then the probes that led there (load: utilisation, rps, p99)."""
+    aim = f"{search.resource.upper()} utilisation {search.target:g} ± {search.tolerance:g}"
+    if search.reached:
+        head = (f"{aim} held at {search.load_label}: {search.utilisation or 0:.3g}, "
+                f"{search.throughput_rps or 0:.1f} rps, p99 {ms((search.latency_ms or {}).get('p99'))} ms")  # fmt: skip
+    else:
+        head = f"{aim} never reached: {search.reason} ({search.note})"
+    steps = "; ".join(
+        f"{f'c={step.concurrency}' if step.concurrency is not None else f'{step.rate_rps or 0:g} rps'}: "
+        f"{'?' if step.utilisation is None else f'{step.utilisation:.3g}'}, {step.throughput_rps:.1f} rps, "
+        f"p99 {ms(step.p99_latency_ms)} ms"
+        for step in search.steps
+    )
+    return [head, f"utilisation probes ({search.probes}): {steps or 'none'}"]
 
 
 def ceiling_note(ceiling: Ceiling) -> str:
@@ -175,10 +195,11 @@ def print_sweep(document: SweepResults) -> None:
     title = f"{document.sweep}: {document.model}, {document.strategy}" + (f", p99 <= {slo:g} ms" if slo else "")
     table = Table(title=title, title_justify="left")
     paths = any(trial.config.data_path is not None for trial in document.trials)  # a column when varied
-    columns = ("#", "server", "batch", "delay", "workers", "precision", *(["data path"] if paths else []), "state",
-               "capacity rps", "p99 ms", "at", "ready s", "verdict")  # fmt: skip
+    forms = any(trial.config.form is not None for trial in document.trials)
+    columns = ("#", "server", "batch", "delay", "workers", "precision", *(["data path"] if paths else []),
+               *(["form"] if forms else []), "state", "capacity rps", "p99 ms", "at", "ready s", "verdict")  # fmt: skip
     for column in columns:
-        left = column in ("server", "precision", "data path", "state", "at", "verdict")
+        left = column in ("server", "precision", "data path", "form", "state", "at", "verdict")
         table.add_column(column, justify="left" if left else "right")
     best = document.best.trial if document.best is not None else None
     for trial in document.trials:
@@ -188,7 +209,8 @@ def print_sweep(document: SweepResults) -> None:
         table.add_row(
             str(trial.order + 1) + (" *" if trial.name == best else ""), server_of(config, document),
             str(config.batch_size), str(config.max_batch_delay_ms), str(config.workers), str(config.precision),
-            *([config.path_for_people()] if paths else []), state, num(trial.capacity_rps, 1),
+            *([config.path_for_people()] if paths else []), *([str(config.form or "-")] if forms else []), state,
+            num(trial.capacity_rps, 1),
             ms(trial.p99_latency_ms), trial.level or "-",
             "-" if ready is None else f"{ready:.1f}" + (" (reconfigured)" if trial.reconfigured else ""),
             str(trial.verdict.bottleneck) if trial.verdict is not None else "-",
@@ -196,10 +218,14 @@ def print_sweep(document: SweepResults) -> None:
     stdout.print(table)
     counts = document.counts
     found = [f"{counts.run} trials run of {document.grid_size} configurations ({counts.pruned} pruned)"]
+    left_out = sorted({p.reason for p in document.pruned if p.config.form is not None and "form" in p.reason})
+    if left_out:  # the forms the rest of a configuration cannot run, each reason once
+        found.append("left out: " + "; ".join(left_out))
     for top in document.best_per_kind or ([document.best] if document.best is not None else []):
         config = top.config
         where = f" on {server_of(config, document)}" if document.best_per_kind else ""
         path = f", {config.path.describe()}" if config.data_path else ""
+        path += f", form {config.form}" if config.form is not None else ""
         found.append(
             f"best{where}: batch {config.batch_size}, delay {config.max_batch_delay_ms} ms, "
             f"{config.workers} worker(s), {config.precision}{path} at "
@@ -212,6 +238,10 @@ def print_sweep(document: SweepResults) -> None:
     else:
         found.append("no configuration met the objective")
     found.append(f"Pareto front: {len(document.front)} points")
+    if document.cost_front is not None:  # ranked by the p99's upper bound
+        found.append(f"cost front: {len(document.cost_front)} points (cost per million against p99's upper bound)")
+    elif document.cost_front_reason:
+        found.append(f"no cost front: {document.cost_front_reason}")
     found.append(f"stopped: {document.stop_reason or 'not finished'}")
     stdout.print("; ".join(found), highlight=False, soft_wrap=True)  # no line breaks inside a finding
 

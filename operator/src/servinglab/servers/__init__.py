@@ -1,6 +1,8 @@
 """The model servers servinglab measures, behind one seam (:mod:`servinglab.servers.base`): TorchServe
-(:mod:`.torchserve`) and LitServe (:mod:`.litserve`), each one folder; what they share is here too (the
-handler's settings, the pod's model init containers, local processes).
+(:mod:`.torchserve`), LitServe (:mod:`.litserve`) and Triton (:mod:`.triton`), each one folder that declares
+what it supports (:class:`~servinglab.servers.base.Capabilities`). What they share is here too: the handler's
+settings (:mod:`.handler`), the pod's model init containers (:mod:`.podparts`), a user's own model
+(:mod:`.usermodel`), local processes (:mod:`.process`) and counters (:mod:`.counters`).
 
 :func:`get` is the only way in: nothing outside this package imports a server's own folder.
 """

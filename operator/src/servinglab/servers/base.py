@@ -29,14 +29,16 @@ from typing import Any, Protocol
 
 from servinglab.api import ExperimentSpec, LoadSpec, ModelFormat, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
+from servinglab.api.forms import FormRun, ModelForm
 from servinglab.api.results import DataPathRun, EffectiveSettings, ServerBreakdown, Warmup
 
 #: A Kubernetes object or a part of one (a container, a volume), as the API takes it.
 Manifest = dict[str, Any]
 #: The server pod's init containers every server has: `model` puts the model in place (its termination
 #: message is the model's description, or "<Reason>: <message>" when it cannot be served); `probe`
-#: counts a user's model (it loads it, so it sees nothing but the model store, read-only).
-MODEL_INIT, PROBE_INIT = "model", "probe"
+#: counts a user's model (it loads it, so it sees nothing but the model store, read-only); `form` builds a
+#: user's model's `server.form` beside it (it loads it too: no cache, claim or credentials).
+MODEL_INIT, PROBE_INIT, FORM_INIT = "model", "probe", "form"
 #: The reason a server's start failure carries when the model does not fit its device's memory (a sweep
 #: prunes every larger configuration on it: servinglab.sweep.search).
 OUT_OF_MEMORY = "OutOfMemory"
@@ -75,6 +77,10 @@ class ServedModel:
     #: Where a user's packed model (model.pt/.pt2 beside its declared input) lies, when not `directory`
     #: itself (Triton keeps it in the repository entry's `1/build/`): what the ceiling measures alone.
     packed_directory: Path | None = None
+    #: The model's form as built, gated and placed beside the model (`server.form`), for the results.
+    form: FormRun | None = None
+    #: The `server.form` it was prepared for (a server reused for another form is prepared anew).
+    form_spec: ModelForm | None = None
 
     @property
     def packed(self) -> Path:
@@ -270,9 +276,11 @@ class Server(Protocol):
         ...
 
     def prepare_user_model(
-        self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool
-    ) -> ModelDescription:
-        """The user's model fetched, checked and laid out at `into`; raises :class:`ModelError`."""
+        self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool,
+        batch_size: int = 1,
+    ) -> ModelDescription:  # fmt: skip
+        """The user's model fetched, checked and laid out at `into` for `precision` and batches of up to
+        `batch_size` (an ONNX model's batch dimension is checked against it); raises :class:`ModelError`."""
         ...
 
     def local(self, model_name: str, served: Path, spec: ExperimentSpec, workdir: Path, reuse: bool) -> LocalServer:

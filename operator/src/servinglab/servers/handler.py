@@ -41,7 +41,8 @@ def handler_settings(server: ServerSpec, load: LoadSpec | None = None) -> dict[s
         "warmupBatchSizes": warmup_batch_sizes(server.batch_size, load) if server.warmup_seconds > 0 else [],
         "warmupSeconds": server.warmup_seconds,
         "topK": TOP_K,
-        "dataPath": server.data_path.handler_settings(),
+        "dataPath": server.data_path.model_copy(update={"compile": server.compile_mode()}).handler_settings(),
+        **({"form": str(server.form)} if server.form is not None else {}),
     }
 
 

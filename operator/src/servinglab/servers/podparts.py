@@ -19,7 +19,7 @@ from __future__ import annotations
 from servinglab.api import ExperimentSpec
 from servinglab.models.digests import KEY_ENV as CACHE_KEY_ENV
 from servinglab.models.fetch import AUTHORIZATION_ENV, MODEL_URL_ENV, MODEL_URL_KEY
-from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, PodInputs, restricted, size_limit
+from servinglab.servers.base import FORM_INIT, MODEL_INIT, PROBE_INIT, Manifest, PodInputs, restricted, size_limit
 
 #: Where a pvc model source's claim is mounted, in the init container only.
 MODEL_SOURCE_DIR = "/model-source"
@@ -56,7 +56,7 @@ def tmp_bytes(spec: ExperimentSpec) -> int:
 
 
 def model_init_container(
-    spec: ExperimentSpec, inputs: PodInputs, model_store: str, config_dir: str, then: str = ""
+    spec: ExperimentSpec, inputs: PodInputs, model_store: str, config_dir: str, then: str = "", packed: str = ""
 ) -> Manifest:
     """The init container that puts the model into `model_store`, laid out for the spec's server kind: a
     built-in one is built from its seeded code; the user's is fetched, checked and laid out by `servinglab
@@ -64,7 +64,10 @@ def model_init_container(
     served). Credentials for a URL come from the spec's Secret into this container alone. With a cache
     claim, builds and downloads are kept on it (mounted here only: nothing of the user's runs here) and
     reused once re-checked against their digests; the copy in the model store is what was checked. `then`:
-    shell lines the server kind runs after (e.g. copying a rendered file beside the model)."""
+    shell lines the server kind runs after (e.g. copying a rendered file beside the model). A built-in's
+    `server.form` is built here too (`servinglab prepare-form`, kept in the cache claim's `forms/`; its run
+    added to the termination message as `form`): the model's code is servinglab's own. `packed`: where in
+    the model's folder the server kind laid the model out (Triton: 1/build), where the form is put."""
     model = spec.model.name
     cached = inputs.model_cache_claim is not None
     mounts: list[Manifest] = [
@@ -85,6 +88,13 @@ def model_init_container(
             f"servinglab build-model {model} --build-dir {builds} --into {model_store}/{model} "
             f"--server {spec.server.kind} --quiet --termination-log /dev/termination-log\n"
         )
+        if spec.server.form is not None:
+            forms = f"{MODEL_CACHE_DIR if cached else '/tmp/model-cache'}/forms"
+            script += (
+                f"servinglab prepare-form --spec-file {config_dir}/{inputs.experiment_file} "
+                f"--folder {_folder(spec, model_store, packed)} --cache {forms} --merge "
+                "--termination-log /dev/termination-log\n"
+            )
     else:
         options = f" --cache {MODEL_CACHE_DIR}" if cached else ""
         if source.pvc is not None:
@@ -111,6 +121,53 @@ def model_init_container(
     }
     if env:
         container["env"] = env
+    if (gpus := _form_gpus(spec, inputs)) is not None and source is None:
+        container["resources"] = gpus
+    return container
+
+
+def _folder(spec: ExperimentSpec, model_store: str, packed: str) -> str:
+    return "/".join(part for part in (model_store, spec.model.name, packed) if part)
+
+
+def _form_gpus(spec: ExperimentSpec, inputs: PodInputs) -> Manifest | None:
+    """The server's GPUs, for the container that builds and gates a form on them (a GPU's form is checked
+    where it is served); None without a form or GPUs. Init containers run before the server's container,
+    so the pod holds no more GPUs for it."""
+    if spec.server.form is None or not spec.server.gpus:
+        return None
+    return {"limits": {inputs.gpu_resource: str(spec.server.gpus)}}
+
+
+def form_init_container(spec: ExperimentSpec, inputs: PodInputs, model_store: str, config_dir: str,
+                        packed: str = "") -> Manifest:  # fmt: skip
+    """The init container that builds a user's model's `server.form` beside it (`servinglab prepare-form`):
+    building loads the user's model (a .pt2 unpickles), so, like `probe`, it has no cache claim, no source
+    claim and no credentials (nothing is kept: each experiment builds its form anew); it writes the model
+    store, where the form goes. Its termination message is the form run, or "<Reason>: <message>"."""
+    container: Manifest = {
+        "name": FORM_INIT,
+        "image": inputs.servinglab_image,
+        "command": ["servinglab", "prepare-form"],
+        "args": [
+            "--spec-file",
+            f"{config_dir}/{inputs.experiment_file}",
+            "--folder",
+            _folder(spec, model_store, packed),
+            "--cache",
+            "/tmp/forms",
+            "--termination-log",
+            "/dev/termination-log",
+        ],
+        "volumeMounts": [
+            {"name": "model-store", "mountPath": model_store},
+            {"name": "config", "mountPath": config_dir, "readOnly": True},
+            {"name": "probe-tmp", "mountPath": "/tmp"},
+        ],
+        "securityContext": restricted(),
+    }
+    if (gpus := _form_gpus(spec, inputs)) is not None:
+        container["resources"] = gpus
     return container
 
 
@@ -119,7 +176,7 @@ def probe_init_container(spec: ExperimentSpec, inputs: PodInputs, model_store: s
     folder the server laid it out): loading it runs the user's code (a .pt2 unpickles), so it sees the model
     store read-only and its own /tmp, nothing else: no cache claim, no source claim, no credentials. Its
     termination message is the counts."""
-    folder = "/".join(part for part in (model_store, spec.model.name, packed) if part)
+    folder = _folder(spec, model_store, packed)
     return {
         "name": PROBE_INIT,
         "image": inputs.servinglab_image,
@@ -136,9 +193,11 @@ def probe_init_container(spec: ExperimentSpec, inputs: PodInputs, model_store: s
 def model_init_containers(spec: ExperimentSpec, inputs: PodInputs, model_store: str, config_dir: str,
                           then: str = "", packed: str = "") -> list[Manifest]:  # fmt: skip
     """The model's init containers: `model`, and `probe` for a user's model (laid out at `packed` in its
-    folder)."""
-    probe = [probe_init_container(spec, inputs, model_store, packed)] if spec.model.source is not None else []
-    return [model_init_container(spec, inputs, model_store, config_dir, then), *probe]
+    folder), then `form` for a user's model's `server.form`."""
+    user = spec.model.source is not None
+    probe = [probe_init_container(spec, inputs, model_store, packed)] if user else []
+    form = [form_init_container(spec, inputs, model_store, config_dir, packed)] if user and spec.server.form else []
+    return [model_init_container(spec, inputs, model_store, config_dir, then, packed), *probe, *form]
 
 
 def model_volumes(spec: ExperimentSpec, cache_claim: str | None) -> list[Manifest]:

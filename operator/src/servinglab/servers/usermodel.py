@@ -3,15 +3,18 @@
 described and counted. The server-neutral half of every server's
 `prepare_user_model`; the server gives the formats it serves and a function that lays the model out.
 
-- A TorchScript file (`torch.jit.save`) or an exported program (`torch.export.save`, `.pt2`) runs with
-  servinglab's handler on every server: :func:`stage_packed` puts it, renamed `model.pt`/`model.pt2`, in
-  the folder the server names, beside its declared input (`servinglab-input.json`), which the handler's
-  `load()` reads. So loading, the precision conversion and inference are the handler's, whichever server.
+- A TorchScript file (`torch.jit.save`), an exported program (`torch.export.save`, `.pt2`) or an ONNX model
+  (`.onnx`, run in ONNX Runtime) runs with servinglab's handler on every server: :func:`stage_packed` puts
+  it, renamed `model.pt`/`model.pt2`/`model.onnx`, in the folder the server names, beside its declared
+  input (`servinglab-input.json`), which the handler's `load()` reads. So loading, the precision conversion
+  and inference are the handler's, whichever server.
 - An archive (`.mar`, or a no-archive folder) brings its own handler: only a server whose formats name it
   lays it out; any other refuses it with ModelNotSupported, before anything starts.
 
-No torch here, and nothing of the user's is run or unpickled: a packed model is counted by
-:mod:`.probe`, a child process. Each failure is a :class:`ModelSourceError` with its reason and a message
+No torch here, and nothing of the user's is run or unpickled: an ONNX model is parsed and checked
+(:mod:`servinglab.models.onnxcheck`: external data, operator domains, its input against `model.input` and
+the batch size, the precision) before it is laid out; a packed model is counted by :mod:`.probe`, a child
+process. Each failure is a :class:`ModelSourceError` with its reason and a message
 naming the source.
 """
 
@@ -28,13 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servinglab.api import ModelFormat, ModelInput, ModelRef, ModelSource
+from servinglab.api import ModelFormat, ModelInput, ModelRef, ModelSource, Precision
+from servinglab.models import onnxcheck
 from servinglab.models import probe as modelprobe
 from servinglab.models.catalogue import HANDLER_FILE, INFO_FILE, INPUT_FILE, handler_paths
 from servinglab.models.fetch import AUTHORIZATION_ENV, Fetched, ModelSourceError, copy_folder, download, take_file
 
 #: The formats servinglab's handler runs (every server serves them), by the name the packed file gets.
-SERIALIZED = {ModelFormat.TORCHSCRIPT: "model.pt", ModelFormat.EXPORTED: "model.pt2"}
+SERIALIZED = {ModelFormat.TORCHSCRIPT: "model.pt", ModelFormat.EXPORTED: "model.pt2", ModelFormat.ONNX: "model.onnx"}
 PACKED = tuple(SERIALIZED)
 _ARCHIVES = (ModelFormat.MAR, ModelFormat.DIRECTORY)
 #: The reason a server that cannot serve a model's format refuses it with.
@@ -77,12 +81,16 @@ def recognise(source: ModelSource, fetched: Fetched) -> ModelFormat:
             raise ModelSourceError("ModelNotRecognized", f"{what}: a folder without MAR-INF/MANIFEST.json")
         return ModelFormat.DIRECTORY
     names = _zip_names(fetched.path)
-    if names is None:
+    if names is None and onnxcheck.parse(fetched.path) is not None:
+        found = ModelFormat.ONNX
+    elif names is None:
+        named = " (named .onnx, but not an ONNX ModelProto)" if fetched.path.name.endswith(".onnx") else ""
         raise ModelSourceError(
             "ModelNotRecognized",
-            f"{what}: not a zip file, so neither a .mar archive, a TorchScript file nor an exported program (.pt2)",
+            f"{what}: neither a zip file nor an ONNX model{named}, so not a .mar archive, a TorchScript file, an "
+            "exported program (.pt2) or an ONNX model (.onnx)",
         )
-    if "MAR-INF/MANIFEST.json" in names:
+    elif "MAR-INF/MANIFEST.json" in names:
         found = ModelFormat.MAR
     elif any(n.endswith("serialized_exported_program.json") or n.endswith("/models/model.json") for n in names):
         found = ModelFormat.EXPORTED
@@ -143,15 +151,17 @@ def _refuse_format(source: ModelSource, fmt: ModelFormat, server: str, formats: 
             NOT_SUPPORTED,
             f"{source.describe()}: {server} does not serve a {fmt} model"
             f"{' (an archive brings its own handler, which only TorchServe runs)' if fmt in _ARCHIVES else ''}; "
-            f"it serves a user's model given as {served} (torch.jit.save or torch.export.save of the module)",
+            f"it serves a user's model given as {served} (torch.jit.save, torch.export.save or torch.onnx.export "
+            "of the module)",
         )
 
 
 def prepare(model: ModelRef, target: Path, lay_out: LayOut, server: str, formats: Sequence[ModelFormat],
             authorization: str | None = None, mounted: Path | None = None, cache: Path | None = None,
-            count: bool = True) -> PreparedModel:  # fmt: skip
+            count: bool = True, precision: Precision | None = None, batch_size: int = 1) -> PreparedModel:  # fmt: skip
     """Fetch, check, recognise and lay out (`lay_out`, the server's) the model at `target` (replaced); a format
-    outside `formats` is refused. Raises :class:`ModelSourceError`.
+    outside `formats` is refused, and an ONNX model the handler cannot run at `precision` and `batch_size`
+    (:func:`onnxcheck.check`). Raises :class:`ModelSourceError`.
 
     Its work folder is beside `target` and removed before this returns. `mounted` is where a pvc source's
     claim is mounted (the init container); `cache` keeps downloads by digest (None: nowhere). With `count`,
@@ -167,6 +177,8 @@ def prepare(model: ModelRef, target: Path, lay_out: LayOut, server: str, formats
         fetched = fetch(source, scratch, authorization, mounted, cache)
         fmt = recognise(source, fetched)
         _refuse_format(source, fmt, server, formats)
+        if fmt is ModelFormat.ONNX:
+            onnxcheck.check(source, fetched.path, model.input, precision, batch_size)
         staged = lay_out(source, fetched, fmt, target)
         info: dict[str, Any] = {
             "name": model.name, "source": source.describe(), "format": str(fmt), "sha256": fetched.sha256,

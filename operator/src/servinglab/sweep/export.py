@@ -15,7 +15,7 @@ import yaml
 from servinglab import servers
 from servinglab.api import KIND, ServingSweep, TrialConfig, trial_spec
 from servinglab.api.trials import SweepBest
-from servinglab.sweep import plan
+from servinglab.sweep import plan, plancheck
 
 
 def best_files(sweep: ServingSweep, config: TrialConfig, best: SweepBest | None = None) -> dict[str, str]:
@@ -39,12 +39,21 @@ def best_files(sweep: ServingSweep, config: TrialConfig, best: SweepBest | None 
 
 def plan_files(sweep: ServingSweep, best: SweepBest) -> dict[str, str]:
     """capacity-plan.yaml, and with a replica count and an in-flight target the autoscalers' documents (the
-    workload they scale is named like the exported experiment: `<sweep>-best`)."""
+    workload they scale is named like the exported experiment: `<sweep>-best`); with a replica count and an
+    SLO, plan-check.yaml: the experiment that runs the plan at its peak (:mod:`servinglab.sweep.plancheck`)."""
     found = plan.of_sweep(best, sweep.spec.capacity, sweep.spec.template.cost)
     name = f"{sweep.metadata.name[:47]}-best"
     header = f"# The capacity plan of sweep {sweep.metadata.name}'s best: {best.config.label()}\n"
     files = {"capacity-plan.yaml": header + yaml.safe_dump(found.model_dump(by_alias=True, exclude_none=True),
                                                              sort_keys=False)}  # fmt: skip
+    if found.replicas is not None and sweep.spec.template.slo.p99_latency_ms is not None:
+        check = plancheck.check_manifest(f"{sweep.metadata.name[:47]}-check", sweep.api_version,
+                                         trial_spec(sweep.spec, best.config), found)  # fmt: skip
+        files[plancheck.CHECK_FILE] = (
+            f"# Checks the capacity plan of sweep {sweep.metadata.name}: {found.replicas} replicas of "
+            f"{best.config.label()} at the peak of {found.peak_rps:g} rps (apply it; then with server.replicas "
+            f"{found.replicas - 1} the SLO should break)\n" + yaml.safe_dump(check, sort_keys=False)
+        )
     if found.max_replicas is None or found.target_in_flight_per_replica is None:
         return files
     documents = {

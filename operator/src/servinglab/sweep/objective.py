@@ -3,12 +3,14 @@ confirmation rank configurations by, higher better (pure).
 
 Throughput: the capacity within the SLO. Cost: inferences per unit of money at that capacity (capacity
 over the replica's price per hour), the lowest cost per million inferences first. A candidate without a
-capacity, or without a price under the cost objective, has no score: it is not ranked.
+capacity, or without a price under the cost objective, has no score: it is not ranked; nor has a trial whose
+model's form disagreed with eager fp32 (FormDisagrees), whatever it measured.
 """
 
 from __future__ import annotations
 
 from servinglab.api.cost import CostFigures
+from servinglab.api.forms import FORM_DISAGREES
 from servinglab.api.sweep import ObjectiveSpec
 from servinglab.api.trials import TrialRecord
 
@@ -25,5 +27,7 @@ def score(objective: ObjectiveSpec, capacity_rps: float | None, cost: CostFigure
 
 
 def of(objective: ObjectiveSpec, record: TrialRecord) -> float | None:
-    """A trial record's score (its capacity within the SLO, and that level's cost)."""
+    """A trial record's score (its capacity within the SLO, and that level's cost); None for a FormDisagrees."""
+    if record.reason == FORM_DISAGREES:
+        return None
     return score(objective, record.capacity_rps, record.cost)

@@ -154,8 +154,9 @@ def keda(found: CapacityPlan, name: str, prometheus_url: str | None, namespace: 
 
 
 def kserve(found: CapacityPlan, name: str) -> dict[str, Any]:
-    """An InferenceService's part that sets Knative's concurrency target (per replica) and the replica bounds;
-    merged into the InferenceService that serves the model."""
+    """An InferenceService's part that sets Knative's concurrency target (per replica) and the replica bounds:
+    not an InferenceService by itself (it names no model), but to merge into the one that serves the model;
+    so merged, it is valid against KServe's published CRD (tests/k8s/test_crd_on_apiserver.py)."""
     target, low, high = _needs_targets(found)
     annotations = {"autoscaling.knative.dev/metric": "concurrency", "autoscaling.knative.dev/target": f"{target:g}"}
     return {

@@ -1,5 +1,6 @@
 """A sweep's results: per trial its capacity within the SLO, the best configuration, the Pareto
-front of throughput against p99 over every measured point, and why the sweep stopped (pure).
+fronts over every measured point (throughput, and cost per million, against p99: :mod:`.fronts`), and why
+the sweep stopped (pure).
 
 A trial *record* is what one trial leaves behind, locally a file `trials/<name>.json` and on the
 cluster a child experiment's status: a :class:`~servinglab.api.trials.TrialRecord`. The local sweep and
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 from servinglab.api import ServerKind, ServingSweep, SweepSpec, TrialConfig, axis_values, grid, kinds, space_size
 from servinglab.api.conditions import now
 from servinglab.api.cost import CostFigures, at_throughput
+from servinglab.api.forms import FORM_DISAGREES, FORM_NOT_BUILT, FORM_NOT_SUPPORTED
 from servinglab.api.results import ExperimentResults
-from servinglab.api.sweep import ObjectiveSpec
+from servinglab.api.sweep import ObjectiveSpec, left_out
 from servinglab.api.trials import (
     INFEASIBLE,
     SUCCEEDED,
@@ -25,7 +27,6 @@ from servinglab.api.trials import (
     SweepBest,
     SweepCounts,
     SweepObjective,
-    SweepPoint,
     SweepResults,
     SweepSpace,
     TrialRecord,
@@ -33,10 +34,13 @@ from servinglab.api.trials import (
 from servinglab.api.verdicts import Verdict
 from servinglab.measure.levels import level_meets_slo
 from servinglab.sweep import confirm, objective
+from servinglab.sweep.fronts import cost_front, pareto_front, points
 from servinglab.sweep.search import OUT_OF_MEMORY, Outcome, pruned_by
 
-#: Substrings of a failure that say which kind of infeasibility it was, checked in order.
+#: Substrings of a failure that say which kind of infeasibility it was, checked in order (a form's failure
+#: first: its message may quote a build that "exited with code").
 _FAILURE_KINDS = (
+    *((reason, (reason,)) for reason in (FORM_DISAGREES, FORM_NOT_BUILT, FORM_NOT_SUPPORTED)),
     (OUT_OF_MEMORY, ("out of memory", "outofmemory", "memoryerror", "cannot allocate memory", "oomkilled")),
     ("NeverReady", ("not ready within", "did not answer a test request", "serverNotReady")),
     ("Crashed", ("exited with code", "servercrashed", "crashloop")),
@@ -97,7 +101,10 @@ def record(
     failure: str | None,
     finished_at: str | None = None,
 ) -> TrialRecord:
-    """The record of one finished trial (measured, or infeasible with the failure's kind)."""
+    """The record of one finished trial (measured, or infeasible with the failure's kind). A trial whose form
+    disagreed with eager fp32 is a FormDisagrees failure even where it was measured: never ranked."""
+    if document is not None and (disagrees := _form_disagrees(document)) is not None:
+        document, failure = None, disagrees
     if document is None:
         return TrialRecord(
             name=name, order=order, config=config, state=INFEASIBLE,
@@ -117,6 +124,17 @@ def record(
     )  # fmt: skip
 
 
+def _form_disagrees(document: ExperimentResults) -> str | None:
+    """The FormDisagrees failure of results whose form failed its gate (None when it passed or had none)."""
+    run = document.runtime.form if document.runtime is not None else None
+    gate = run.gate if run is not None else None
+    if run is None or gate is None or gate.passed:
+        return None
+    return (f"{FORM_DISAGREES}: spec.server.form: {run.form} disagrees with eager fp32 on the probe batch: largest "
+            f"absolute error {gate.max_abs_error:.4g}, largest relative error {gate.max_rel_error:.4g} (tolerance "
+            f"{gate.tolerance:g})")  # fmt: skip
+
+
 def _last_verdict(document: ExperimentResults) -> Verdict | None:
     """A trial with no level within the objective: the verdict of its highest-throughput level."""
     judged = [level for level in document.results if level.verdict is not None]
@@ -128,32 +146,6 @@ def outcome(record: TrialRecord, goal: ObjectiveSpec) -> Outcome:
     """What the search needs of a record: its score for the objective, and the verdict at its capacity (the
     axis it points at, and whether it is at the raw ceiling)."""
     return Outcome(record.config, objective.of(goal, record), record.succeeded, record.reason, record.verdict)
-
-
-def points(records: Sequence[TrialRecord]) -> list[SweepPoint]:
-    """Every measured level of every trial: (trial, configuration, level, throughput, p99, cost per million)."""
-    found = []
-    for record in records:
-        for level in record.results.results if record.results is not None else []:
-            p99 = level.latency_ms.p99
-            if p99 is None or not level.throughput_rps:
-                continue
-            which = level.concurrency if level.concurrency is not None else level.rate_rps
-            found.append(SweepPoint(trial=record.name, config=record.config, level=which,
-                                    throughput_rps=level.throughput_rps, p99_latency_ms=p99,
-                                    cost_per_million=level.cost.cost_per_million if level.cost else None))  # fmt: skip
-    return found
-
-
-def pareto_front(candidates: Sequence[SweepPoint]) -> list[SweepPoint]:
-    """The points no other point beats on both throughput (higher) and p99 (lower), by p99."""
-    ordered = sorted(candidates, key=lambda p: (p.p99_latency_ms, -p.throughput_rps))
-    front, best_rps = [], float("-inf")
-    for point in ordered:
-        if point.throughput_rps > best_rps:
-            front.append(point)
-            best_rps = point.throughput_rps
-    return front
 
 
 def named_best(
@@ -200,10 +192,11 @@ def _best_of(record: TrialRecord) -> SweepBest:
 
 
 def _space(spec: SweepSpec, kind: ServerKind | None) -> SweepSpace:
-    batches, delays, workers, precisions, paths = axis_values(spec, kind)
+    batches, delays, workers, precisions, paths, forms = axis_values(spec, kind)
     return SweepSpace(batch_size=batches, max_batch_delay_ms=delays, workers=workers,
                       precision=[str(p) for p in precisions],
-                      data_path=[p.label() or "default" for p in paths] if len(paths) > 1 else None)  # fmt: skip
+                      data_path=[p.label() or "default" for p in paths] if len(paths) > 1 else None,
+                      form=[str(f) for f in forms] if spec.space.form is not None else None)  # fmt: skip
 
 
 def document(
@@ -224,7 +217,7 @@ def document(
         PrunedConfig(config=config, reason=why)
         for config in grid(spec)
         if config.key() not in done and (why := pruned_by(history, config))
-    ]
+    ] + [PrunedConfig(config=config, reason=why) for config, why in left_out(spec)]
     confirmation = confirm.decide(spec, ordered, confirmations)
     servers = kinds(spec)
     tops = [found for server in servers
@@ -237,6 +230,7 @@ def document(
             own = {str(server): _space(spec, server) for server in servers}
             space = space.model_copy(update={"kind": list(own), "per_kind": own})
     every = points(ordered)
+    cheapest, no_cost_front = cost_front(every)
     return SweepResults(
         api_version=sweep.api_version,
         sweep=sweep.metadata.name,
@@ -244,7 +238,7 @@ def document(
         server_kind=spec.template.server.kind,
         strategy=spec.strategy,
         space=space,
-        grid_size=space_size(spec) if spec.strategy != "list" else len(spec.configurations),
+        grid_size=space_size(spec),
         objective=SweepObjective(
             optimize=spec.objective.optimize,
             p99_latency_ms=spec.template.slo.p99_latency_ms,
@@ -265,6 +259,8 @@ def document(
         confirmation=confirmation,
         points=every,
         front=pareto_front(every),
+        cost_front=cheapest,
+        cost_front_reason=no_cost_front,
         stop_reason=stop_reason,
         started_at=started_at,
         finished_at=now() if stop_reason else None,

@@ -5,7 +5,7 @@ Pure and deterministic: :func:`propose` is a function of the sweep spec and the 
 the API server or the output folder holds, and a test drives it on synthetic response surfaces.
 
 The search works on the lattice of axis indexes (batch, delay, workers ascending; the *variant* — the
-precision with the data path — as a category; "precision" below means the variant) and improves on
+precision with the data path and the model's form — as a category; "precision" below means the variant) and improves on
 Model Analyzer's quick search (coordinate hill-climbing from the small corner) in five ways:
 
 1. **Precision screening**: the start point (middle batch and delay, fewest workers) is measured at
@@ -26,7 +26,8 @@ Model Analyzer's quick search (coordinate hill-climbing from the small corner) i
    delay when the delay forms them, a shorter one when requests wait on it, the handler's decode axis when
    preprocess-bound (where the space has it) — and the climb tries that neighbour before any other. When
    the best configuration serves near the model's raw ceiling, nothing the server's settings change can
-   add much: the search stops once the moves that verdict points at are tried.
+   add much: the search stops once the moves that verdict points at are tried — a faster form first, where
+   the verdict names one (the model alone in it is faster than in the served form: `ceiling.forms`).
 
 With a `kind` axis each server is searched as a sweep of its own, since its knobs mean other things than
 another server's: on its own lattice (its axes), with its own precision screening, climb, pruning and
@@ -41,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servinglab.api import DataPath, Decode, ServerKind, SweepSpec, TrialConfig, axis_values, grid, kinds
+from servinglab.api.sweep import ConfigKey, variants
 from servinglab.api.verdicts import Bottleneck, Verdict
 
 #: A precision whose best is below this share of the overall best is not climbed.
@@ -48,7 +50,7 @@ SCREEN_RATIO = 0.75
 #: Trial outcomes that imply larger configurations fail too (same precision, >= batch and workers).
 OUT_OF_MEMORY = "OutOfMemory"
 
-Key = tuple[int, int, int, str, str, str]
+Key = ConfigKey
 Index = tuple[int, int, int, int]
 #: Neighbour steps in (batch, delay, workers) index space, in the order they are tried.
 STEPS: tuple[tuple[int, int, int], ...] = ((1, 0, 0), (0, 0, 1), (0, 1, 0), (-1, 0, 0), (0, -1, 0), (0, 0, -1))
@@ -112,6 +114,7 @@ def pruned_by(history: list[Outcome], config: TrialConfig) -> str | None:
             and other.kind == config.kind
             and other.precision == config.precision
             and other.path.label() == config.path.label()
+            and other.form == config.form
             and config.batch_size >= other.batch_size
             and config.workers >= other.workers
             and config.key() != other.key()
@@ -147,8 +150,8 @@ def _patience_spent(sweep: SweepSpec, history: list[Outcome]) -> bool:
 def propose(sweep: SweepSpec, history: list[Outcome], running: list[TrialConfig], slots: int) -> Proposal:
     """Up to `slots` configurations to start now, given the finished `history` and those `running`."""
     servers = kinds(sweep)
-    if len(servers) == 1:
-        return _propose(sweep, None, history, running, slots, sweep.max_trials)
+    if len(servers) == 1:  # [None] without a kind axis; a kind axis of one server runs on that server
+        return _propose(sweep, servers[0], history, running, slots, sweep.max_trials)
     limit, count = sweep.max_trials, len(servers)
     shares = [None if limit is None else limit // count + (i < limit % count) for i in range(count)]
     configs: list[TrialConfig] = []
@@ -201,20 +204,20 @@ class _SearchState:
     """The lattice and the outcomes on it, rebuilt from the history on every call."""
 
     def __init__(self, sweep: SweepSpec, history: list[Outcome], kind: ServerKind | None) -> None:
-        self.batches, self.delays, self.workers, precisions, paths = axis_values(sweep, kind)
+        self.batches, self.delays, self.workers = axis_values(sweep, kind)[:3]
         self.kind = kind
-        # the categorical coordinate: every precision with every data path
-        self.precisions = [(precision, path) for precision in precisions for path in paths]
-        self.variant_keys = [(str(precision), path.label()) for precision, path in self.precisions]
+        # the categorical coordinate: every precision with every data path and form (those that can run)
+        self.precisions = variants(sweep, kind)
+        self.variant_keys = [(str(p), path.label(), str(form or "")) for p, path, form in self.precisions]
         self.history = history
         self.by_key = {o.config.key(): o for o in history}
 
     def config(self, index: Index) -> TrialConfig:
         b, d, w, p = index
-        precision, path = self.precisions[p]
+        precision, path, form = self.precisions[p]
         return TrialConfig(
             kind=self.kind, batch_size=self.batches[b], max_batch_delay_ms=self.delays[d], workers=self.workers[w],
-            precision=precision, data_path=path,
+            precision=precision, data_path=path, form=form,
         )  # fmt: skip
 
     def index(self, config: TrialConfig) -> Index:
@@ -222,7 +225,7 @@ class _SearchState:
             self.batches.index(config.batch_size),
             self.delays.index(config.max_batch_delay_ms),
             self.workers.index(config.workers),
-            self.variant_keys.index((str(config.precision), config.path.label())),
+            self.variant_keys.index((str(config.precision), config.path.label(), str(config.form or ""))),
         )
 
     def start(self, precision: int) -> Index:
@@ -271,7 +274,7 @@ class _SearchState:
         index = self.index(overall.config)
         sizes = (len(self.batches), len(self.delays), len(self.workers))
         moves = [tuple(index[i] + step[i] for i in range(3)) for step in hinted_steps(overall.verdict)]
-        configs = [
+        configs = self.form_first(overall, index) + [
             self.config((m[0], m[1], m[2], index[3])) for m in moves if all(0 <= m[i] < sizes[i] for i in range(3))
         ]
         ratio = overall.verdict.served_over_raw
@@ -299,8 +302,20 @@ class _SearchState:
         if overall is not None:  # then the best configuration at the other precisions: a screening check
             b, d, w, p = self.index(overall.config)
             ordered += [self.config((b, d, w, q)) for q in range(len(self.precisions)) if q != p]
-            ordered = self.decode_first(overall, (b, d, w, p)) + ordered
+            ordered = self.form_first(overall, (b, d, w, p)) + self.decode_first(overall, (b, d, w, p)) + ordered
         return ordered
+
+    def form_first(self, overall: Outcome, index: Index) -> list[TrialConfig]:
+        """When the best's verdict names a faster form (near the raw ceiling, another form alone runs faster):
+        the same configuration in that form, at the same precision and data path, before anything else."""
+        wanted = [h.value for h in (overall.verdict.hints if overall.verdict is not None else []) if h.axis == "form"]
+        b, d, w, p = index
+        precision, path, _ = self.precisions[p]
+        return [
+            self.config((b, d, w, q))
+            for q, (other_precision, other_path, other_form) in enumerate(self.precisions)
+            if other_precision == precision and other_path.label() == path.label() and str(other_form) in wanted
+        ]
 
     def decode_first(self, overall: Outcome, index: Index) -> list[TrialConfig]:
         """When the best's verdict says decoding limits it: the same configuration with decoding given more
@@ -308,9 +323,9 @@ class _SearchState:
         if overall.verdict is None or not any(h.axis == DECODE_HINT and h.step > 0 for h in overall.verdict.hints):
             return []
         b, d, w, p = index
-        precision, path = self.precisions[p]
+        precision, path, form = self.precisions[p]
         return [
             self.config((b, d, w, q))
-            for q, (other_precision, other_path) in enumerate(self.precisions)
-            if other_precision == precision and decodes_more(path, other_path)
+            for q, (other_precision, other_path, other_form) in enumerate(self.precisions)
+            if other_precision == precision and other_form == form and decodes_more(path, other_path)
         ]

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from servinglab.api import API_GROUP, API_VERSION, KIND, ServerSpec
+from servinglab.api import GROUP_VERSION, KIND, ServerSpec
 from servinglab.api import conditions as cond
 from servinglab.api.status import ExperimentSummary
 from servinglab.k8s.cache import Informer
@@ -73,7 +73,7 @@ class GpuQueue:
         )  # fmt: skip
         self.experiments = {
             namespace: Informer(
-                kube, Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace), _tracked, on_change=self._changed
+                kube, Ref(GROUP_VERSION, KIND, namespace), _tracked, on_change=self._changed
             )  # fmt: skip
             for namespace in (namespaces or [""])
         }
@@ -118,7 +118,7 @@ class GpuQueue:
         return self.experiments.get(namespace) or self.experiments.get("")
 
     def _written(self, obj: dict[str, Any]) -> None:
-        if obj.get("kind") == KIND and obj.get("apiVersion") == f"{API_GROUP}/{API_VERSION}":
+        if obj.get("kind") == KIND and obj.get("apiVersion") == GROUP_VERSION:
             informer = self._informer(str(obj["metadata"].get("namespace") or ""))
             if informer is not None:
                 informer.offer(obj)
@@ -213,7 +213,7 @@ class GpuQueue:
         """How many servers like this one could hold GPUs at once in this namespace (a sweep's bound)."""
         tolerations = tuple(Toleration.of(t.model_dump(by_alias=True, exclude_none=True)) for t in server.tolerations)
         claim = Claim("", namespace, "", "", server.gpus, tuple(sorted(server.node_selector.items())), tolerations,
-                      False)  # fmt: skip
+                      False, server.replicas)  # fmt: skip
         rules = self._rules.get(namespace, (NamespaceRules(), 0.0))[0]
         return gpuqueue.capacity(claim, self.nodes.values(), rules)
 

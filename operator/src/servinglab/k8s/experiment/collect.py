@@ -9,13 +9,16 @@ import asyncio
 
 from servinglab.api import ExperimentSpec
 from servinglab.api import conditions as cond
+from servinglab.api.cost import Price
 from servinglab.api.results import GpuFigures, LevelResult, LoadJobResults
-from servinglab.k8s import builders, promql
+from servinglab.k8s import builders, pricing, promql
 from servinglab.k8s import metrics as opmetrics
+from servinglab.k8s.client import Ref
+from servinglab.k8s.experiment import pods
 from servinglab.k8s.experiment.status import Experiment, summary_of
 from servinglab.k8s.promql import PrometheusError
 from servinglab.k8s.sink import Reader, ResultsMissing, ResultsUnreadable
-from servinglab.measure.document import GPU_SOURCES, server_settings
+from servinglab.measure.document import GPU_SOURCES, priced, server_settings
 from servinglab.measure.levels import with_device
 from servinglab.measure.verdict import judged
 
@@ -48,13 +51,9 @@ async def read_results(experiment: Experiment) -> LoadJobResults:
         reader = Reader(await experiment.owned(results_ref))
         for index, name in enumerate(reader.part_names, start=1):  # never more than MAX_PARTS
             reader.add_part(index, await experiment.owned(experiment.child("v1", "ConfigMap", name)))
-        document = reader.document()
-    if document.get("experimentUid", experiment.uid) != experiment.uid:
+        results = reader.results()
+    if results.experiment_uid not in (None, experiment.uid):
         raise ResultsMissing(f"{results_ref} holds the results of another experiment of this name")
-    try:
-        results = LoadJobResults.model_validate(document)
-    except ValueError as exc:
-        raise ResultsUnreadable(f"{results_ref} is not a results document: {str(exc).splitlines()[0]}") from None
     return results.model_copy(update={"results": [level.compact() for level in results.results]})
 
 
@@ -81,7 +80,9 @@ async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
     measured = [with_device(level, None, gpu.get(index)) for index, level in enumerate(document.results)]
     # each level's verdict, with its GPU figures; the status keeps its compact form
     judged_levels = judged(measured, server_settings(spec), document.ceiling, GPU_SOURCES["cluster"])
-    levels = [level.compact() for level in judged_levels]
+    price = await price_of(experiment, spec)
+    replicas = experiment.status.server_replicas or spec.server.replicas
+    levels = [level.compact() for level in priced(judged_levels, price, spec.server.gpus, replicas)]
     generation = experiment.generation
     conditions = cond.set_condition(experiment.conditions, cond.GPU_METRICS, *gpu_condition, generation)
     conditions = cond.set_condition(conditions, cond.LOAD_TEST_COMPLETE, True, "Complete",
@@ -103,11 +104,31 @@ async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
         peak_rate=document.peak_rate,
         ceiling=document.ceiling,
         effective=document.effective,
+        price=price,
         finished_at=cond.now(),
         observed_generation=generation,
     )
     await experiment.event("Normal", "Succeeded", f"{len(levels)} levels measured")
     opmetrics.finished(experiment.namespace, experiment.name, "Succeeded", spec, levels)
+
+
+async def price_of(experiment: Experiment, spec: ExperimentSpec) -> Price | None:
+    """The price the levels are at: the spec's, else the chart's for the node the server pod ran on (its GPU
+    product, or its name); None if neither has one."""
+    chart = experiment.settings.pricing
+    node: str | None = None
+    labels: dict[str, str] = {}
+    if spec.cost is None and chart.priced():
+        serving = [
+            p for p in await pods.listed(experiment, "server") if p["metadata"]["name"] == experiment.status.server_pod
+        ]
+        node = serving[0].get("spec", {}).get("nodeName") if serving else None
+        if node:  # from the watch cache: one node by name
+            found = await experiment.kube.list(
+                Ref("v1", "Node", ""), field_selector=f"metadata.name={node}", cached=True
+            )
+            labels = (found[0]["metadata"].get("labels") or {}) if found else {}
+    return pricing.resolve(spec.cost, chart, node, labels, spec.server.gpus)
 
 
 async def gpu_figures(

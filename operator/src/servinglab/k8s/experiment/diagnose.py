@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from servinglab.api import ExperimentSpec
 from servinglab.api.ceiling import ModelDescription
 from servinglab.api.conditions import epoch
+from servinglab.api.forms import FORM_DISAGREES, FORM_NOT_BUILT, FORM_NOT_SUPPORTED, FormRun
 from servinglab.models.probe import checked
-from servinglab.servers.base import MODEL_INIT, PROBE_INIT, Manifest, Server
+from servinglab.servers.base import FORM_INIT, MODEL_INIT, PROBE_INIT, Manifest, Server
 
 #: A failure: the Failed condition's reason and its message.
 Failure = tuple[str, str]
@@ -69,10 +70,13 @@ MODEL_REASONS = (
     "PrecisionNotSupported",
     "ModelNotSupported",
 )
+#: Reasons `servinglab prepare-form` ends with (in `model` for a built-in, in `form` for a user's model).
+FORM_REASONS = (FORM_DISAGREES, FORM_NOT_BUILT, FORM_NOT_SUPPORTED)
 
 
 def cluster_problems(spec: ExperimentSpec) -> list[str]:
-    """What a valid spec cannot do on Kubernetes: paths of the operator's machine mean nothing to a pod."""
+    """What a valid spec cannot do on Kubernetes: paths of the operator's machine mean nothing to a pod, and
+    a load that holds a utilisation needs a reading the load Job does not have."""
     problems = []
     source, payload = spec.model.source, spec.load.payload
     if source is not None and source.path is not None:
@@ -84,6 +88,11 @@ def cluster_problems(spec: ExperimentSpec) -> list[str]:
     if spec.load.generators == "auto":
         problems.append(
             "spec.load.generators: auto counts this machine's cores; on Kubernetes give the number of load pods"
+        )
+    if spec.load.utilisation_target is not None:  # DCGM is read after the load, and no pod reads the server's CPU
+        problems.append(
+            "spec.load.utilisationTarget: the load Job cannot read the server's utilisation while it runs (the "
+            "GPU's is read from Prometheus after the load, the CPU's nowhere); run it locally with `servinglab run`"
         )
     return problems
 
@@ -99,18 +108,20 @@ def _init_terminated(pod: Manifest, name: str) -> tuple[Manifest, bool] | None:
 
 
 def model_init_failure(pods: list[Manifest]) -> tuple[str, str] | None:
-    """(reason, message) when the model could not be put in place: an init container (`model`, or the
-    `probe` that counts it) failed. `model`'s own reason (a download, a checksum, a size, ...) when it says
-    one, else ModelPreparationFailed."""
+    """(reason, message) when the model could not be put in place: an init container (`model`, the `probe`
+    that counts it, or the `form` that builds a user's model's form) failed. `model`'s own reason (a download,
+    a checksum, a size, a form that disagrees, ...) or `form`'s when it says one, else ModelPreparationFailed."""
     for pod in pods:
-        for name in (MODEL_INIT, PROBE_INIT):
+        for name in (MODEL_INIT, PROBE_INIT, FORM_INIT):
             ended = _init_terminated(pod, name)
             if ended is None or ended[1]:
                 continue
             terminated = ended[0]
             message = str(terminated.get("message") or terminated.get("reason") or "").strip()
             reason, _, rest = message.partition(": ")
-            if name == MODEL_INIT and reason in MODEL_REASONS:
+            if (name == MODEL_INIT and reason in (*MODEL_REASONS, *FORM_REASONS)) or (
+                name == FORM_INIT and reason in FORM_REASONS
+            ):
                 return reason, rest
             return "ModelPreparationFailed", (
                 f"server pod {pod['metadata']['name']}: init container {name} exited with code "
@@ -149,8 +160,19 @@ def model_description(pod: Manifest) -> ModelDescription | None:
     if described is None:
         return None
     counts = checked(_init_json(pod, PROBE_INIT))
+    described = {key: value for key, value in described.items() if key != "form"}
     try:
         return ModelDescription.model_validate({**described, **(counts or {})})
+    except ValueError:
+        return None
+
+
+def form_run(pod: Manifest) -> FormRun | None:
+    """The form that was built, gated and put beside the model (`server.form`): what `servinglab
+    prepare-form` said, under `form` in `model`'s message (a built-in's) or as `form`'s (a user's model's)."""
+    said = (_init_json(pod, MODEL_INIT) or {}).get("form") or _init_json(pod, FORM_INIT)
+    try:
+        return FormRun.model_validate(said) if isinstance(said, dict) and said else None
     except ValueError:
         return None
 
@@ -167,15 +189,18 @@ def crash_reason(pods: list[Manifest]) -> str | None:
     return None
 
 
-def replaced_server(pods: list[Manifest], serving: str) -> str | None:
-    """Why the pod the load is measuring is no longer the server, if it is not: deleted, or replaced
-    by another pod (whose cold start and caches would be measured as if nothing had happened)."""
+def replaced_server(pods: list[Manifest], serving: str | list[str]) -> str | None:
+    """Why the pods the load is measuring (every replica's) are no longer the server, if they are not: one
+    deleted, or replaced by another pod (whose cold start and caches would be measured as if nothing had
+    happened)."""
     live = {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
-    if serving in live:
+    wanted = [serving] if isinstance(serving, str) else serving
+    gone = [name for name in wanted if name not in live]
+    if not gone:
         return None
-    others = sorted(live)
+    others = sorted(live - set(wanted))
     now = f"; now {', '.join(others)}" if others else ""
-    return f"server pod {serving} was deleted during the load test{now}: its measurements are discarded"
+    return f"server pod {', '.join(gone)} was deleted during the load test{now}: its measurements are discarded"
 
 
 def _statuses(pod: Manifest) -> Iterator[Manifest]:

@@ -5,7 +5,9 @@ One :func:`plan` decides for every queued experiment of every watched namespace 
 
 * GPUs are counted per node: a node's allocatable GPUs minus what every pod bound to it holds — the
   operator's servers and anyone else's. One pod cannot span nodes, so a request of 2 needs one node
-  with 2 free.
+  with 2 free. A server of several replicas (spec.server.replicas) claims replicas x gpus: it is
+  admitted when its nodes have room for every replica at once (each replica's GPUs on one node), and
+  counts replicas x gpus against a quota.
 * An experiment's *nodes* are those its node selector and tolerations allow (with its namespace's
   defaults) that have at least its GPUs. It is behind only the earlier experiments whose nodes overlap
   its own, so a queued A100 experiment never holds up a T4 one.
@@ -62,6 +64,11 @@ def pool(claim: Claim, nodes: Iterable[Node], rules: NamespaceRules, resource: s
     selector, tolerations = placed
     matching = [node for node in nodes if node.hosts(selector, tolerations, now=False)]
     fits = [node for node in matching if node.gpus >= claim.gpus]
+    if fits and (room := sum(node.gpus // claim.gpus for node in fits)) < claim.replicas:
+        return Pool(frozenset(), frozenset(),
+                    f"the {len(fits)} nodes matching the server's nodeSelector and tolerations that offer "
+                    f"{claim.gpus} {resource} hold {room} replicas at most, and spec.server.replicas is "
+                    f"{claim.replicas}")  # fmt: skip
     if fits:
         ready = frozenset(node.name for node in fits if node.hosts(selector, tolerations))
         return Pool(frozenset(node.name for node in fits), ready)
@@ -84,16 +91,18 @@ def plan(
     counts as placed-pending for those after it, so following the whole plan never overcommits."""
     by_name = {node.name: node for node in nodes}
     used: dict[str, int] = {}
-    bound: set[str] = set()
+    placed: dict[str, int] = {}  # server pods bound to a node, by experiment
     for pod in pods:
         used[pod.node] = used.get(pod.node, 0) + pod.gpus
-        bound.add(pod.experiment)
+        placed[pod.experiment] = placed.get(pod.experiment, 0) + 1
+    # an experiment is bound once all its replicas are; until then its unbound replicas are still being placed
+    bound = {claim.uid for claim in claims if placed.get(claim.uid, 0) >= claim.replicas}
     free = {name: node.gpus - used.get(name, 0) for name, node in by_name.items()}
     pools: dict[tuple[object, ...], Pool] = {}
 
     def pool_of(claim: Claim) -> Pool:
         namespace = rules.get(claim.namespace, NamespaceRules())
-        key = (claim.gpus, claim.selector, claim.tolerations, namespace)
+        key = (claim.gpus, claim.replicas, claim.selector, claim.tolerations, namespace)
         if key not in pools:
             pools[key] = pool(claim, by_name.values(), namespace, resource)
         return pools[key]
@@ -103,7 +112,7 @@ def plan(
     for claim in claims:
         if claim.admitted and claim.uid not in bound:
             key = (pool_of(claim).nodes, claim.gpus == 1)
-            placing[key] = placing.get(key, 0) + 1
+            placing[key] = placing.get(key, 0) + claim.replicas - placed.get(claim.uid, 0)
     waiting: dict[frozenset[str], int] = {}
     decisions: dict[str, Decision] = {}
     quota = _Quotas(quotas, claims, bound, resource)
@@ -123,17 +132,19 @@ def plan(
         same = placing.get((fits, True), 0) if unit else 0
         unplaced = sum(count for (other, _), count in placing.items() if other & fits) - same
         most = max((free[name] for name in ready), default=0)
-        fit = sum(max(free[name], 0) for name in ready) - same >= 1 if unit else most >= claim.gpus
+        # every replica at once: one-GPU replicas take any free GPUs; larger ones whole shares of a node each
+        fit = (sum(max(free[name], 0) for name in ready) - same >= claim.replicas if unit
+               else sum(max(free[name], 0) // claim.gpus for name in ready) >= claim.replicas)  # fmt: skip
         if not ahead and not unplaced and fit:
             decisions[claim.uid] = Decision(True, position=1)
-            placing[(fits, unit)] = placing.get((fits, unit), 0) + 1
+            placing[(fits, unit)] = placing.get((fits, unit), 0) + claim.replicas
             quota.take(claim)
             continue
         waiting[fits] = waiting.get(fits, 0) + 1
         in_use = sum(by_name[name].gpus - max(free[name], 0) for name in fits)
         total = sum(by_name[name].gpus for name in fits)
         message = (
-            f"waiting for {claim.gpus} {resource} on one of the {len(fits)} nodes that can hold it (the most "
+            f"waiting for {_asked(claim)} {resource} on one of the {len(fits)} nodes that can hold it (the most "
             f"free on one: {max(most, 0)}): {in_use} of {total} in use; position {ahead + 1} in the queue "
             f"({ahead} ahead)"
         )
@@ -164,35 +175,41 @@ class _Quotas:
                 self.smallest[namespace] = quota
         for claim in claims:
             if claim.admitted and claim.uid not in bound and claim.namespace in self.room:
-                self.room[claim.namespace] -= claim.gpus
+                self.room[claim.namespace] -= claim.total
 
     def decision(self, claim: Claim) -> Decision | None:
         """Never (more than a quota's hard), wait (over what is left, or others of its namespace wait), or
         None: the quotas let it in."""
         namespace, resource = claim.namespace, self.resource
-        if (smallest := self.smallest.get(namespace)) is not None and claim.gpus > smallest.hard:
+        if (smallest := self.smallest.get(namespace)) is not None and claim.total > smallest.hard:
             return Decision(False, never=(
                 f"the ResourceQuota {smallest.name} of namespace {namespace} allows {smallest.hard} {resource} in "
-                f"all, and the server asks for {claim.gpus}"
+                f"all, and the server asks for {_asked(claim)}"
             ))  # fmt: skip
-        if namespace not in self.room or (not self.behind.get(namespace) and self.room[namespace] >= claim.gpus):
+        if namespace not in self.room or (not self.behind.get(namespace) and self.room[namespace] >= claim.total):
             return None
         ahead = self.behind.get(namespace, 0)
         self.behind[namespace] = ahead + 1
         quota = self.tightest[namespace]
         return Decision(False, position=ahead + 1, waiting=(
-            f"waiting for {claim.gpus} {resource} within the ResourceQuota {quota.name} of namespace {namespace}: "
+            f"waiting for {_asked(claim)} {resource} within the ResourceQuota {quota.name} of namespace {namespace}: "
             f"{quota.used} of {quota.hard} in use, {max(self.room[namespace], 0)} left for new servers; position "
             f"{ahead + 1} in the namespace's queue ({ahead} ahead)"
         ))  # fmt: skip
 
     def take(self, claim: Claim) -> None:
         if claim.namespace in self.room:
-            self.room[claim.namespace] -= claim.gpus
+            self.room[claim.namespace] -= claim.total
+
+
+def _asked(claim: Claim) -> str:
+    """`2`, or with several replicas `2 x 3 replicas = 6`."""
+    return str(claim.gpus) if claim.replicas == 1 else f"{claim.gpus} x {claim.replicas} replicas = {claim.total}"
 
 
 def capacity(claim: Claim, nodes: Iterable[Node], rules: NamespaceRules) -> int:
-    """How many servers like the claim's could hold GPUs at once on the nodes it may use (a sweep's bound)."""
+    """How many servers like the claim's (all their replicas) could hold GPUs at once on the nodes it may use
+    (a sweep's bound)."""
     listed = list(nodes)
     fits = pool(claim, listed, rules).nodes
-    return sum(node.gpus // claim.gpus for node in listed if node.name in fits)
+    return sum(node.gpus // claim.gpus for node in listed if node.name in fits) // claim.replicas

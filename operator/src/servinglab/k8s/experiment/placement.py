@@ -27,22 +27,9 @@ from servinglab.api import conditions as cond
 
 NODE_SELECTOR_ANNOTATION = "scheduler.alpha.kubernetes.io/node-selector"
 DEFAULT_TOLERATIONS_ANNOTATION = "scheduler.alpha.kubernetes.io/defaultTolerations"
-#: An extended resource's name as the API server accepts it: a DNS subdomain prefix, a slash, a name.
-_RESOURCE = re.compile(
-    r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
 _COUNT = re.compile(r"^[0-9]{1,6}$")
 
 Labels = tuple[tuple[str, str], ...]
-
-
-def resource_problem(name: str) -> str | None:
-    """Why `name` cannot be the GPU resource (None if it can): a vendor's extended resource, such as
-    nvidia.com/gpu, nvidia.com/mig-1g.5gb or amd.com/gpu."""
-    if not _RESOURCE.match(name) or name.split("/")[0].endswith("kubernetes.io"):
-        return f"'{name}' is not an extended resource name such as nvidia.com/gpu or nvidia.com/mig-1g.5gb"
-    return None
 
 
 @dataclass(frozen=True)
@@ -192,6 +179,13 @@ class Claim:
     selector: Labels
     tolerations: tuple[Toleration, ...]
     admitted: bool
+    #: Server pods, each of `gpus` GPUs (spec.server.replicas): the claim holds replicas x gpus in all.
+    replicas: int = 1
+
+    @property
+    def total(self) -> int:
+        """The GPUs every replica together holds."""
+        return self.gpus * self.replicas
 
     @property
     def order(self) -> tuple[str, str, str]:
@@ -210,6 +204,7 @@ def claim_of(body: Mapping[str, Any]) -> Claim | None:
     try:
         server = (body.get("spec") or {}).get("server") or {}
         gpus = int(server.get("gpus", 1))
+        replicas = max(1, int(server.get("replicas", 1)))
         selector = tuple(sorted((str(k), str(v)) for k, v in (server.get("nodeSelector") or {}).items()))
         tolerations = tuple(Toleration.of(t) for t in server.get("tolerations") or [])
     except (TypeError, ValueError, AttributeError):
@@ -217,7 +212,7 @@ def claim_of(body: Mapping[str, Any]) -> Claim | None:
     if gpus <= 0:
         return None
     return Claim(str(meta["uid"]), str(meta["namespace"]), str(meta["name"]), str(meta.get("creationTimestamp", "")),
-                 gpus, selector, tolerations, bool(status.get("startedAt")))  # fmt: skip
+                 gpus, selector, tolerations, bool(status.get("startedAt")), replicas)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -295,14 +295,23 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
     deployment = await kube.get(experiment.child("apps/v1", "Deployment", experiment.names.server))
     server_pods = await pods.listed(experiment, "server")
     elapsed = _elapsed(experiment.status.started_at)
-    if ((deployment or {}).get("status", {}).get("availableReplicas") or 0) >= 1:
-        ready = [p for p in server_pods if p.get("status", {}).get("phase") == "Running"]
-        pod_name = ready[0]["metadata"]["name"] if ready else ""
+    wanted = spec.server.replicas
+    if ((deployment or {}).get("status", {}).get("availableReplicas") or 0) >= wanted:
+        # the load starts once every replica serves; the first by name stands for them where one pod is read
+        running = [p for p in server_pods if p.get("status", {}).get("phase") == "Running"
+                   and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+        ready = sorted(running, key=lambda p: str(p["metadata"]["name"]))
+        names = [p["metadata"]["name"] for p in ready]
+        pod_name = names[0] if names else ""
         model = diagnose.model_description(ready[0]) if ready else None
+        form = diagnose.form_run(ready[0]) if ready else None
+        where = f"pod {pod_name}" if wanted == 1 else f"{len(names)} pods ({', '.join(names)})"
         await experiment.set(
-            cond.SERVER_READY, True, "Available", f"{kind} is ready in pod {pod_name}",
+            cond.SERVER_READY, True, "Available", f"{kind} is ready in {where}",
             cold_start_seconds=round(elapsed, 3), server_ready_at=cond.now(), server_pod=pod_name,
+            server_pods=names, server_replicas=len(names),
             summary=ExperimentSummary(state="Ready"), **({"model": model} if model else {}),
+            **({"form": form} if form else {}),
         )  # fmt: skip
         await experiment.event("Normal", "ServerReady", f"{kind} ready after {elapsed:.1f} s")
         return False
@@ -345,7 +354,7 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan)
     if (failure := await pods.server_failure(experiment, server_pods, None)) is not None:
         await experiment.fail(failure[0], f"during the load test: {failure[1]}")
         return True
-    serving = experiment.status.server_pod
+    serving = experiment.status.server_pods or ([experiment.status.server_pod] if experiment.status.server_pod else [])
     if serving and (replaced := diagnose.replaced_server(server_pods, serving)) is not None:
         await experiment.fail("ServerRestarted", replaced)
         return True

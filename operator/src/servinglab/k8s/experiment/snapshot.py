@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from servinglab.api import API_GROUP, API_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
+from servinglab.api import GROUP_VERSION, KIND, ExperimentSpec, SpecError, parse_experiment
 from servinglab.api.modelref import redact_url
 from servinglab.k8s import builders
 from servinglab.k8s.experiment.status import Experiment
@@ -55,7 +55,7 @@ def document(name: str, spec: ExperimentSpec) -> Manifest:
         redacted = source.model_copy(update={"url": redact_url(source.url)})
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"source": redacted})})
     return {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "apiVersion": GROUP_VERSION,
         "kind": KIND,
         "metadata": {"name": name},
         "spec": spec.model_dump(by_alias=True, mode="json"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from servinglab.api import API_GROUP, API_VERSION, KIND
+from servinglab.api import GROUP_VERSION, KIND
 from servinglab.api import conditions as cond
 from servinglab.api.results import LevelResult, PeakRate
 from servinglab.api.status import ExperimentStatus, ExperimentSummary
@@ -54,7 +54,7 @@ class Experiment:
         meta = body["metadata"]
         self.name, self.namespace, self.uid = meta["name"], meta["namespace"], meta["uid"]
         self.generation: int | None = meta.get("generation")
-        self.ref = Ref(f"{API_GROUP}/{API_VERSION}", KIND, self.namespace, self.name)
+        self.ref = Ref(GROUP_VERSION, KIND, self.namespace, self.name)
         self.owner = builders.Owner(self.name, self.namespace, self.uid)
         self.names = builders.Names(self.name)
         self.status = ExperimentStatus.model_validate(body.get("status") or {})
@@ -95,7 +95,7 @@ class Experiment:
             "kind": "Event",
             "metadata": {"generateName": f"{self.name}.", "namespace": self.namespace},
             "involvedObject": {
-                "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                "apiVersion": GROUP_VERSION,
                 "kind": KIND,
                 "name": self.name,
                 "namespace": self.namespace,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from servinglab.api import (
     API_GROUP,
-    API_VERSION,
+    GROUP_VERSION,
     KIND,
     SWEEP_KIND,
     SWEEP_LABEL,
@@ -63,7 +63,7 @@ def trial_manifest(
     if run is not None:
         annotations |= {CONFIRMS_ANNOTATION: run.trial.name, ROUND_ANNOTATION: str(run.round)}
     return {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "apiVersion": GROUP_VERSION,
         "kind": KIND,
         "metadata": {
             "name": trial_name(name, config, run.round if run is not None else 0),
@@ -76,12 +76,13 @@ def trial_manifest(
                 f"{API_GROUP}/precision": str(config.precision),
                 f"{API_GROUP}/data-path": config.path.label() or "default",
                 **({f"{API_GROUP}/server-kind": config.kind} if config.kind else {}),
+                **({f"{API_GROUP}/form": str(config.form)} if config.form else {}),
                 "app.kubernetes.io/managed-by": MANAGED_BY,
             },
             "annotations": annotations,
             "ownerReferences": [
                 {
-                    "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                    "apiVersion": GROUP_VERSION,
                     "kind": SWEEP_KIND,
                     "name": name,
                     "uid": uid,
@@ -94,10 +95,12 @@ def trial_manifest(
     }
 
 
-def sweep_of(body: Manifest) -> ServingSweep:
-    """The validated sweep of a stored object (its metadata beyond the name is the API server's)."""
+def sweep_of(body: Manifest, prices_elsewhere: bool = True) -> ServingSweep:
+    """The validated sweep of a stored object (its metadata beyond the name is the API server's).
+    `prices_elsewhere`: the operator's chart prices the nodes its trials run on (a stored sweep read back
+    was accepted by an operator: it is)."""
     document = {k: body.get(k) for k in ("apiVersion", "kind", "spec")}
-    return parse_sweep(document | {"metadata": {"name": body["metadata"]["name"]}})
+    return parse_sweep(document | {"metadata": {"name": body["metadata"]["name"]}}, prices_elsewhere=prices_elsewhere)
 
 
 def owned_by(child: Manifest, uid: str) -> bool:
@@ -107,7 +110,7 @@ def owned_by(child: Manifest, uid: str) -> bool:
 def config_of(child: Manifest) -> TrialConfig:
     """The trial's configuration: its server settings, and its server when the sweep varies it (a label)."""
     server = child["spec"]["server"]
-    keys = ("batchSize", "maxBatchDelayMs", "workers", "precision", "dataPath")
+    keys = ("batchSize", "maxBatchDelayMs", "workers", "precision", "dataPath", "form")
     config = {k: server[k] for k in keys if k in server}
     kind = child["metadata"].get("labels", {}).get(f"{API_GROUP}/server-kind")
     return TrialConfig.model_validate({**config, **({"kind": kind} if kind else {})})
@@ -125,9 +128,11 @@ def trial_record(sweep: ServingSweep, child: Manifest) -> TrialRecord | None:
     if cond.is_true(status.conditions, cond.SUCCEEDED):
         spec = ExperimentSpec.model_validate(child["spec"])
         document: ExperimentResults | None = experiment_results(
-            name, spec, status.results or [], runtime=Runtime(mode="cluster", server_pod=status.server_pod),
+            name, spec, status.results or [],
+            runtime=Runtime(mode="cluster", server_pod=status.server_pod, server_replicas=status.server_replicas,
+                        form=status.form),
             cold_start_seconds=status.cold_start_seconds, peak_rate=status.peak_rate, ceiling=status.ceiling,
-            effective=status.effective,
+            effective=status.effective, price=status.price,
         )  # fmt: skip
         failure = None
     else:
@@ -148,7 +153,7 @@ def is_confirmation(child: Manifest) -> bool:
 
 async def children(kube: Kube, namespace: str, name: str, uid: str) -> tuple[list[Manifest], set[str]]:
     """(this sweep's trials, names still held by trials of an earlier sweep of the same name)."""
-    found = await kube.list(Ref(f"{API_GROUP}/{API_VERSION}", KIND, namespace), label_selector=f"{SWEEP_LABEL}={name}")
+    found = await kube.list(Ref(GROUP_VERSION, KIND, namespace), label_selector=f"{SWEEP_LABEL}={name}")
     # a re-applied sweep never reads, nor adopts, the trials of the one it replaced (garbage collection takes them)
     return [c for c in found if owned_by(c, uid)], {c["metadata"]["name"] for c in found if not owned_by(c, uid)}
 
@@ -209,21 +214,31 @@ async def start_next(kube: Kube, sweep: ServingSweep, uid: str, namespace: str, 
     return proposal.stop_reason
 
 
-async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
-    """Start what the search proposes, roll the trials up; True once the sweep has finished."""
+async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue, chart_prices: bool = False) -> bool:
+    """Start what the search proposes, roll the trials up; True once the sweep has finished. `chart_prices`:
+    the chart prices nodes (a cost objective then needs no template price)."""
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
-    ref = Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace, name)
+    ref = Ref(GROUP_VERSION, SWEEP_KIND, namespace, name)
     status = SweepStatus.model_validate(body.get("status") or {})
     conditions = status.conditions
     if cond.finished(conditions):
         # its series again, from what it ended with: this process may have started since (a restart, a
         # new leader), or another replica wrote the last pass
         model = (((body.get("spec") or {}).get("template") or {}).get("model") or {}).get("name", "")
-        publish(namespace, name, str(model), status.counts or SweepCounts(), 0, status.best, status.front or [])
+        publish(
+            namespace,
+            name,
+            str(model),
+            status.counts or SweepCounts(),
+            0,
+            status.best,
+            status.front or [],
+            status.cost_front or [],
+        )
         return True
     try:
-        sweep = sweep_of(body)
+        sweep = sweep_of(body, prices_elsewhere=chart_prices)
     except SpecError as exc:  # nothing is created for an invalid sweep
         await end_sweep(kube, body, "InvalidSpec", "; ".join(exc.problems))
         return True
@@ -243,7 +258,7 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
     finished = searched and not now.confirming
     records, confirmations, running, confirming = now.records, now.confirmations, now.running, now.confirming
     rolled = rollup.document(sweep, records, stop_reason if finished else None, started_at, confirmations)
-    size = len(sweep.spec.configurations) if sweep.spec.strategy == "list" else space_size(sweep.spec)
+    size = space_size(sweep.spec)
     total = min(size, sweep.spec.max_trials or size)
     best = rolled.best
     summary = SweepSummary(
@@ -267,13 +282,27 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue) -> bool:
     patch = SweepStatus(
         conditions=conditions, summary=summary, trials=rolled.trials, counts=rolled.counts, pruned=rolled.pruned,
         best=rolled.best, best_per_kind=rolled.best_per_kind, confirmation=rolled.confirmation, front=rolled.front,
+        cost_front=rolled.cost_front, cost_front_reason=rolled.cost_front_reason,
         stop_reason=rolled.stop_reason,
         grid_size=rolled.grid_size,
         started_at=started_at, finished_at=cond.now() if finished else None,
     )  # fmt: skip
-    await kube.patch_status(ref, to_json(patch))
+    written = to_json(patch)
+    # a merge patch keeps a field it leaves out: whichever of the cost front and its reason is absent now
+    # (the reason an early pass wrote, before a priced point) is deleted, by a null
+    written |= {key: None for key in ("costFront", "costFrontReason") if key not in written}
+    await kube.patch_status(ref, written)
     model = sweep.spec.template.model.name
-    publish(namespace, name, model, rolled.counts, len(running) + len(confirming), rolled.best, rolled.front)
+    publish(
+        namespace,
+        name,
+        model,
+        rolled.counts,
+        len(running) + len(confirming),
+        rolled.best,
+        rolled.front,
+        rolled.cost_front or [],
+    )
     return finished
 
 
@@ -288,22 +317,22 @@ async def end_sweep(kube: Kube, body: Manifest, reason: str, message: str) -> No
     conditions = cond.set_condition(status.conditions, cond.FAILED, True, reason, message)
     conditions = cond.set_condition(conditions, cond.RUNNING, False, reason, message)
     failed = SweepStatus(conditions=conditions, summary=SweepSummary(state="Failed"), finished_at=cond.now())
-    await kube.patch_status(Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, meta["namespace"], meta["name"]),
+    await kube.patch_status(Ref(GROUP_VERSION, SWEEP_KIND, meta["namespace"], meta["name"]),
                             to_json(failed))  # fmt: skip
 
 
 def publish(namespace: str, name: str, model: str, tally: SweepCounts, running: int, best: SweepBest | None,
-            front: list[SweepPoint]) -> None:  # fmt: skip
-    """The sweep's metric series (trials by state, its best, its front) as of this pass."""
+            front: list[SweepPoint], cost_front: list[SweepPoint]) -> None:  # fmt: skip
+    """The sweep's metric series (trials by state, its best, its two fronts) as of this pass."""
     counts = {"Succeeded": tally.succeeded, "Infeasible": tally.infeasible, "Pruned": tally.pruned,
               "Running": running}  # fmt: skip
-    opmetrics.sweep(namespace, name, model, counts, best, front)
+    opmetrics.sweep(namespace, name, model, counts, best, front, cost_front)
 
 
 async def sweep_document(kube: Kube, namespace: str, name: str) -> tuple[ServingSweep, SweepResults] | None:
     """A cluster sweep and its full results document, as a local sweep writes it (every trial's points
     included), rebuilt from its trials; None when there is no such sweep."""
-    body = await kube.get(Ref(f"{API_GROUP}/{API_VERSION}", SWEEP_KIND, namespace, name))
+    body = await kube.get(Ref(GROUP_VERSION, SWEEP_KIND, namespace, name))
     if body is None:
         return None
     parsed = sweep_of(body)

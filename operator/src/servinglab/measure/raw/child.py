@@ -98,7 +98,8 @@ def best_segment_rps(batch_size: int, pass_seconds: list[float]) -> float:
 
 class Probe:
     """The model on its device, converted to the precision and compiled or laid out channels-last exactly as
-    the handler does it (its own helpers)."""
+    the handler does it (its own helpers); in the form it was served in: the file servinglab built and gated
+    beside the model (`formFile`: TorchScript, ONNX), loaded as the handler loads it."""
 
     def __init__(self, model: str, precision: str, device_name: str, data_path: dict[str, Any], largest: int) -> None:
         import torch
@@ -115,6 +116,8 @@ class Probe:
             self.size = int(self.input.get("size", 224))
         else:
             network, self.size = counting.network(model, weights=True)
+        if data_path.get("formFile"):  # the served form, not the eager model it was built from
+            network = imaging.load_serialized(str(data_path["formFile"]), self.device, self.plan.allow_tf32)
         self.path = datapath.plan_data_path(data_path, self.device, self.input["kind"], largest)
         self.channels_last = self.path.channels_last
         self.network = imaging.apply_precision(network.to(self.device), self.plan, self.channels_last)

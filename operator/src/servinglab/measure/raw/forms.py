@@ -36,13 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from servinglab.measure.raw.child import best_segment_rps, emit, keep_stdout_for_events
+from servinglab.models.formbuild import PROBE_ROWS, TOLERANCE, export_onnx, export_torchscript, versions
+
+__all__ = ["FORMS", "PROBE_ROWS", "TOLERANCE", "refusal", "versions"]
 
 FORMS = ("eager", "torchscript", "compile", "compile-cudagraphs", "onnxruntime", "tensorrt")
-#: Largest error allowed, relative to the largest absolute value of the eager fp32 output, per precision
-#: (tf32 and the half types round every product; a form must agree with eager at least that well).
-TOLERANCE = {"fp32": 1e-3, "tf32": 2e-2, "fp16": 3e-2, "bf16": 1e-1}
-#: Rows of the fixed probe batch the gate compares.
-PROBE_ROWS = 4
 
 
 def refusal(form: str, device: Any) -> str | None:
@@ -62,16 +60,6 @@ def refusal(form: str, device: Any) -> str | None:
         if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
             return "ONNX Runtime here has no CUDAExecutionProvider (onnxruntime-gpu is not installed)"
     return None
-
-
-def versions() -> dict[str, str]:
-    """The versions a form's build depends on (part of its cache key)."""
-    found = {"python": sys.version.split()[0]}
-    for name in ("torch", "onnx", "onnxruntime", "torch_tensorrt"):
-        if importlib.util.find_spec(name) is not None:
-            module = __import__(name)
-            found[name] = str(getattr(module, "__version__", "?"))
-    return found
 
 
 def cache_key(model: str, form: str, precision: str, batch_size: int, device: Any, found: dict[str, str]) -> str:
@@ -125,10 +113,8 @@ class Forms:
             path = self.cache / f"{key}.ts"
             cached = path.exists()
             if not cached:
-                with torch.no_grad():
-                    traced = torch.jit.freeze(torch.jit.trace(self.network, self.cast(self.timed32)).eval())
                 self.cache.mkdir(parents=True, exist_ok=True)
-                torch.jit.save(traced, str(path))
+                export_torchscript(self.network, self.cast(self.timed32), path, freeze=True)
             return torch.jit.load(str(path), map_location=self.device), {"backend": "torchscript"}, cached
         if form in ("compile", "compile-cudagraphs"):
             mode = "reduce-overhead" if form == "compile-cudagraphs" else None
@@ -154,19 +140,11 @@ class Forms:
         cached = path.exists()
         if not cached:
             self.cache.mkdir(parents=True, exist_ok=True)
-            sample = self.cast(self.timed32[:1]).contiguous()
-            with torch.no_grad():
-                torch.onnx.export(
-                    self.network,
-                    (sample,),
-                    str(path),
-                    input_names=["input"],
-                    output_names=["output"],
-                    dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
-                    dynamo=False,
-                )
+            export_onnx(self.network, self.cast(self.timed32[:1]).contiguous(), path)
         provider = "CUDAExecutionProvider" if self.device.type == "cuda" else "CPUExecutionProvider"
-        session = onnxruntime.InferenceSession(str(path), providers=[provider])
+        options = onnxruntime.SessionOptions()  # as many intra-op threads as torch: the same cores as every form
+        options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
+        session = onnxruntime.InferenceSession(str(path), options, providers=[provider])
 
         def run(batch: Any) -> Any:
             if self.device.type != "cuda":

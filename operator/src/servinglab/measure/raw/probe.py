@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from servinglab import lifeline
-from servinglab.api.ceiling import RawRow
+from servinglab.api.ceiling import FormAlone, RawRow
 from servinglab.measure.raw.figures import RawCache, RawFigures
 
 #: Seconds between "still measuring" progress messages during one long pass.
@@ -75,10 +75,30 @@ def measure(
     return figures
 
 
-def _child_events(request: dict[str, Any], progress: Callable[[str], None]) -> Any:
+def measure_forms(
+    model: str, precision: str, device: str, batch_size: int, forms: list[str], seconds: float, cache_dir: str,
+    progress: Callable[[str], None] = lambda message: None,
+) -> list[FormAlone]:  # fmt: skip
+    """The model alone in each of `forms` at `batch_size` (:mod:`servinglab.measure.raw.forms`: built or found
+    built under `cache_dir`, gated against eager fp32, timed for `seconds`), in the order given."""
+    request = {"model": model, "precision": precision, "device": device, "forms": forms, "batchSize": batch_size,
+               "seconds": seconds, "cacheDir": cache_dir}  # fmt: skip
+    found = []
+    progress(f"Ceiling: the model alone in each form ({', '.join(forms)}) at batch {batch_size}")
+    for event in _child_events(request, progress, "servinglab.measure.raw.forms"):
+        if event["event"] == "form":
+            found.append(FormAlone(form=event["form"], status=event["status"],
+                                   throughput_rps=event.get("throughputRps"), build_seconds=event.get("buildSeconds"),
+                                   cached=event.get("cached"), reason=event.get("reason")))  # fmt: skip
+            progress(f"Ceiling: form {event['form']} alone: {event['status']}")
+    return found
+
+
+def _child_events(request: dict[str, Any], progress: Callable[[str], None],
+                  module: str = "servinglab.measure.raw.child") -> Any:  # fmt: skip
     errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed in finally) a file, not a pipe: never blocks the child
     guard = lifeline.spawn(  # its own group, ended at once (no grace) when we stop it or die
-        [sys.executable, "-m", "servinglab.measure.raw.child", json.dumps(request)],
+        [sys.executable, "-m", module, json.dumps(request)],
         grace_seconds=0,
         stdout=subprocess.PIPE,
         stderr=errors,

@@ -78,7 +78,8 @@ class LitServe:
         size = request_image_size(model, spec.load.payload)
         target = workdir / "prepared-litserve" / model.name
         if model.source is not None:
-            described = self.prepare_user_model(model, spec.server.precision, target, None, cache_dir(), True)
+            described = self.prepare_user_model(model, spec.server.precision, target, None, cache_dir(), True,
+                                                spec.server.batch_size)  # fmt: skip
             return ServedModel(target, size, described)
         build = builtins.ensure_built(model.name)
         served = layout.layout_builtin(build, target, link_weights=True)
@@ -88,14 +89,15 @@ class LitServe:
         layout.layout_builtin(build, into)
 
     def prepare_user_model(
-        self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool
-    ) -> ModelDescription:
+        self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool,
+        batch_size: int = 1,
+    ) -> ModelDescription:  # fmt: skip
         """The user's model fetched, checked and laid out at `into` (a server pod's first init container:
         nothing of the user's runs here without `count`); raises :class:`ModelError`."""
         try:
             prepared = lay_out_user_model(model, into, layout.user_layout(model.input), self.name,
                                          self.capabilities.user_model_formats, mounted=mounted, cache=cache,
-                                         count=count)  # fmt: skip
+                                         count=count, precision=precision, batch_size=batch_size)  # fmt: skip
         except ModelSourceError as exc:
             raise ModelError(exc.reason, str(exc)) from None
         return ModelDescription.model_validate(prepared.info)

@@ -64,7 +64,8 @@ class TorchServe:
             served = archive.layout_builtin(model.name, build, target, link_weights=True)
             return ServedModel(served, size, builtins.description(model.name, build))
         try:
-            prepared = archive.prepare(model, spec.server.precision, target, cache=archive.cache_dir())
+            prepared = archive.prepare(model, spec.server.precision, target, cache=archive.cache_dir(),
+                                       batch_size=spec.server.batch_size)  # fmt: skip
         except archive.ModelSourceError as exc:
             raise ModelError(exc.reason, str(exc)) from None
         return ServedModel(prepared.directory, size, ModelDescription.model_validate(prepared.info))
@@ -74,12 +75,14 @@ class TorchServe:
         archive.layout_builtin(name, build, into)
 
     def prepare_user_model(
-        self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool
-    ) -> ModelDescription:
+        self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool,
+        batch_size: int = 1,
+    ) -> ModelDescription:  # fmt: skip
         """The user's model fetched, checked and laid out at `into` (a server pod's first init container:
         nothing of the user's runs here without `count`)."""
         try:
-            prepared = archive.prepare(model, precision, into, mounted=mounted, cache=cache, count=count)
+            prepared = archive.prepare(model, precision, into, mounted=mounted, cache=cache, count=count,
+                                       batch_size=batch_size)  # fmt: skip
         except archive.ModelSourceError as exc:
             raise ModelError(exc.reason, str(exc)) from None
         return ModelDescription.model_validate(prepared.info)

@@ -12,8 +12,9 @@ count-model`).
 - An archive (`.mar`, or a no-archive folder) is served with its own handler, as it is; unpacking it is
   bounded by `maxBytes` (counted on the bytes written; refused early when its headers already say more)
   and by MAX_FILES, and no member may land outside the model's folder.
-- A TorchScript file (`torch.jit.save`) or an exported program (`torch.export.save`, `.pt2`) is packed
-  with servinglab's handler (so every precision works) and the declared input (`servinglab-input.json`).
+- A TorchScript file (`torch.jit.save`), an exported program (`torch.export.save`, `.pt2`) or an ONNX
+  model (`.onnx`, run in ONNX Runtime) is packed with servinglab's handler (so every precision works, fp32
+  and tf32 for ONNX) and the declared input (`servinglab-input.json`).
 
 The folder is laid out from the work folder's own, checked copy every time (packing is a rename and a few
 small files): nothing laid out is reused from the shared cache, which keeps only downloads (re-hashed on
@@ -157,11 +158,12 @@ def layout_builtin(name: str, build: Path, target: Path, link_weights: bool = Fa
 
 
 def prepare(model: ModelRef, precision: Precision, target: Path, authorization: str | None = None,
-            mounted: Path | None = None, cache: Path | None = None, count: bool = True) -> PreparedModel:  # fmt: skip
+            mounted: Path | None = None, cache: Path | None = None, count: bool = True,
+            batch_size: int = 1) -> PreparedModel:  # fmt: skip
     """The user's model fetched, checked and laid out at `target` for TorchServe (:func:`lay_out_user_model`,
-    which says what `mounted`, `cache` and `count` do); raises :class:`ModelSourceError`."""
+    which says what `mounted`, `cache`, `count` and `batch_size` do); raises :class:`ModelSourceError`."""
     return lay_out_user_model(model, target, _lay_out(model, precision), "TorchServe", FORMATS, authorization, mounted,
-                             cache, count)  # fmt: skip
+                             cache, count, precision, batch_size)  # fmt: skip
 
 
 def _adopted(source: ModelSource, target: Path, precision: Precision) -> dict[str, str]:

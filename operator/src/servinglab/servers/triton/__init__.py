@@ -33,7 +33,7 @@ from servinglab.servers.base import (
     not_applied,
 )
 from servinglab.servers.counters import ModelCounters
-from servinglab.servers.triton import config, metrics, pod, repository, wire
+from servinglab.servers.triton import config, metrics, native, pod, repository, wire
 from servinglab.servers.triton.local import LocalTriton
 from servinglab.servers.usermodel import PACKED
 from servinglab.servers.usermodel import prepare as lay_out_user_model
@@ -61,25 +61,29 @@ class Triton:
         size = request_image_size(model, spec.load.payload)
         target = workdir / "prepared" / model.name
         if model.source is not None:
-            described = self.prepare_user_model(model, spec.server.precision, target, None, cache_dir(), True)
+            described = self.prepare_user_model(model, spec.server.precision, target, None, cache_dir(), True,
+                                                spec.server.batch_size)  # fmt: skip
             return ServedModel(target, size, described, packed_directory=repository.user_build(target))
         build = builtins.ensure_built(model.name)
         served = repository.layout_builtin(build, target, link_weights=True)
-        return ServedModel(served, size, builtins.description(model.name, build))
+        # the build lies in the entry's 1/build/: where a form of it is put beside it
+        return ServedModel(served, size, builtins.description(model.name, build),
+                           packed_directory=repository.user_build(served))  # fmt: skip
 
     def layout_builtin(self, name: str, build: Path, into: Path) -> None:
         """A server pod's checked copy of a built-in build, moved into its repository entry."""
         repository.layout_builtin(build, into)
 
     def prepare_user_model(
-        self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool
-    ) -> ModelDescription:
+        self, model: ModelRef, precision: Precision, into: Path, mounted: Path | None, cache: Path | None, count: bool,
+        batch_size: int = 1,
+    ) -> ModelDescription:  # fmt: skip
         """The user's TorchScript/.pt2 model fetched, checked and laid out as the repository entry `into` (a
         server pod's first init container: nothing of the user's runs here without `count`)."""
         try:
             prepared = lay_out_user_model(model, into, repository.user_layout(model.input), self.name,
                                          self.capabilities.user_model_formats, mounted=mounted, cache=cache,
-                                         count=count)  # fmt: skip
+                                         count=count, precision=precision, batch_size=batch_size)  # fmt: skip
         except ModelSourceError as exc:
             raise ModelError(exc.reason, str(exc)) from None
         return ModelDescription.model_validate(prepared.info)
@@ -101,6 +105,10 @@ class Triton:
         except OSError:  # not READY (HTTP 400)
             ready = 0
         effective = applied.effective(ready)
+        if spec.server.form is not None:  # why the form is not on a native backend of the image's tritonserver
+            present = native.image_backends(spec.server.image)
+            choice = native.choose_backend(spec.server.form, spec.server.precision, present, wire.PROTOCOL.encoding)
+            effective = effective.model_copy(update={"backend_note": choice.reason})
         wanted = config.expected(spec.server, spec.server.gpus, spec.load)
         return effective, config.differences(model_name, wanted, applied) or not_applied(spec.server, effective)
 

@@ -60,7 +60,7 @@ def render_config(
     """config.pbtxt of `model_name` served by servinglab's Python model; `gpus` is how many GPUs the server
     may use (0: the instances run on the CPU); a `user_model` answers with the handler's JSON."""
     parameters = _parameters(server, load)
-    groups = _instance_groups(server.workers, gpus)
+    groups = instance_groups(server.workers, gpus)
     outputs = (
         [f'  {{ name: "{OUTPUT_ANSWER}", data_type: TYPE_STRING, dims: [1] }}']
         if user_model
@@ -93,10 +93,12 @@ def _parameters(server: ServerSpec, load: LoadSpec | None) -> dict[str, str]:
         else "",
         "warmup_seconds": f"{server.warmup_seconds:g}",
         "top_k": str(TOP_K),
+        **({"form": str(server.form)} if server.form is not None else {}),
+        **({"compile": str(server.compile_mode())} if str(server.compile_mode()) != "none" else {}),
     }
 
 
-def _instance_groups(workers: int, gpus: int) -> list[str]:
+def instance_groups(workers: int, gpus: int) -> list[str]:
     """`workers` model copies in all: on the CPU, or spread over the GPUs one by one (Triton's `count` is per
     GPU listed, so each GPU gets a group of its own share)."""
     if gpus == 0:
@@ -114,6 +116,8 @@ class AppliedConfig:
     instances: int
     kinds: tuple[str, ...]
     parameters: dict[str, str]
+    #: The backend that serves the model (`python`: servinglab's model; a native one: :mod:`.native`).
+    backend: str | None = None
 
     def effective(self, ready_instances: int) -> EffectiveSettings:
         """The settings in effect: the batch Triton forms, its delay (in whole ms, as the spec has it), the
@@ -121,7 +125,7 @@ class AppliedConfig:
         delay = None if self.max_queue_delay_us is None else self.max_queue_delay_us // 1000
         return EffectiveSettings(
             batch_size=max(1, self.max_batch_size), max_batch_delay_ms=delay, min_workers=self.instances,
-            max_workers=self.instances, ready_workers=ready_instances,
+            max_workers=self.instances, ready_workers=ready_instances, backend=self.backend,
         )  # fmt: skip
 
 
@@ -140,18 +144,20 @@ def read_applied(config: dict[str, Any]) -> AppliedConfig:
         instances=sum(int(group.get("count", 1)) for group in groups),
         kinds=tuple(str(group.get("kind", "")) for group in groups),
         parameters=parameters,
+        backend=str(config["backend"]) if config.get("backend") else None,
     )
 
 
 def expected(server: ServerSpec, gpus: int, load: LoadSpec | None = None) -> AppliedConfig:
     """What Triton reports when it serves the config.pbtxt :func:`render_config` writes."""
-    groups = _instance_groups(server.workers, gpus)
+    groups = instance_groups(server.workers, gpus)
     return AppliedConfig(
         max_batch_size=server.batch_size,
         max_queue_delay_us=server.max_batch_delay_ms * 1000,
         instances=server.workers,
         kinds=("KIND_GPU",) * len(groups) if gpus else ("KIND_CPU",),
         parameters=_parameters(server, load),
+        backend="python",
     )
 
 
@@ -163,6 +169,7 @@ def differences(model_name: str, wanted: AppliedConfig, applied: AppliedConfig) 
         ("max_batch_size", applied.max_batch_size, wanted.max_batch_size),
         ("dynamic_batching.max_queue_delay_microseconds", applied.max_queue_delay_us, wanted.max_queue_delay_us),
         ("instance_group count", applied.instances, wanted.instances),
+        ("backend", applied.backend, wanted.backend),
         *((f"parameters.{key}", applied.parameters.get(key), value) for key, value in wanted.parameters.items()),
     ]
     differing = [f"{name} is {have!r}, the spec's is {want!r}" for name, have, want in fields if have != want]

@@ -47,8 +47,9 @@ from servinglab.servers.process import (
 )
 from servinglab.servers.triton.config import AppliedConfig, differences, expected, read_applied, render_config
 from servinglab.servers.triton.env import TritonEnvMissing, find_env
+from servinglab.servers.triton.native import choose_backend, present_backends
 from servinglab.servers.triton.repository import CONFIG_FILE, serves_user_model
-from servinglab.servers.triton.wire import MODEL_LOAD_FAILED, encode_body, request_path
+from servinglab.servers.triton.wire import MODEL_LOAD_FAILED, PROTOCOL, encode_body, request_path
 
 _LOG = "tritonserver.log"
 #: The header that carries the key of the restricted repository API.
@@ -73,6 +74,7 @@ class LocalTriton:
         self.http_port, self.metrics_port = free_ports(2)
         self.gpus = visible_gpus()
         self._repository_key = ""  # made per start
+        self.backends: frozenset[str] = frozenset()  # the tritonserver's backends/ (known once started)
         self.guard: lifeline.Guarded | None = None
         self.process: subprocess.Popen[bytes] | None = None  # the watchdog; its exit status is tritonserver's
         self.started_at: float | None = None
@@ -97,6 +99,7 @@ class LocalTriton:
             found = find_env()
         except TritonEnvMissing as exc:
             raise ServerError(str(exc)) from None
+        self.backends = present_backends(found.backends)
         self.prepare()
         environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._repository_key = secrets.token_urlsafe(32)
@@ -237,7 +240,12 @@ class LocalTriton:
             ready = applied.instances  # READY: Triton has loaded every instance
         except urllib.error.HTTPError:
             ready = 0
-        return applied.effective(ready)
+        effective = applied.effective(ready)
+        if self.server.form is None:
+            return effective
+        # why the form is not on a native backend of this tritonserver (the results say which served)
+        choice = choose_backend(self.server.form, self.server.precision, self.backends, PROTOCOL.encoding)
+        return effective.model_copy(update={"backend_note": choice.reason})
 
     def metrics_text(self) -> str:
         return self._http("/metrics", url=f"http://127.0.0.1:{self.metrics_port}").decode()
