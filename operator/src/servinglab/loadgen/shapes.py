@@ -259,7 +259,7 @@ def phase_figures(samples: Sequence[Sample], measured_start: float, schedule: Sc
         {
             "start": round(phase.start, 3),
             **figures(phase.name, phase.rate_rps, chosen, phase.end - phase.start, phase.users),
-        }  # fmt: skip
+        }
         for phase, chosen in zip(schedule.phases, by_phase, strict=True)
     ]
     if schedule.kind == "burst":

@@ -127,7 +127,7 @@ async def gpu_figures(
             figures[index] = GpuFigures.model_validate(
                 await reader.window(
                     experiment.namespace, pod, level.window_start, level.window_end, level.requests - level.errors
-                )  # fmt: skip
+                )
             )
     except PrometheusError as exc:
         return {}, (False, exc.reason, str(exc))
