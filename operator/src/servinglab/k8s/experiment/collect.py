@@ -66,8 +66,7 @@ async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
     except ResultsMissing as exc:
         await experiment.fail(
             "ResultsMissing",
-            f"the load Job finished without readable results ({exc}); Job {experiment.names.load} and its log "
-            "are kept",
+            f"the load Job finished without readable results ({exc}); Job {experiment.names.load} and its log are kept",
         )
         return
     except ResultsUnreadable as exc:
