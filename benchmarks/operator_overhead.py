@@ -126,7 +126,7 @@ def main() -> None:
                     "name": "classifier",
                     "input": {"size": 32},
                     "source": {"url": url, "sha256": digest},
-                },  # fmt: skip
+                },
             }
             for label, model in cases.items():
                 for attempt in range(1, args.repeats + 1):

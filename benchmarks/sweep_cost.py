@@ -49,7 +49,7 @@ def sweep_document(
                 },
                 "slo": {"p99LatencyMs": 250},
                 "ceiling": ceiling or {"enabled": False},
-            },  # fmt: skip
+            },
             "strategy": strategy,
             "space": space,
             "stop": {"patience": 6},

@@ -8,15 +8,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from servinglab.servers.triton import env as triton_environment
 from servinglab.servers.triton.env import TritonEnv
-
-if TYPE_CHECKING:  # pytest 8.3 exports it only from its private module
-    from _pytest.terminal import TerminalReporter
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -37,7 +33,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 WHY_CHARACTERS = 3000
 
 
-def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Each distinct failure once, as `WHY <test> (+N more): <its message, folded onto one line>`: pytest's
     own summary cuts a message to its first line and the terminal's width, and the tail of a CI log
     (hack/test.sh repeats these lines last) is all some readers get. Tests failing alike (one fixture's

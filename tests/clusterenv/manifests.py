@@ -77,7 +77,7 @@ def node(name: str, gpus: int = 0, product: str = "Tesla-T4", cpu: str = "8", me
                         "kubeProxyVersion",
                     ),
                     "",
-                ),  # fmt: skip
+                ),
             },
         },
     }

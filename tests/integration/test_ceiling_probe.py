@@ -185,5 +185,5 @@ def test_the_model_alone_runs_with_the_data_paths_model_options_and_caches_them_
     assert eager.measured[2].throughput_rps > 0 and laid_out.measured[2].throughput_rps > 0
     assert laid_out.from_cache == []  # channels-last is another model here: not the eager rows again
     assert rawprobe.measure("tiny", "fp32", "cpu", [2], 1.0, cache=cache).from_cache == [2]
-    with pytest.raises(rawprobe.RawProbeError, match="dataPath.compile: reduce-overhead needs CUDA"):
+    with pytest.raises(rawprobe.RawProbeError, match=r"dataPath\.compile: reduce-overhead needs CUDA"):
         rawprobe.measure("tiny", "fp32", "cpu", [2], 1.0, model_options={"compile": "reduce-overhead"})

@@ -66,9 +66,9 @@ def test_each_cpu_form_is_built_once_then_found_in_the_cache(tmp_path: Path) -> 
         entries = {path: path.stat().st_mtime_ns for path in (tmp_path / "forms").rglob("*")}
         second = forms.prepare(server, served.packed, [1, 2, 4], gpu=False, cache=tmp_path / "forms")
         assert first is not None and second is not None
-        assert {
-            path: path.stat().st_mtime_ns for path in (tmp_path / "forms").rglob("*")
-        } == entries, f"{form}: the second use built nothing"
+        assert {path: path.stat().st_mtime_ns for path in (tmp_path / "forms").rglob("*")} == entries, (
+            f"{form}: the second use built nothing"
+        )
         assert (first.form, first.batch_sizes, second.build_seconds) == (form, [1, 2, 4], 0.0)
         if form == "eager":  # the reference itself: nothing to build or gate
             assert (first.backend, first.gate, second.cached) == ("torch", None, False)

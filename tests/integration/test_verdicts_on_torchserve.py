@@ -51,11 +51,12 @@ FIRST_HINT = {"preprocess-bound": "decode", "compute-bound": "batchSize", "queue
 
 def experiment(tmp_path: Path, tiny_archive: Path, expected: str) -> Path:
     case = CASES[expected]
-    name = f"verdict-{expected.split('-')[0]}"
+    short = expected.split("-", maxsplit=1)[0]
+    name = f"verdict-{short}"
     model: dict[str, Any] = {"name": "tiny"}
     if "variant" in case:
-        folder = tiny_variant(tiny_archive, tmp_path / "model", f"tiny{expected.split('-')[0]}", **case["variant"])
-        model = {"name": f"tiny{expected.split('-')[0]}", "source": {"path": str(folder), "format": "directory"}}
+        folder = tiny_variant(tiny_archive, tmp_path / "model", f"tiny{short}", **case["variant"])
+        model = {"name": f"tiny{short}", "source": {"path": str(folder), "format": "directory"}}
     load: dict[str, Any] = {"concurrency": [case["users"]], "warmupSeconds": 1, "durationSeconds": 3,
                             "payload": {"format": "jpeg"}}  # fmt: skip
     if "generator" in case:

@@ -193,8 +193,10 @@ def test_two_operators_one_acts_and_a_leader_killed_mid_measurement_is_replaced(
     full_log = lambda op: (op.workdir / "operator.log").read_text(errors="replace")  # noqa: E731
     try:
         cluster.kubectl.wait_for(
-            lambda: sum("leading as" in full_log(op) for op in operators) == 1
-            and any("standing by" in full_log(op) for op in operators),
+            lambda: (
+                sum("leading as" in full_log(op) for op in operators) == 1
+                and any("standing by" in full_log(op) for op in operators)
+            ),
             60,
             "one operator leading, one standing by",
         )

@@ -93,7 +93,7 @@ def describe(cluster: Cluster, namespace: str) -> str:
         f"--- {pod['metadata']['name']}/{container['name']}\n"
         + cluster.kubectl.run(
             "logs", pod["metadata"]["name"], "-c", container["name"], "-n", namespace, "--tail=40", check=False
-        ).stdout  # fmt: skip
+        ).stdout
         for pod in pods
         for container in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
     ]

@@ -114,6 +114,7 @@ def test_a_sweep_over_the_three_servers_names_each_ones_best_for_a_users_exporte
         cluster.kubectl.apply(document, namespace=namespace)
 
         def finished() -> bool:
+            assert operator.process is not None and operator.process.poll() is None, operator.log()[-3000:]
             body = cluster.kubectl.get("servingsweep", "own-model", "-n", namespace)
             return (body.get("status") or {}).get("summary", {}).get("state") in ("Succeeded", "Failed")
 

@@ -116,7 +116,7 @@ def test_a_plan_without_a_count_or_a_spec_without_an_slo_has_no_check() -> None:
     with pytest.raises(ValueError, match="no replica count"):
         plancheck.check_spec(spec, plan.plan(20.0, 10.0, CapacitySpec(), None))
     unjudged = spec.model_copy(update={"slo": spec.slo.model_copy(update={"p99_latency_ms": None})})
-    with pytest.raises(ValueError, match="slo.p99LatencyMs"):
+    with pytest.raises(ValueError, match=r"slo\.p99LatencyMs"):
         plancheck.check_spec(unjudged, plan.plan(20.0, 10.0, CapacitySpec(peak_rps=26.0), None))
 
 

@@ -48,7 +48,7 @@ def closed_loop_document() -> dict[str, Any]:
             "servedOverRaw": 0.02,
             "servedOverBestRaw": 0.0125,
             "note": "no peak figure for this device (CPU)",
-        },  # fmt: skip
+        },
     }
 
 

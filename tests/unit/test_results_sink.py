@@ -168,7 +168,7 @@ def test_a_head_claiming_too_many_parts_is_refused_before_any_part_is_read(claim
     head["data"]["parts"] = claimed
     asked: list[str] = []
     with pytest.raises(ResultsUnreadable, match=f"x-results claims '{claimed}' parts; a document has 1 to 32"):
-        decode_results(head, lambda name: asked.append(name))  # type: ignore[func-returns-value]
+        decode_results(head, asked.append)
     assert asked == []
 
 
@@ -254,3 +254,34 @@ def test_a_levels_percentile_bounds_are_read_and_must_be_numbers() -> None:
     bounds["upper"] = "9.9"
     with pytest.raises(ResultsUnreadable, match=r"results\[0\].latencyMs.intervals.p99.upper: '9.9': Input should"):
         decode_results(stored(), lambda name: None)
+
+
+@pytest.mark.parametrize(
+    ("level", "problem"),
+    [
+        (
+            {"stability": {"windows": [{"start": "soon", "throughputRps": 1.0}]}},
+            "results[0].stability.windows[0].start: 'soon': Input should be a valid number",
+        ),
+        ({"generator": {"saturated": "no"}}, "results[0].generator.saturated: 'no': Input should be a valid boolean"),
+        ({"errorsByKind": {"http_503": 2.5}}, "results[0].errorsByKind.http_503: 2.5: Input should be a valid integer"),
+        ({"requests": True}, "results[0].requests: True: Input should be a valid integer"),
+        (
+            {"phases": [{"name": "step 1", "requests": 1, "errors": 0, "throughputRps": 1.0}]},
+            "results[0].phases[0].seconds: required field is missing",
+        ),
+    ],
+    ids=["window-start", "saturated", "error-count", "bool-count", "phase"],
+)
+def test_a_document_is_read_once_into_its_model_and_any_field_it_gets_wrong_is_named(
+    level: dict[str, Any], problem: str
+) -> None:
+    good = {"throughputRps": 9.0, "requests": 400, "errors": 0, "windowStart": 1.0, "windowEnd": 2.0}
+
+    def stored(entry: dict[str, Any]) -> dict[str, object]:
+        return {"metadata": {"name": "x-results"}, "data": {"results.json": json.dumps({"results": [entry]})}}
+
+    assert decode_results(stored(good), lambda name: None).results[0].requests == 400  # the typed document
+    with pytest.raises(ResultsUnreadable) as refused:
+        decode_results(stored({**good, **level}), lambda name: None)
+    assert str(refused.value) == f"x-results: not a results document: {problem}"

@@ -69,7 +69,7 @@ def test_a_bad_trace_line_is_refused_by_number(tmp_path: Path, text: str, proble
 
 
 def test_a_missing_trace_is_named(tmp_path: Path) -> None:
-    with pytest.raises(shapes.TraceError, match="nowhere.csv"):
+    with pytest.raises(shapes.TraceError, match=r"nowhere\.csv"):
         shapes.read_trace(tmp_path / "nowhere.csv")
 
 
@@ -105,7 +105,7 @@ def experiment(load: dict[str, object]) -> dict[str, object]:
                 },
             },
             "burstSeconds 4 must be shorter",
-        ),  # fmt: skip
+        ),
         ({"mode": "open", "repeats": 2, "shape": {"trace": {"file": "t"}}}, "a shaped run is one run"),
     ],
 )
@@ -167,7 +167,7 @@ def test_a_trace_past_its_bounds_is_refused_naming_the_bound(
 def test_a_trace_file_past_its_size_is_refused_unread(tmp_path: Path) -> None:
     with (tmp_path / "t.csv").open("wb") as big:  # sparse
         big.truncate(shapes.MAX_TRACE_BYTES + 1)
-    with pytest.raises(shapes.TraceError, match="trace t.csv is larger than 64 MiB; at most that is read"):
+    with pytest.raises(shapes.TraceError, match=r"trace t\.csv is larger than 64 MiB; at most that is read"):
         shapes.load_trace(trace("t.csv"), tmp_path)
 
 

@@ -79,9 +79,9 @@ def test_the_search_stops_at_the_raw_ceiling_and_says_so() -> None:
         if not proposal.configs:
             break
         history.append(near_ceiling(proposal.configs[0]))
-    assert proposal.stop_reason is not None and proposal.stop_reason.startswith(
-        "at the model's raw ceiling"
-    ), proposal.stop_reason
+    assert proposal.stop_reason is not None and proposal.stop_reason.startswith("at the model's raw ceiling"), (
+        proposal.stop_reason
+    )
     unguided = run(sweep(guided=False), Server("-", 1, 1, 1, 1, 1))  # the fixed order, for the count
     assert len(history) < len(unguided[0])
 

@@ -80,7 +80,7 @@ def run(spec: SweepSpec, surface: Surface, slots: int = 1) -> tuple[list[Outcome
 def test_search_finds_the_grids_best_within_5_percent_with_at_most_40_percent_of_its_trials(
     surface: Surface, slots: int
 ) -> None:
-    grid_history, grid_stop = run(sweep("grid"), surface)
+    grid_history, _grid_stop = run(sweep("grid"), surface)
     search_history, search_stop = run(sweep("search"), surface, slots)
     grid_best, search_best = best(grid_history), best(search_history)
     assert grid_best is not None and search_best is not None and grid_best.score and search_best.score
@@ -222,5 +222,5 @@ def test_a_kind_axis_is_validated_with_the_rest_of_the_space() -> None:
     assert "spec.space.perKind.litserve.workers.values[0]" in message
     assert "repeat a server" in message
     document["spec"]["space"] = {"kind": {"values": ["litserve"]}, "perKind": {"torchserve": {}}}  # type: ignore[index]
-    with pytest.raises(SpecError, match="perKind.torchserve: not a server of the kind axis"):
+    with pytest.raises(SpecError, match=r"perKind\.torchserve: not a server of the kind axis"):
         parse_sweep(document)

@@ -51,14 +51,14 @@ CASES = [
         SETTINGS,
         Bottleneck.GENERATOR,
         None,
-    ),  # fmt: skip
+    ),
     (
         "an open loop that dropped its sends",
         level(users=None, openLoop={"sentRps": 50, "lateSends": 10, "droppedSends": 40}),
         SETTINGS,
         Bottleneck.GENERATOR,
         None,
-    ),  # fmt: skip
+    ),
     # busy worker (50 ms x 30 batches / 2 s = 0.80), preprocess the largest stage
     ("preprocess dominates", level(pre=40.0, infer=12.0, batches=30.0), SETTINGS, Bottleneck.PREPROCESS, "decode"),
     (
@@ -81,7 +81,7 @@ CASES = [
         ServerSettings(batch_size=8, max_batch_delay_ms=50, workers=1),
         Bottleneck.COMPUTE,
         "maxBatchDelayMs",
-    ),  # fmt: skip
+    ),
     # an idle worker: requests wait on the batch timer
     (
         "a long delay at low load",
@@ -89,28 +89,28 @@ CASES = [
         ServerSettings(batch_size=8, max_batch_delay_ms=100, workers=1),
         Bottleneck.BATCH_DELAY,
         "maxBatchDelayMs",
-    ),  # fmt: skip
+    ),
     (
         "the time is outside the server",
         level(client=100.0, server=30.0, queue=2.0, infer=20.0, batches=10.0),
         SETTINGS,
         Bottleneck.FRONTEND,
         None,
-    ),  # fmt: skip
+    ),
     (
         "one user keeps a worker busy with batches of one",
         level(client=85.0, server=83.0, queue=2.6, infer=60.0, batch=1.0, batches=20.0, rps=10.0, users=1, **COMPUTING),
         SETTINGS,
         Bottleneck.UNDERLOADED,
         None,
-    ),  # fmt: skip
+    ),
     (
         "an idle server",
         level(client=12.0, server=11.0, queue=1.0, infer=8.0, batch=1.0, batches=20.0, users=1),
         SETTINGS,
         Bottleneck.UNDERLOADED,
         None,
-    ),  # fmt: skip
+    ),
     (
         "no breakdown",
         LevelResult(concurrency=4, throughput_rps=10.0, requests=20, errors=0),

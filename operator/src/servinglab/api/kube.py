@@ -60,7 +60,7 @@ _RESOURCE = re.compile(
 def resource_problem(name: str) -> str | None:
     """Why `name` cannot be the GPU resource (None if it can): a vendor's extended resource, such as
     nvidia.com/gpu, nvidia.com/mig-1g.5gb or amd.com/gpu."""
-    if not _RESOURCE.match(name) or name.split("/")[0].endswith("kubernetes.io"):
+    if not _RESOURCE.match(name) or name.split("/", 1)[0].endswith("kubernetes.io"):
         return f"'{name}' is not an extended resource name such as nvidia.com/gpu or nvidia.com/mig-1g.5gb"
     return None
 

@@ -169,7 +169,7 @@ def deployment(owner: Owner, spec: ExperimentSpec, plan: PodPlan) -> Manifest:
                         "runAsGroup": uid,
                         "fsGroup": uid,
                         "seccompProfile": {"type": "RuntimeDefault"},
-                    },  # fmt: skip
+                    },
                     "initContainers": plan.init_containers,
                     "containers": plan.containers,
                     "volumes": plan.volumes,
@@ -401,7 +401,7 @@ def load_job(
                                 *_payload_args(spec),
                                 *_flops_args(flops_per_inference),
                                 *_generator_args(names, generators),
-                            ],  # fmt: skip
+                            ],
                             "env": [
                                 {
                                     "name": "POD_NAMESPACE",

@@ -160,7 +160,7 @@ class InferenceUser(User):
         if self.free_since is not None:
             plan.record_gap((started - self.free_since) * 1000.0)
         try:
-            status, error = exchange(self.http, plan.path, request, plan.check, plan.protocol)
+            _status, error = exchange(self.http, plan.path, request, plan.check, plan.protocol)
         finally:
             self.free_since = time.perf_counter()
             plan.in_flight -= 1

@@ -243,14 +243,14 @@ def document(
             optimize=spec.objective.optimize,
             p99_latency_ms=spec.template.slo.p99_latency_ms,
             max_error_rate=spec.objective.max_error_rate,
-        ),  # fmt: skip
+        ),
         trials=[record.model_copy(update={"results": None}) for record in ordered],
         counts=SweepCounts(
             succeeded=sum(1 for record in ordered if record.state == SUCCEEDED),
             infeasible=sum(1 for record in ordered if record.state == INFEASIBLE),
             pruned=len(pruned),
             run=len(ordered),
-        ),  # fmt: skip
+        ),
         pruned=pruned,
         best=named_best(sweep, ordered, confirmation),
         best_per_kind=[_best_of(found) for found in sorted(tops, key=lambda r: -(objective.of(spec.objective, r) or 0))]

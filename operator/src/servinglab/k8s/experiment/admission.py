@@ -72,16 +72,14 @@ class GpuQueue:
             on_change=self._changed,
         )  # fmt: skip
         self.experiments = {
-            namespace: Informer(
-                kube, Ref(GROUP_VERSION, KIND, namespace), _tracked, on_change=self._changed
-            )  # fmt: skip
+            namespace: Informer(kube, Ref(GROUP_VERSION, KIND, namespace), _tracked, on_change=self._changed)
             for namespace in (namespaces or [""])
         }
         # a namespace's GPU quota bounds it as nodes do: admitted past it, its server's pods would be refused
         self.quotas = {
             namespace: Informer(
                 kube, Ref("v1", "ResourceQuota", namespace), lambda b: quota_of(b, resource), on_change=self._changed
-            )  # fmt: skip
+            )
             for namespace in (namespaces or [""])
         }
         self._rules: dict[str, tuple[NamespaceRules, float]] = {}

@@ -65,8 +65,7 @@ async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
     except ResultsMissing as exc:
         await experiment.fail(
             "ResultsMissing",
-            f"the load Job finished without readable results ({exc}); Job {experiment.names.load} and its log "
-            "are kept",
+            f"the load Job finished without readable results ({exc}); Job {experiment.names.load} and its log are kept",
         )
         return
     except ResultsUnreadable as exc:
@@ -148,7 +147,7 @@ async def gpu_figures(
             figures[index] = GpuFigures.model_validate(
                 await reader.window(
                     experiment.namespace, pod, level.window_start, level.window_end, level.requests - level.errors
-                )  # fmt: skip
+                )
             )
     except PrometheusError as exc:
         return {}, (False, exc.reason, str(exc))

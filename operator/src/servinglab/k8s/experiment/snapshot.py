@@ -41,7 +41,7 @@ class _NoAliases(yaml.SafeLoader):
     """YAML as yaml.safe_dump writes a validated document: no anchors, no aliases."""
 
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
-        if self.check_event(yaml.AliasEvent):  # type: ignore[no-untyped-call]
+        if self.check_event(yaml.AliasEvent):
             raise yaml.YAMLError("aliases are not allowed in a snapshot")
         return super().compose_node(parent, index)
 

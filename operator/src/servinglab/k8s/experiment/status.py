@@ -100,7 +100,7 @@ class Experiment:
                 "name": self.name,
                 "namespace": self.namespace,
                 "uid": self.uid,
-            },  # fmt: skip
+            },
             "type": kind,
             "reason": reason,
             "message": message[:1000],

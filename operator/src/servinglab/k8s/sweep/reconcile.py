@@ -89,7 +89,7 @@ def trial_manifest(
                     "controller": True,
                     "blockOwnerDeletion": True,
                 }
-            ],  # fmt: skip
+            ],
         },
         "spec": trial_spec(sweep.spec, config).model_dump(by_alias=True, mode="json", exclude_none=True),
     }

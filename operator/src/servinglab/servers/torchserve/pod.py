@@ -83,7 +83,7 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
             f"{CONFIG_DIR}/config.properties",
             "--model-store",
             MODEL_STORE,
-        ],  # fmt: skip
+        ],
         "env": [
             {"name": "LOG_LOCATION", "value": SERVER_LOGS},
             {"name": "METRICS_LOCATION", "value": SERVER_LOGS},

@@ -83,7 +83,7 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
             f"--allow-gpu-metrics={'true' if gpus else 'false'}",
             *([] if gpus else ["--pinned-memory-pool-byte-size=0"]),
             "--exit-timeout-secs=10",
-        ],  # fmt: skip
+        ],
         "env": [{"name": "TMPDIR", "value": "/tmp"}],
         "ports": [
             {"name": "inference", "containerPort": INFERENCE_PORT},
@@ -99,7 +99,7 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
             "httpGet": {"path": "/v2/health/live", "port": "inference"},
             "initialDelaySeconds": 30,
             "periodSeconds": 10,
-        },  # fmt: skip
+        },
         "resources": resources,
         "volumeMounts": [
             {"name": "model-store", "mountPath": REPOSITORY, "readOnly": True},
