@@ -86,8 +86,9 @@ def latest(name: str, timeout: float) -> str:
 
 
 def newer(pinned: str, newest: str) -> bool:
+    """Whether any of a name's pins ("2.4.6 / 1.26.4" when pinned differently in two places) is behind."""
     try:
-        return all(Version(newest) > Version(v.strip()) for v in pinned.split("/"))
+        return any(Version(newest) > Version(v.strip()) for v in pinned.split("/"))
     except InvalidVersion:
         return newest not in pinned
 

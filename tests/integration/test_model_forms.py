@@ -192,3 +192,29 @@ def test_a_users_models_take_the_forms_they_can(tmp_path: Path) -> None:
     assert refused.value.reason == "FormNotSupported" and "spec.server.form: torchscript cannot be built" in str(
         refused.value
     )
+
+
+def test_on_a_keyed_cache_a_changed_form_is_built_again_not_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy
+    import onnx
+    from onnx import numpy_helper
+
+    monkeypatch.setenv("SERVINGLAB_MODEL_CACHE_KEY", "k3y")  # as the server pod's model init container has it
+    served = servers.get("litserve").prepare_model(ExperimentSpec.model_validate({"model": {"name": "tiny"}}),
+                                                   tmp_path / "work")  # fmt: skip
+    server = ServerSpec(gpus=0, batch_size=2, form="onnxruntime")
+    first = forms.prepare(server, served.packed, [1, 2], gpu=False, cache=tmp_path / "forms")
+    assert first is not None and first.cache_key is not None and not first.cached
+    entry = tmp_path / "forms" / first.cache_key
+    assert (tmp_path / "forms" / f"{first.cache_key}.manifest.json").is_file(), "signed once whole"
+    assert forms.prepare(server, served.packed, [1, 2], gpu=False, cache=tmp_path / "forms").cached  # type: ignore[union-attr]
+    graph = onnx.load(str(entry / "servinglab-form.onnx"))  # changed by someone without the key
+    for initializer in graph.graph.initializer:
+        values = numpy_helper.to_array(initializer)
+        if values.dtype == numpy.float32:
+            initializer.CopyFrom(numpy_helper.from_array(values * 1.5 + 0.25, initializer.name))
+    onnx.save(graph, str(entry / "servinglab-form.onnx"))
+    again = forms.prepare(server, served.packed, [1, 2], gpu=False, cache=tmp_path / "forms")
+    assert again is not None and not again.cached and again.gate is not None and again.gate.passed

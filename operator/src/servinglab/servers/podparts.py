@@ -10,8 +10,10 @@ operator's per-experiment Secret, never from the ConfigMap, whose spec has it re
 servinglab's code, so it alone mounts the model cache claim (read-write: it keeps downloads and builds
 there), and it alone gets the key that signs the builds' manifests there (the operator's key Secret). A
 user's model is then counted (`servinglab count-model`, which loads it: a .pt2 unpickles) by a second init
-container (`probe`) with the model store read-only and no cache, claim or credentials. Every emptyDir has a
-sizeLimit (the model store's from the source's maxBytes), so a model cannot fill the node's disk.
+container (`probe`) with the model store read-only and no cache, claim or credentials. `server.form` is built
+and gated by `servinglab prepare-form` (the local path's code): a built-in's in `model`, cached on the claim; a
+user's model's in a third init container (`form`), as bare as `probe` but for the writable model store. Every
+emptyDir has a sizeLimit (the model store's from the source's maxBytes), so a model cannot fill the node's disk.
 """
 
 from __future__ import annotations
