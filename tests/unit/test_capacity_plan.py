@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from servinglab.api import SpecError, grid, parse_sweep, trial_name
 from servinglab.api.capacity import NO_CAPACITY, NO_PEAK, CapacitySpec
-from servinglab.api.cost import CostSpec
+from servinglab.api.cost import CostFigures, CostSpec
 from servinglab.api.results import ExperimentResults
 from servinglab.api.trials import SweepBest
 from servinglab.cli import main
@@ -81,6 +81,18 @@ def test_a_confirmed_winner_plans_at_its_mean_and_says_what_its_interval_low_end
     # the autoscalers may go as high as the interval's low end would need
     assert (found.replicas, found.replicas_at_low, found.min_replicas, found.max_replicas) == (4, 5, 2, 5)
     assert found.in_flight == 12.0 and found.configuration == "b8-d50-w1-fp32"
+
+
+def test_a_winner_measured_on_several_replicas_plans_per_replica_at_the_price_it_was_measured_at() -> None:
+    sweep = parse_sweep(sweep_document())
+    priced = CostFigures(throughput_rps=600.0, price_per_hour=0.35, currency="EUR", replicas=2)
+    best = SweepBest(trial="t", config=grid(sweep.spec)[1], capacity_rps=600.0, low_rps=500.0, high_rps=720.0,
+                     latency_mean_ms=40.0, confidence="Confirmed", cost=priced)  # fmt: skip
+    found = plan.of_sweep(best, CapacitySpec(peak_rps=960, headroom=0.2), None, replicas=2)
+    # two replicas answered 600 rps: one carries 300, so the peak needs 4 of them, as for a one-replica winner
+    assert (found.capacity_rps, found.low_rps, found.high_rps, found.replicas) == (300.0, 250.0, 360.0, 4)
+    # no template price: the one its trials were measured at (a cluster's chart), per replica
+    assert (found.price_per_hour, found.currency, found.cost_per_hour) == (0.35, "EUR", 1.4)
 
 
 def test_the_users_floor_is_kept_above_what_the_peak_needs() -> None:

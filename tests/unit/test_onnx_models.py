@@ -179,3 +179,72 @@ def test_the_handler_runs_it_in_onnx_runtime_as_torch_runs_the_module(classifier
     fixed = OnnxModel(str(refusals.fixed_batch), torch.device("cpu"))
     assert "server.batchSize 4" in str(onnx_refusal(fixed, torch.float32, "none", 4))
     assert onnx_refusal(fixed, torch.float32, "none", 1) is None
+
+
+def _external(name: str) -> TensorProto:
+    """A 16-float tensor whose data is said to live in weights.bin beside the model."""
+    tensor = helper.make_tensor(name, TensorProto.FLOAT, [16], [0.0] * 16)
+    del tensor.float_data[:]
+    tensor.data_location = TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="weights.bin")
+    return tensor
+
+
+def _with_functions(path: Path, nodes: list[onnx.NodeProto], functions: list[onnx.FunctionProto]) -> Path:
+    """A model of `nodes` (x -> y, batch x 16) with these functions, importing the opset (and com.example.fns,
+    the functions' domain, where it has any)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
+    opsets = [helper.make_opsetid("", 17)] + [helper.make_opsetid("com.example.fns", 1)] * bool(functions)
+    model = helper.make_model(helper.make_graph(nodes, "fns", [x], [y]), opset_imports=opsets, functions=functions)
+    onnx.save_model(model, str(path))
+    return path
+
+
+def _function(name: str, body: list[onnx.NodeProto], *domains: str) -> onnx.FunctionProto:
+    opsets = [helper.make_opsetid("", 17), *(helper.make_opsetid(domain, 1) for domain in domains)]
+    return helper.make_function("com.example.fns", name, ["a"], ["b"], body, opsets)
+
+
+_DOUBLE = _function("Double", [helper.make_node("Add", ["a", "a"], ["b"])])
+
+
+def _refused(path: Path, into: Path) -> str:
+    with pytest.raises(ModelError) as refused:
+        prepare(model_ref(path, {"kind": "tensor", "shape": [16]}), into / "mine")
+    assert refused.value.reason == "ModelNotSupported"
+    assert str(path) in str(refused.value)
+    return str(refused.value)
+
+
+def test_a_function_makes_loadable_only_the_operator_it_defines_not_its_domain(tmp_path: Path) -> None:
+    nodes = [helper.make_node("Double", ["x"], ["d"], domain="com.example.fns"),
+             helper.make_node("Scramble", ["d"], ["y"], domain="com.example.fns")]  # fmt: skip
+    message = _refused(_with_functions(tmp_path / "fns.onnx", nodes, [_DOUBLE]), tmp_path)
+    assert "domain(s) com.example.fns (Scramble)" in message
+    served = _with_functions(tmp_path / "served.onnx", nodes[:1] + [helper.make_node("Identity", ["d"], ["y"])],
+                             [_DOUBLE])  # fmt: skip
+    prepare(model_ref(served, {"kind": "tensor", "shape": [16]}), tmp_path / "served")  # its own function: served
+
+
+def test_a_custom_domain_inside_a_function_body_is_refused(tmp_path: Path) -> None:
+    body = [helper.make_node("Scramble", ["a"], ["b"], domain="com.example.custom")]
+    wrap = _function("Wrap", body, "com.example.custom")  # imported by the function only, not the model
+    nodes = [helper.make_node("Wrap", ["x"], ["y"], domain="com.example.fns")]
+    message = _refused(_with_functions(tmp_path / "wrapped.onnx", nodes, [wrap]), tmp_path)
+    assert "domain(s) com.example.custom (Scramble)" in message
+
+
+def test_external_data_in_a_function_constant_is_refused(tmp_path: Path) -> None:
+    body = [helper.make_node("Constant", [], ["w"], value=_external("w")), helper.make_node("Add", ["a", "w"], ["b"])]
+    nodes = [helper.make_node("Weighted", ["x"], ["y"], domain="com.example.fns")]
+    message = _refused(_with_functions(tmp_path / "weighted.onnx", nodes, [_function("Weighted", body)]), tmp_path)
+    assert "external data (weights.bin)" in message
+
+
+def test_external_data_in_a_sparse_tensor_attribute_is_refused(tmp_path: Path) -> None:
+    indices = helper.make_tensor("i", TensorProto.INT64, [1], [0])
+    sparse = helper.make_sparse_tensor(_external("s"), indices, [16])
+    nodes = [helper.make_node("Constant", [], ["s"], sparse_value=sparse), helper.make_node("Identity", ["x"], ["y"])]
+    message = _refused(_with_functions(tmp_path / "sparse.onnx", nodes, []), tmp_path)
+    assert "external data (weights.bin)" in message

@@ -161,3 +161,15 @@ def test_a_trial_that_ended_out_of_memory_on_a_cluster_prunes_larger_configurati
         assert rollup.classify_failure(failure) == OUT_OF_MEMORY
         history = [search.Outcome(small, None, feasible=False, reason=rollup.classify_failure(failure))]
         assert search.pruned_by(history, large) == "implied by OutOfMemory at b8-d5-w1-fp16"
+
+
+def test_a_replica_counts_as_serving_only_once_its_ready_condition_is_true() -> None:
+    def pod(phase: str, ready: str | None) -> dict[str, object]:
+        conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
+        return {"metadata": {"name": "p"}, "status": {"phase": phase, "conditions": conditions}}
+
+    assert diagnose.pod_ready(pod("Running", "True"))
+    # a replacement that runs but does not pass its readiness probe yet, and one that has not started
+    assert not diagnose.pod_ready(pod("Running", "False"))
+    assert not diagnose.pod_ready(pod("Running", None))
+    assert not diagnose.pod_ready(pod("Pending", "True"))

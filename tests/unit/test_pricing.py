@@ -38,6 +38,9 @@ def test_a_gpu_product_is_priced_per_gpu_the_replica_holds() -> None:
     relabelled = CHART.model_copy(update={"gpu_product_label": "example.com/gpu"})
     assert pricing.resolve(None, relabelled, "gpu-t4-0", T4, 1) is None
     assert pricing.resolve(None, relabelled, "n", {"example.com/gpu": "Tesla-T4"}, 1) is not None
+    # a MIG slice is not the whole GPU the product label names: no per-GPU price for it (the node's would do)
+    assert pricing.resolve(None, CHART, "gpu-t4-0", T4, 1, "nvidia.com/mig-1g.5gb") is None
+    assert pricing.resolve(None, CHART, "gpu-t4-0", T4, 1, "amd.com/gpu") is not None
 
 
 def test_a_node_is_priced_by_name_and_a_replica_without_gpus_never_by_the_gpu() -> None:

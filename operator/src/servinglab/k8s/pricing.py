@@ -65,14 +65,21 @@ def parse(text: str) -> Pricing:
 
 
 def resolve(
-    cost: CostSpec | None, pricing: Pricing, node: str | None, labels: Mapping[str, str], gpus: int
+    cost: CostSpec | None,
+    pricing: Pricing,
+    node: str | None,
+    labels: Mapping[str, str],
+    gpus: int,
+    gpu_resource: str = "nvidia.com/gpu",
 ) -> Price | None:
-    """The price of one replica holding `gpus` GPUs on node `node` (with its `labels`): the spec's, else the
-    chart's per GPU of the node's product, else the chart's for the node; None if none applies."""
+    """The price of one replica holding `gpus` GPUs (of `gpu_resource`) on node `node` (with its `labels`):
+    the spec's, else the chart's per GPU of the node's product, else the chart's for the node; None if none
+    applies. A slice of a GPU (a MIG profile: the product label names the whole GPU) is not priced as one."""
     if cost is not None:
         return spec_price(cost)
     product = labels.get(pricing.gpu_product_label)
-    if gpus >= 1 and product is not None and product in pricing.per_gpu_product:
+    whole = gpu_resource.rsplit("/", 1)[-1] == "gpu"
+    if gpus >= 1 and whole and product is not None and product in pricing.per_gpu_product:
         per_gpu = pricing.per_gpu_product[product]
         return Price(price_per_hour=float(f"{per_gpu * gpus:.6g}"), currency=pricing.currency,
                      source=f"gpu product {product}")  # fmt: skip

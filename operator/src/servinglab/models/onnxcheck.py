@@ -8,8 +8,9 @@ refused with the reason the experiment ends with and a message naming `model.sou
 - tensors whose data lives in external files (`data_location: EXTERNAL`): the model is one file, checked
   by its digest and bounded by maxBytes; a file it names beside it would be neither (ModelNotSupported);
 - operators of a domain ONNX Runtime does not load: the default (`""`, `ai.onnx`), `ai.onnx.ml` and ONNX
-  Runtime's own `com.microsoft` are loadable, as are the model's own functions; a custom domain needs a
-  custom-op library servinglab does not load (ModelNotSupported, the domain named);
+  Runtime's own `com.microsoft` are loadable, as are the operators the model's own functions define (each by
+  its domain and name; the functions' bodies are checked as the graph is); any other needs a custom-op library
+  servinglab does not load (ModelNotSupported, the domain and operator named);
 - inputs the handler cannot feed: exactly one graph input, of the rank, element type and sizes of
   `model.input` with a batch dimension first, which must be dynamic when `server.batchSize` > 1
   (ModelNotSupported, the field named);
@@ -55,7 +56,12 @@ def parse(path: Path) -> Any | None:
 def _graphs(graph: Any) -> Iterator[Any]:
     """The graph and every subgraph in its nodes' attributes (If, Loop, Scan bodies)."""
     yield graph
-    for node in graph.node:
+    yield from _subgraphs(graph.node)
+
+
+def _subgraphs(nodes: Any) -> Iterator[Any]:
+    """Every graph in these nodes' attributes, and the subgraphs in those, at any depth."""
+    for node in nodes:
         for attribute in node.attribute:
             if attribute.HasField("g"):
                 yield from _graphs(attribute.g)
@@ -63,21 +69,38 @@ def _graphs(graph: Any) -> Iterator[Any]:
                 yield from _graphs(sub)
 
 
+def _node_lists(model: Any) -> Iterator[Any]:
+    """Every list of nodes the model holds: its graph's and subgraphs', and its functions' bodies (a function's
+    node runs as much as the graph's: ONNX Runtime inlines it) with their subgraphs."""
+    for graph in _graphs(model.graph):
+        yield graph.node
+    for function in model.functions:
+        yield function.node
+        for graph in _subgraphs(function.node):
+            yield graph.node
+
+
 def _tensors(model: Any) -> Iterator[tuple[str, Any]]:
-    """(where, tensor) for every tensor the model holds: initializers, sparse ones, node attributes."""
+    """(where, tensor) for every tensor the model holds: initializers, sparse ones, node attributes (in the
+    graph, its subgraphs and the model's functions)."""
     for graph in _graphs(model.graph):
         for tensor in graph.initializer:
             yield f"initializer {tensor.name!r}", tensor
         for sparse in graph.sparse_initializer:
             yield f"sparse initializer {sparse.values.name!r}", sparse.values
             yield f"sparse initializer {sparse.values.name!r}", sparse.indices
-        for node in graph.node:
+    for nodes in _node_lists(model):
+        for node in nodes:
             for attribute in node.attribute:
                 where = f"node {node.name or node.op_type!r} attribute {attribute.name!r}"
                 if attribute.HasField("t"):
                     yield where, attribute.t
                 for tensor in attribute.tensors:
                     yield where, tensor
+                sparses = [attribute.sparse_tensor] if attribute.HasField("sparse_tensor") else []
+                for sparse in [*sparses, *attribute.sparse_tensors]:
+                    yield where, sparse.values
+                    yield where, sparse.indices
 
 
 def _refuse_external_data(source: ModelSource, model: Any) -> None:
@@ -95,17 +118,26 @@ def _refuse_external_data(source: ModelSource, model: Any) -> None:
 
 
 def _refuse_domains(source: ModelSource, model: Any) -> None:
-    own = {function.domain for function in model.functions}
-    used = {entry.domain for entry in model.opset_import}
-    for graph in _graphs(model.graph):
-        used |= {node.domain for node in graph.node}
-    custom = sorted(used - set(LOADABLE_DOMAINS) - own)
-    if custom:
+    # a model's function makes loadable the one operator it defines (domain, name), not its whole domain
+    own = {(function.domain, function.name) for function in model.functions}
+    loadable = set(LOADABLE_DOMAINS)
+    imported = {entry.domain for entry in model.opset_import}
+    for function in model.functions:
+        imported |= {entry.domain for entry in function.opset_import}
+    # a domain imported only for the model's functions names no operator ONNX Runtime must find elsewhere
+    custom_ops: dict[str, set[str]] = {domain: set() for domain in imported - loadable - {d for d, _ in own}}
+    for nodes in _node_lists(model):
+        for node in nodes:
+            if node.domain not in loadable and (node.domain, node.op_type) not in own:
+                custom_ops.setdefault(node.domain, set()).add(node.op_type)
+    if custom_ops:
+        named = ", ".join(f"{domain} ({', '.join(sorted(ops))})" if ops else domain
+                          for domain, ops in sorted(custom_ops.items()))  # fmt: skip
         raise ModelSourceError(
             _NOT_SUPPORTED,
-            f"{source.describe()}: the ONNX model uses operators of the domain(s) {', '.join(custom)}, which "
-            "ONNX Runtime loads only from a custom-op library servinglab does not load; it serves the domains "
-            f"{', '.join(repr(d) for d in LOADABLE_DOMAINS)}",
+            f"{source.describe()}: the ONNX model uses operators of the domain(s) {named}, which ONNX Runtime "
+            "loads only from a custom-op library servinglab does not load (the model's own functions define "
+            f"none of these); it serves the domains {', '.join(repr(d) for d in LOADABLE_DOMAINS)}",
         )
 
 

@@ -41,7 +41,7 @@ def plan_files(sweep: ServingSweep, best: SweepBest) -> dict[str, str]:
     """capacity-plan.yaml, and with a replica count and an in-flight target the autoscalers' documents (the
     workload they scale is named like the exported experiment: `<sweep>-best`); with a replica count and an
     SLO, plan-check.yaml: the experiment that runs the plan at its peak (:mod:`servinglab.sweep.plancheck`)."""
-    found = plan.of_sweep(best, sweep.spec.capacity, sweep.spec.template.cost)
+    found = plan.of_sweep(best, sweep.spec.capacity, sweep.spec.template.cost, sweep.spec.template.server.replicas)
     name = f"{sweep.metadata.name[:47]}-best"
     header = f"# The capacity plan of sweep {sweep.metadata.name}'s best: {best.config.label()}\n"
     files = {"capacity-plan.yaml": header + yaml.safe_dump(found.model_dump(by_alias=True, exclude_none=True),

@@ -83,11 +83,18 @@ def plan(
     return base.model_copy(update={**figures, "reason": "; ".join(reasons) or None})
 
 
-def of_sweep(best: SweepBest | None, wanted: CapacitySpec | None, price: CostSpec | None) -> CapacityPlan:
-    """The plan for a sweep's named best (its confirmation's mean and interval when confirmed)."""
+def of_sweep(
+    best: SweepBest | None, wanted: CapacitySpec | None, price: CostSpec | None, replicas: int = 1
+) -> CapacityPlan:
+    """The plan for a sweep's named best (its confirmation's mean and interval when confirmed), measured on
+    `replicas` replicas (the template's): the plan is per replica. Without a price of its own, the price its
+    trials were measured at (the chart's, on a cluster that prices its nodes)."""
     if best is None:
         return plan(None, None, wanted, price)
-    return plan(best.capacity_rps, best.latency_mean_ms, wanted, price, (best.low_rps, best.high_rps),
+    if price is None and best.cost is not None and best.cost.price_per_hour:
+        price = CostSpec(price_per_hour=best.cost.price_per_hour, currency=best.cost.currency or "USD")
+    low, high = (None if bound is None else bound / replicas for bound in (best.low_rps, best.high_rps))
+    return plan(best.capacity_rps / replicas, best.latency_mean_ms, wanted, price, (low, high),
                 best.config.label())  # fmt: skip
 
 
@@ -98,7 +105,9 @@ def of_experiment(document: ExperimentResults, wanted: CapacitySpec | None, pric
         return plan(None, None, wanted, price)
     level = next((level for level in document.results if level.throughput_rps == best.throughput_rps
                   and level.concurrency == best.concurrency and level.rate_rps == best.rate_rps), None)  # fmt: skip
-    return plan(best.throughput_rps, level.latency_ms.mean if level else None, wanted, price,
+    # the plan is per replica: a level answered by several divides among them
+    replicas = (document.runtime.server_replicas if document.runtime is not None else None) or 1
+    return plan(best.throughput_rps / replicas, level.latency_ms.mean if level else None, wanted, price,
                 configuration=f"level {best.label}")  # fmt: skip
 
 

@@ -127,7 +127,7 @@ async def price_of(experiment: Experiment, spec: ExperimentSpec) -> Price | None
                 Ref("v1", "Node", ""), field_selector=f"metadata.name={node}", cached=True
             )
             labels = (found[0]["metadata"].get("labels") or {}) if found else {}
-    return pricing.resolve(spec.cost, chart, node, labels, spec.server.gpus)
+    return pricing.resolve(spec.cost, chart, node, labels, spec.server.gpus, experiment.settings.gpu_resource)
 
 
 async def gpu_figures(
@@ -139,15 +139,17 @@ async def gpu_figures(
     if reader is None:
         return {}, (False, "NotConfigured", "no Prometheus URL in spec.metrics or the operator settings")
     pod = experiment.status.server_pod or ""
+    # DCGM's figures are one pod's: with several replicas its energy is not the energy of the requests all of
+    # them answered, so no energy per inference (0 answered leaves it out), and the condition says so
+    replicas = experiment.status.server_replicas or 1
     figures: dict[int, GpuFigures] = {}
     try:
         for index, level in enumerate(levels):
             if level.window_start is None or level.window_end is None:
                 continue
+            answered = level.requests - level.errors if replicas == 1 else 0
             figures[index] = GpuFigures.model_validate(
-                await reader.window(
-                    experiment.namespace, pod, level.window_start, level.window_end, level.requests - level.errors
-                )
+                await reader.window(experiment.namespace, pod, level.window_start, level.window_end, answered)
             )
     except PrometheusError as exc:
         return {}, (False, exc.reason, str(exc))
@@ -156,4 +158,5 @@ async def gpu_figures(
         return {}, (False, "PrometheusQueryFailed", f"{reader.shown}: unusable GPU figures ({figure})")
     if not any(value is not None for level in figures.values() for value in dict(level).values()):
         return figures, (False, "NoData", f"Prometheus at {reader.shown} has no DCGM metrics for pod {pod}")
-    return figures, (True, "Measured", f"DCGM metrics of pod {pod} from {reader.shown}")
+    one_of = f" (one of {replicas} replicas; no energy per inference)" if replicas > 1 else ""
+    return figures, (True, "Measured", f"DCGM metrics of pod {pod}{one_of} from {reader.shown}")

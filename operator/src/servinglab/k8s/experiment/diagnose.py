@@ -30,6 +30,15 @@ PULL_FAILED = (*PULL_NEVER, "ErrImagePull", "ImagePullBackOff")
 CONFIG_MISSING = "CreateContainerConfigError"
 
 
+def pod_ready(pod: Manifest) -> bool:
+    """The pod runs and its Ready condition is True (its containers pass their readiness probes)."""
+    status = pod.get("status", {})
+    conditions: list[Manifest] = status.get("conditions") or []
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+    )
+
+
 def unschedulable_reason(pods: list[Manifest]) -> str | None:
     """The scheduler's message when the server pod cannot be placed (e.g. no node has the GPUs)."""
     for pod in pods:

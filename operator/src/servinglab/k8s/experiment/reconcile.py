@@ -298,9 +298,9 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
     wanted = spec.server.replicas
     if ((deployment or {}).get("status", {}).get("availableReplicas") or 0) >= wanted:
         # the load starts once every replica serves; the first by name stands for them where one pod is read
-        running = [p for p in server_pods if p.get("status", {}).get("phase") == "Running"
-                   and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
-        ready = sorted(running, key=lambda p: str(p["metadata"]["name"]))
+        # (a replacement not yet Ready is not one of them: at most `wanted` Ready pods are counted)
+        running = [p for p in server_pods if diagnose.pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
+        ready = sorted(running, key=lambda p: str(p["metadata"]["name"]))[:wanted]
         names = [p["metadata"]["name"] for p in ready]
         pod_name = names[0] if names else ""
         model = diagnose.model_description(ready[0]) if ready else None
