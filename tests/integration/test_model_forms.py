@@ -21,7 +21,7 @@ from servinglab import servers
 from servinglab.api import ExperimentSpec, PayloadFormat, ServerSpec
 from servinglab.api.exitcodes import ExitCode
 from servinglab.loadgen.payloads import make_payloads
-from servinglab.models import forms
+from servinglab.models import digests, forms
 from usermodels import make_user_models
 
 CPU_FORMS = ("eager", "torchscript", "compile", "onnxruntime")
@@ -209,7 +209,16 @@ def test_on_a_keyed_cache_a_changed_form_is_built_again_not_reused(
     assert first is not None and first.cache_key is not None and not first.cached
     entry = tmp_path / "forms" / first.cache_key
     assert (tmp_path / "forms" / f"{first.cache_key}.manifest.json").is_file(), "signed once whole"
+    answers: list[dict[str, object]] = []  # the child's answers, watched on their way (the real child runs)
+    child = forms._run_child
+    monkeypatch.setattr(forms, "_run_child", lambda request: answers.append(child(request)) or answers[-1])
     assert forms.prepare(server, served.packed, [1, 2], gpu=False, cache=tmp_path / "forms").cached  # type: ignore[union-attr]
+    signed = json.loads((tmp_path / "forms" / f"{first.cache_key}.manifest.json").read_text())["files"]
+    gated = Path(str(answers[-1]["file"]))  # what the gate loaded: a copy beside the model, not the cache's file
+    assert gated.parent == served.packed and (tmp_path / "forms") not in gated.parents
+    placed = served.packed / "servinglab-form.onnx"
+    assert digests.file_sha256(placed) == signed["servinglab-form.onnx"] and not gated.exists(), "moved into place"
+    monkeypatch.setattr(forms, "_run_child", child)
     graph = onnx.load(str(entry / "servinglab-form.onnx"))  # changed by someone without the key
     for initializer in graph.graph.initializer:
         values = numpy_helper.to_array(initializer)

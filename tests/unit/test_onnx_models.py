@@ -222,7 +222,7 @@ def test_a_function_makes_loadable_only_the_operator_it_defines_not_its_domain(t
              helper.make_node("Scramble", ["d"], ["y"], domain="com.example.fns")]  # fmt: skip
     message = _refused(_with_functions(tmp_path / "fns.onnx", nodes, [_DOUBLE]), tmp_path)
     assert "domain(s) com.example.fns (Scramble)" in message
-    served = _with_functions(tmp_path / "served.onnx", nodes[:1] + [helper.make_node("Identity", ["d"], ["y"])],
+    served = _with_functions(tmp_path / "served.onnx", [*nodes[:1], helper.make_node("Identity", ["d"], ["y"])],
                              [_DOUBLE])  # fmt: skip
     prepare(model_ref(served, {"kind": "tensor", "shape": [16]}), tmp_path / "served")  # its own function: served
 

@@ -183,28 +183,45 @@ class Builder:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def reusable(self, entry: Path) -> bool:
-        """Whether the cache's entry is whole (its record is written last) and, with a key, signed as is."""
+    def reusable(self, entry: Path) -> dict[str, str] | None:
+        """The digests the cache's entry is reused with, or None when it is not: whole (its record is written
+        last) and, with a key, signed as is (its manifest's files); without a key, {} (nothing to hold it to)."""
         from servinglab.models import digests
 
         if not (entry / RECORD_FILE).is_file():
-            return False
+            return None
         if (key := digests.env_key()) is None:
-            return True
+            return {}
         listed = digests.read_manifest(_manifest(entry), key, {"cacheKey": self.key})
-        return listed is not None and digests.difference(entry, listed) is None
+        return listed if listed is not None and digests.difference(entry, listed) is None else None
+
+    def private_copy(self, entry: Path, file: str, listed: dict[str, str] | None) -> Path:
+        """The entry's file copied beside the model (the folder the server is given, not the shared cache) and,
+        when the entry was reused by its signed manifest, held to the manifest's digest: the copy is what is
+        gated and served, so a file swapped in the cache after its check is never read again."""
+        from servinglab.models import digests
+
+        copy = Path(self.request.get("verifiedFile") or Path(self.request["folder"]) / f".verified-{file}")
+        copy.unlink(missing_ok=True)
+        shutil.copyfile(entry / file, copy)
+        if listed and (found := digests.file_sha256(copy)) != listed.get(file):
+            copy.unlink()
+            raise RuntimeError(f"the cached {file} changed after its manifest was checked (sha256 {found}, the "
+                               f"manifest says {listed.get(file)})")  # fmt: skip
+        return copy
 
     def run(self) -> dict[str, Any]:
         from servinglab.models import digests
 
         entry = Path(self.request["cacheDir"]) / self.key
         record = entry / RECORD_FILE
-        cached = self.reusable(entry)
+        listed = self.reusable(entry)
+        cached = listed is not None
         begun = time.monotonic()
         if not cached:
             self.build(entry)
         file = FORM_FILES.get(self.form)
-        path = entry / file if file else None
+        path = self.private_copy(entry, file, listed) if file else None
         if cached and path is None:  # compile: nothing kept but the record of its build and gate
             return {**json.loads(record.read_text()), "buildSeconds": 0.0, "cached": True}
         model = self.served(path)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +93,8 @@ def prepare(server: ServerSpec, folder: Path, batch_sizes: list[int], gpu: bool,
         "compile": str(server.compile_mode()), "cacheDir": str(cache or cache_dir()),
         "device": "cuda" if gpu else "cpu",
     }  # fmt: skip
+    if form in FORM_FILES:
+        request["verifiedFile"] = str(verified_copy(folder, FORM_FILES[form]))
     if packed is None:
         request.update(modelFile="model.py", serializedFile="weights.pt")
     else:
@@ -104,7 +105,16 @@ def prepare(server: ServerSpec, folder: Path, batch_sizes: list[int], gpu: bool,
         shape = declared["shape"] if declared.get("kind") == "tensor" else [3, declared["size"], declared["size"]]
         name = next(name for name, fmt in _USER_FILES.items() if fmt == packed)
         request.update(serializedFile=name, inputShape=shape)
-    built = _run_child(request)
+    try:
+        return _gated(server, folder, _run_child(request))
+    finally:  # the child's copy, where the form failed or the build stopped before it was moved into place
+        if form in FORM_FILES:
+            verified_copy(folder, FORM_FILES[form]).unlink(missing_ok=True)
+
+
+def _gated(server: ServerSpec, folder: Path, built: dict[str, object]) -> FormRun:
+    """The child's answer read; its gated copy moved into place, or the failure raised."""
+    form = server.form
     if "failed" in built:
         raise FormError(FORM_NOT_BUILT, f"spec.server.form: {form} could not be built: {built['failed']}")
     run = FormRun.model_validate(built)
@@ -118,9 +128,15 @@ def prepare(server: ServerSpec, folder: Path, batch_sizes: list[int], gpu: bool,
         )  # fmt: skip
     if form in FORM_FILES and built.get("file"):
         placed = folder / FORM_FILES[form]
-        placed.unlink(missing_ok=True)
-        shutil.copyfile(str(built["file"]), placed)  # a copy: what is served is what was gated
+        # the child's own copy (checked against the signed manifest, then gated): the cache is not read again
+        os.replace(str(built["file"]), placed)
     return run
+
+
+def verified_copy(folder: Path, file: str) -> Path:
+    """Where the child copies the form's file to check, gate and then move into place (hidden, beside the model;
+    its suffix kept: the loader goes by it)."""
+    return folder / f".verified-{file}"
 
 
 def _run_child(request: dict[str, object]) -> dict[str, object]:
