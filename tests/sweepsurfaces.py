@@ -1,5 +1,5 @@
 """Synthetic servers for the search: a configuration's capacity within the SLO AND the figures the verdict is
-read from, from one small model of a batching server (pure; used by tests/unit/test_sweep_guided.py and
+read from, from one small model of a batching server (pure; used by tests/unit/sweep/test_search_guided.py and
 benchmarks/sweep_guided.py).
 
 A request is decoded on a worker's CPU (`decode_ms`, on at most `cores` cores at once), then batched; the
@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servinglab.api import TrialConfig
-from servinglab.api.results import GpuFigures, LevelResult, ServerSettings
+from servinglab.api.figures import GpuFigures
+from servinglab.api.results import LevelResult, ServerSettings
 from servinglab.api.verdicts import CpuFigures
 from servinglab.measure.verdict import judge
 from servinglab.sweep.search import Outcome

@@ -10,41 +10,32 @@ from typing import Any
 import pytest
 
 from clusterenv.controlplane import Cluster
+from support import manifests
 
 
 def experiment(name: str, prometheus_url: str | None = None, **server: Any) -> dict[str, Any]:
     """The tiny model on one simulated T4, two short levels; `server` overrides spec.server fields."""
-    return {
-        "apiVersion": "servinglab.dev/v1alpha1",
-        "kind": "ServingExperiment",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "tiny"},
-            "server": {
-                "batchSize": 4,
-                "maxBatchDelayMs": 5,
-                "workers": 1,
-                "precision": "fp32",
-                "gpus": 1,
-                "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"},
-                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                **server,
-            },
-            "load": {"concurrency": [1, 4], "warmupSeconds": 1, "durationSeconds": 3},
-            "slo": {"p99LatencyMs": 5000},
-            "metrics": {"prometheusUrl": prometheus_url} if prometheus_url else {},
+    return manifests.experiment(
+        name,
+        server={
+            "batchSize": 4,
+            "maxBatchDelayMs": 5,
+            "workers": 1,
+            "precision": "fp32",
+            "gpus": 1,
+            "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            **server,
         },
-    }
+        load={"concurrency": [1, 4], "warmupSeconds": 1, "durationSeconds": 3},
+        slo={"p99LatencyMs": 5000},
+        metrics={"prometheusUrl": prometheus_url} if prometheus_url else {},
+    )
 
 
 def sweep(name: str, template: dict[str, Any], **spec: Any) -> dict[str, Any]:
     """A ServingSweep of `template` (an experiment's spec); `spec` is the rest of the sweep's spec."""
-    return {
-        "apiVersion": "servinglab.dev/v1alpha1",
-        "kind": "ServingSweep",
-        "metadata": {"name": name},
-        "spec": {"template": template, **spec},
-    }
+    return manifests.sweep(name, template=template, **spec)
 
 
 def wait_finished(

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterenv import manifests
+from clusterenv.cadvisor import CAdvisor
 from clusterenv.controlplane import Kubectl
 from servinglab.servers.process import free_ports
 from servinglab.servers.triton import env as triton_environment
@@ -93,6 +94,7 @@ class RunningPod:
     mounts: dict[str, Path] = field(default_factory=dict)  # the container's mount paths -> local folders
     dns: str = ""  # `<hostname>.<subdomain>` when the pod has both (the pods of an indexed Job)
     container: dict[str, Any] = field(default_factory=dict)  # the (first) container's spec
+    containers: dict[str, int] = field(default_factory=dict)  # each container's (not init's) main process id
 
 
 class LocalKubelet:
@@ -131,16 +133,19 @@ class LocalKubelet:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="local-kubelet", daemon=True)
+        self.cadvisor = CAdvisor(namespace, self._running_containers)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> LocalKubelet:
+        self.cadvisor.start()
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+        self.cadvisor.stop()
         for pod in list(self.pods.values()):
             self._kill(pod)
 
@@ -180,6 +185,11 @@ class LocalKubelet:
                                    "restartCount": 1, "lastState": {"terminated": killed},
                                    "state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
         })  # fmt: skip
+
+    def _running_containers(self) -> dict[tuple[str, str], int]:
+        """(pod, container) -> main process id, of the containers running now: what the stand-in cAdvisor counts."""
+        return {(pod.name, name): pid for pod in list(self.pods.values()) if not pod.done
+                for name, pid in list(pod.containers.items())}  # fmt: skip
 
     def _running_servers(self) -> list[RunningPod]:
         return [pod for pod in list(self.pods.values()) if pod.ports and not pod.done
@@ -424,6 +434,8 @@ class LocalKubelet:
                 env=env, cwd=running.root, start_new_session=True,
             )  # fmt: skip
         running.processes.append(process)
+        if not name.startswith("init-"):
+            running.containers[name] = process.pid
         running.log = log
         return process
 

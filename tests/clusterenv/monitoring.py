@@ -5,7 +5,8 @@ names, types and labels (gpu, UUID, device, modelName, Hostname, container, name
 values from a known pattern, so tests can check the figures computed from them: utilisation steps
 between 40 and 90 % (SM activity 0.8 and tensor activity 0.3 of it), 2048 MiB used, 60 W, and an
 energy counter rising 60 000 mJ per second.
-`Prometheus` scrapes the exporter and any file-discovered targets (the local TorchServe) every second.
+`Prometheus` scrapes the exporter and any file-discovered targets (the local TorchServe, the stand-in kubelets'
+cAdvisor) every second.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class Prometheus:
         self.url = f"http://127.0.0.1:{self.port}"
         self.targets = workdir / "targets.json"
         self.targets.write_text("[]")
+        self.kubelets = workdir / "kubelets.json"
+        self.kubelets.write_text("[]")
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [
@@ -103,6 +106,9 @@ class Prometheus:
                  "honor_labels": True},
                 {"job_name": "torchserve", "file_sd_configs": [{"files": [str(self.targets)],
                                                                 "refresh_interval": "1s"}]},
+                # the stand-in kubelets' cAdvisor (clusterenv.cadvisor), labelled by pod as a kubelet's is
+                {"job_name": "cadvisor", "metrics_path": "/metrics/cadvisor", "honor_labels": True,
+                 "file_sd_configs": [{"files": [str(self.kubelets)], "refresh_interval": "1s"}]},
             ],
         }  # fmt: skip
         (workdir / "prometheus.yml").write_text(json.dumps(config))
@@ -128,6 +134,12 @@ class Prometheus:
         current = json.loads(self.targets.read_text())
         current.append({"targets": [target], "labels": labels})
         self.targets.write_text(json.dumps(current))
+
+    def scrape_kubelet(self, target: str) -> None:
+        """Add a stand-in kubelet's cAdvisor (host:port) through file discovery."""
+        current = json.loads(self.kubelets.read_text())
+        current.append({"targets": [target]})
+        self.kubelets.write_text(json.dumps(current))
 
     def query(self, expression: str, at: float | None = None) -> list[dict[str, object]]:
         """Evaluate an instant query (now, or at the Unix time `at`); a bad expression raises

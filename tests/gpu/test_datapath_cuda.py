@@ -23,7 +23,7 @@ from servinglab.api import PayloadFormat
 from servinglab.loadgen.payloads import make_payloads
 from servinglab_datapath import BatchMaker, plan_data_path
 from servinglab_image_handler import ServinglabImageHandler
-from unit.test_handler import FakeContext, rows
+from support.handler import FakeContext, rows
 
 
 @pytest.fixture(scope="module")

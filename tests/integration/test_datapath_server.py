@@ -16,6 +16,7 @@ from servinglab.api import PayloadFormat, ServerSpec
 from servinglab.api.exitcodes import ExitCode
 from servinglab.loadgen.payloads import make_payloads
 from servinglab.servers.torchserve.local import LocalTorchServe
+from support.manifests import experiment
 
 pytestmark = pytest.mark.torchserve
 
@@ -56,11 +57,8 @@ def test_every_cpu_option_reaches_the_workers_and_keeps_the_answers(
 
 
 def test_a_cuda_path_is_refused_before_any_server_starts(tmp_path: Path, servinglab_cmd: list[str]) -> None:
-    document = {
-        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": "dev"},
-        "spec": {"model": {"name": "tiny"}, "server": {"gpus": 1, "dataPath": {"decode": "device"}},
-                 "load": {"concurrency": [1], "durationSeconds": 1, "warmupSeconds": 0}},
-    }  # fmt: skip
+    document = experiment("dev", server={"gpus": 1, "dataPath": {"decode": "device"}},
+                          load={"concurrency": [1], "durationSeconds": 1, "warmupSeconds": 0})  # fmt: skip
     (tmp_path / "dev.yaml").write_text(yaml.safe_dump(document))
     command = [*servinglab_cmd, "run", str(tmp_path / "dev.yaml")]
     no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}

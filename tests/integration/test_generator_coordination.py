@@ -25,6 +25,7 @@ import yaml
 
 from servinglab.loadgen import messages, wire
 from servinglab.servers.process import free_ports
+from support import manifests
 
 TOOLS = Path(__file__).parent / "tools"
 
@@ -49,14 +50,10 @@ def endpoint() -> Iterator[str]:
 
 
 def spec_file(tmp_path: Path) -> Path:
-    experiment = {
-        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": "pods"},
-        "spec": {"model": {"name": "tiny"},
-                 "load": {"concurrency": [4], "warmupSeconds": 0.5, "durationSeconds": 2, "generators": 2,
-                          "payload": {"format": "raw", "imageSize": 8}}},
-    }  # fmt: skip
+    load = {"concurrency": [4], "warmupSeconds": 0.5, "durationSeconds": 2, "generators": 2,
+            "payload": {"format": "raw", "imageSize": 8}}  # fmt: skip
     path = tmp_path / "experiment.yaml"
-    path.write_text(yaml.safe_dump(experiment))
+    path.write_text(yaml.safe_dump(manifests.experiment("pods", load=load)))
     return path
 
 

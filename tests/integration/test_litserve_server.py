@@ -21,6 +21,7 @@ from servinglab import servers
 from servinglab.api import ExperimentSpec, PayloadFormat
 from servinglab.loadgen.payloads import make_payloads
 from servinglab.servers.base import ServerError
+from support import manifests
 
 ROOT = Path(__file__).resolve().parents[2]
 LITSERVE = servers.get("litserve")
@@ -113,22 +114,18 @@ def test_a_model_that_cannot_load_ends_the_server_at_once_with_its_reason(
 
 def sweep_document(tmp_path: Path) -> Path:
     """Two servers, two batch sizes each, an SLO loose enough for a loaded 2-core machine."""
-    document = {
-        "apiVersion": "servinglab.dev/v1alpha1",
-        "kind": "ServingSweep",
-        "metadata": {"name": "tiny-kinds"},
-        "spec": {
-            "template": {
-                "model": {"name": "tiny"},
-                "server": {"gpus": 0, "maxBatchDelayMs": 5, "warmupSeconds": 5},
-                "load": {"concurrency": [8], "warmupSeconds": 0.5, "durationSeconds": 2, "payload": {"format": "jpeg"}},
-                "slo": {"p99LatencyMs": 5000},
-                "ceiling": {"enabled": False},
-            },
-            "strategy": "grid",
-            "space": {"kind": {"values": ["torchserve", "litserve"]}, "batchSize": {"values": [1, 8]}},
+    document = manifests.sweep(
+        "tiny-kinds",
+        template={
+            "model": {"name": "tiny"},
+            "server": {"gpus": 0, "maxBatchDelayMs": 5, "warmupSeconds": 5},
+            "load": {"concurrency": [8], "warmupSeconds": 0.5, "durationSeconds": 2, "payload": {"format": "jpeg"}},
+            "slo": {"p99LatencyMs": 5000},
+            "ceiling": {"enabled": False},
         },
-    }  # fmt: skip
+        strategy="grid",
+        space={"kind": {"values": ["torchserve", "litserve"]}, "batchSize": {"values": [1, 8]}},
+    )  # fmt: skip
     path = tmp_path / "kinds.yaml"
     path.write_text(yaml.safe_dump(document))
     return path

@@ -16,6 +16,7 @@ import yaml
 from servinglab.api import ServerSpec
 from servinglab.servers.torchserve import metrics as tsmetrics
 from servinglab.servers.torchserve.local import LocalTorchServe
+from support import manifests
 
 pytestmark = pytest.mark.torchserve
 
@@ -23,20 +24,9 @@ pytestmark = pytest.mark.torchserve
 def test_loadtest_command_measures_a_running_server(
     servinglab_cmd: list[str], tiny_archive: Path, tmp_path: Path, no_leftover_servers: float
 ) -> None:
-    experiment = {
-        "apiVersion": "servinglab.dev/v1alpha1",
-        "kind": "ServingExperiment",
-        "metadata": {"name": "job"},
-        "spec": {
-            "model": {"name": "tiny"},
-            "load": {
-                "concurrency": [1, 3],
-                "warmupSeconds": 0.5,
-                "durationSeconds": 2,
-                "payload": {"format": "raw"},
-            },
-        },
-    }
+    experiment = manifests.experiment(
+        "job", load={"concurrency": [1, 3], "warmupSeconds": 0.5, "durationSeconds": 2, "payload": {"format": "raw"}}
+    )
     spec_file = tmp_path / "experiment.yaml"
     spec_file.write_text(yaml.safe_dump(experiment))
     server = LocalTorchServe("tiny", tiny_archive, ServerSpec(batch_size=4, max_batch_delay_ms=5), tmp_path / "ts")
@@ -93,15 +83,9 @@ class _SlowAfterFirst(BaseHTTPRequestHandler):
 def test_request_timeout_from_the_spec_is_enforced_and_counted(servinglab_cmd: list[str], tmp_path: Path) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowAfterFirst)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    experiment = {
-        "apiVersion": "servinglab.dev/v1alpha1",
-        "kind": "ServingExperiment",
-        "metadata": {"name": "slow"},
-        "spec": {
-            "model": {"name": "tiny"},
-            "load": {"concurrency": [2], "warmupSeconds": 0, "durationSeconds": 2, "requestTimeoutSeconds": 0.3},
-        },
-    }
+    experiment = manifests.experiment(
+        "slow", load={"concurrency": [2], "warmupSeconds": 0, "durationSeconds": 2, "requestTimeoutSeconds": 0.3}
+    )
     spec_file = tmp_path / "experiment.yaml"
     spec_file.write_text(yaml.safe_dump(experiment))
     try:

@@ -22,20 +22,20 @@ from servinglab.api import ExperimentSpec, PayloadFormat, ServerSpec
 from servinglab.api.exitcodes import ExitCode
 from servinglab.loadgen.payloads import make_payloads
 from servinglab.models import digests, forms
+from support.manifests import experiment
 from usermodels import make_user_models
 
 CPU_FORMS = ("eager", "torchscript", "compile", "onnxruntime")
 
 
 def document(name: str, kind: str, form: str, gpus: int = 0) -> dict[str, Any]:
-    return {
-        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": name},
-        "spec": {"model": {"name": "tiny"},
-                 "server": {"kind": kind, "gpus": gpus, "batchSize": 4, "maxBatchDelayMs": 5, "warmupSeconds": 5,
-                            "form": form, "startupTimeoutSeconds": 180},
-                 "load": {"concurrency": [2], "warmupSeconds": 1, "durationSeconds": 2, "payload": {"format": "png"}},
-                 "ceiling": {"enabled": False}},
-    }  # fmt: skip
+    return experiment(
+        name,
+        server={"kind": kind, "gpus": gpus, "batchSize": 4, "maxBatchDelayMs": 5, "warmupSeconds": 5, "form": form,
+                "startupTimeoutSeconds": 180},
+        load={"concurrency": [2], "warmupSeconds": 1, "durationSeconds": 2, "payload": {"format": "png"}},
+        ceiling={"enabled": False},
+    )  # fmt: skip
 
 
 def run(servinglab_cmd: list[str], spec: dict[str, Any], folder: Path, **env: str) -> tuple[str, int, Any]:

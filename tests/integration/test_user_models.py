@@ -18,6 +18,7 @@ import yaml
 
 from servinglab.api import PayloadFormat
 from servinglab.loadgen.payloads import make_payloads
+from support import manifests
 from usermodels import OnnxRefusals, UserModels, file_server, make_local_ca, make_onnx_refusals, make_user_models
 
 pytestmark = pytest.mark.torchserve
@@ -48,19 +49,15 @@ def model_cache(tmp_path: Path) -> Iterator[Path]:
 
 def experiment(name: str, model: dict[str, Any], precision: str = "fp32", payload: dict[str, Any] | None = None,
                levels: tuple[int, ...] = (2,), ceiling: bool = False) -> dict[str, Any]:  # fmt: skip
-    return {
-        "apiVersion": "servinglab.dev/v1alpha1",
-        "kind": "ServingExperiment",
-        "metadata": {"name": name},
-        "spec": {
-            "model": model,
-            "server": {"gpus": 0, "batchSize": 4, "maxBatchDelayMs": 5, "precision": precision, "warmupSeconds": 5,
-                       "startupTimeoutSeconds": 120},
-            "load": {"concurrency": list(levels), "warmupSeconds": 1, "durationSeconds": 2,
-                     "payload": payload or {"format": "png"}},
-            "ceiling": {"enabled": ceiling, "rawSeconds": 1},
-        },
-    }  # fmt: skip
+    return manifests.experiment(
+        name,
+        model=model,
+        server={"gpus": 0, "batchSize": 4, "maxBatchDelayMs": 5, "precision": precision, "warmupSeconds": 5,
+                "startupTimeoutSeconds": 120},
+        load={"concurrency": list(levels), "warmupSeconds": 1, "durationSeconds": 2,
+              "payload": payload or {"format": "png"}},
+        ceiling={"enabled": ceiling, "rawSeconds": 1},
+    )  # fmt: skip
 
 
 Outcome = tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]

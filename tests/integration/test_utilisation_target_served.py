@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from servinglab.measure.telemetry import usable_cores
+from support import manifests
 
 pytestmark = [
     pytest.mark.torchserve,
@@ -27,17 +28,12 @@ pytestmark = [
 
 
 def run(servinglab_cmd: list[str], folder: Path, name: str, load: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    experiment = {
-        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": name},
-        "spec": {
-            "model": {"name": "tiny"},
-            "server": {"batchSize": 1, "maxBatchDelayMs": 1, "workers": 1, "gpus": 0},
-            "ceiling": {"enabled": False},
-            "load": {"warmupSeconds": 1, "durationSeconds": 3, "payload": {"format": "png"},
-                     "stability": {"windowSeconds": 1, "windows": 2, "tolerance": 1.0},
-                     "generator": {"maxCpuPercent": 100, "maxSendGapMs": 10000}, **load},
-        },
-    }  # fmt: skip
+    experiment = manifests.experiment(
+        name, server={"batchSize": 1, "maxBatchDelayMs": 1, "workers": 1, "gpus": 0}, ceiling={"enabled": False},
+        load={"warmupSeconds": 1, "durationSeconds": 3, "payload": {"format": "png"},
+              "stability": {"windowSeconds": 1, "windows": 2, "tolerance": 1.0},
+              "generator": {"maxCpuPercent": 100, "maxSendGapMs": 10000}, **load},
+    )  # fmt: skip
     (folder / f"{name}.yaml").write_text(yaml.safe_dump(experiment))
     done = subprocess.run(
         [*servinglab_cmd, "run", f"{name}.yaml", "--output", f"{name}.json"], cwd=folder, capture_output=True,

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from support import manifests
 from verdictmodels import tiny_variant
 
 pytestmark = pytest.mark.torchserve
@@ -61,11 +62,10 @@ def experiment(tmp_path: Path, tiny_archive: Path, expected: str) -> Path:
                             "payload": {"format": "jpeg"}}  # fmt: skip
     if "generator" in case:
         load["generator"] = case["generator"]
-    document = {
-        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": name},
-        "spec": {"model": model, "server": {**case["server"], "workers": 1, "precision": "fp32", "gpus": 0},
-                 "load": load, "ceiling": {"enabled": False}},
-    }  # fmt: skip
+    document = manifests.experiment(
+        name, model=model, server={**case["server"], "workers": 1, "precision": "fp32", "gpus": 0}, load=load,
+        ceiling={"enabled": False},
+    )  # fmt: skip
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(document))
     return path

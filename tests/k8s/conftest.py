@@ -141,6 +141,7 @@ def kubelet_factory(
         pods = Path(tempfile.mkdtemp(prefix="pods-"))  # short paths: unix sockets live under it
         kubelet = LocalKubelet(cluster.kubectl, namespace, pods, api, tmp_path / "ca.crt", server_started, **options)
         started.append(kubelet.start())
+        prometheus.scrape_kubelet(f"127.0.0.1:{kubelet.cadvisor.port}")
         return kubelet
 
     yield make

@@ -36,7 +36,7 @@ from clusterenv.monitoring import DcgmExporter, Prometheus, grafana_expression, 
 from servinglab import servers
 from servinglab.api import parse_experiment
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest
-from servinglab.k8s import builders, credentials, modelsecrets
+from servinglab.k8s import builders, credentials, loadbuilders, modelsecrets
 from servinglab.k8s.client import PASSING_REFUSALS
 from servinglab.k8s.leader import LEASE_NAME
 from servinglab.loadgen import wire
@@ -588,7 +588,7 @@ def operator_pods(namespace: str, name: str = PROBE, **server: Any) -> tuple[dic
     image = "servinglab/servinglab:0.1.0"
     inputs = PodInputs(config_map=f"{name}-config", servinglab_image=image, experiment_file=builders.EXPERIMENT_FILE)
     plan = servers.get(spec.server.kind).pod(spec, inputs)
-    return builders.deployment(owner, spec, plan), builders.load_job(owner, spec, plan, image)
+    return builders.deployment(owner, spec, plan), loadbuilders.load_job(owner, spec, plan, image)
 
 
 def create_as(cluster: Cluster, identity: str | None, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
@@ -738,8 +738,8 @@ def test_pod_policy_lets_pods_see_only_the_operators_own_secrets(cluster: Cluste
     token_volume = {"name": "token", "secret": {"secretName": "ci-admin-token"}}
     mounted = altered(server, lambda pod: pod["volumes"].append(token_volume))
     policy_in_force(cluster, operator, mounted)
-    # the load pods' generator key, as builders.load_job refers to it (key_secret: a generated name)
-    generator_key = secret_key(f"{PROBE}-load-key-x7k2p", builders.GENERATOR_KEY_FIELD, wire.KEY_ENV)
+    # the load pods' generator key, as loadbuilders.load_job refers to it (key_secret: a generated name)
+    generator_key = secret_key(f"{PROBE}-load-key-x7k2p", loadbuilders.GENERATOR_KEY_FIELD, wire.KEY_ENV)
     keyed = altered(load, lambda pod: pod["containers"][0]["env"].append(generator_key))
     admitted = create_as(cluster, operator, keyed)
     assert admitted.returncode == 0, admitted.stderr
@@ -782,10 +782,10 @@ def probe_objects(namespace: str, uid: str) -> dict[str, dict[str, Any]]:
     """What the operator makes for a load Job besides the Job (servinglab.k8s.builders), by kind."""
     owner = builders.Owner(PROBE, namespace, uid)
     return {
-        "Secret": builders.generator_key_secret(owner, wire.new_key()),
-        "ServiceAccount": builders.load_service_account(owner),
-        "Role": builders.load_role(owner),
-        "RoleBinding": builders.load_role_binding(owner),
+        "Secret": loadbuilders.generator_key_secret(owner, wire.new_key()),
+        "ServiceAccount": loadbuilders.load_service_account(owner),
+        "Role": loadbuilders.load_role(owner),
+        "RoleBinding": loadbuilders.load_role_binding(owner),
     }
 
 

@@ -233,7 +233,7 @@ def test_the_capacity_plans_hpa_is_accepted_by_the_api_server(cluster: Cluster, 
     """The exported HorizontalPodAutoscaler (autoscaling/v2, a Pods metric) in a strict server-side dry run;
     the same document with a target that is not a quantity is refused, so the dry run does check it."""
     found = plan.plan(400.0, 31.25, CapacitySpec(peak_rps=1000, headroom=0.2, min_replicas=2), None)
-    hpa = plan.hpa(found, "resnet50-t4-best")
+    hpa = plan.hpa(found, "resnet50-t4-best").dumped()
     assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "10"
 
     def dry_run(document: dict[str, Any]) -> subprocess.CompletedProcess[str]:
@@ -296,8 +296,8 @@ def test_the_capacity_plans_keda_and_kserve_exports_are_accepted_by_their_publis
     server-side dry run against the CRDs KEDA and KServe publish; each with a field of the wrong type is
     refused, naming it, so the dry run does check them."""
     found = plan.plan(400.0, 31.25, CapacitySpec(peak_rps=1000, headroom=0.2, min_replicas=2), None)
-    scaled = plan.keda(found, "resnet50-t4-best", "http://prometheus.monitoring:9090")
-    service = deep_merged(INFERENCE_SERVICE, plan.kserve(found, "resnet50-t4-best"))
+    scaled = plan.keda(found, "resnet50-t4-best", "http://prometheus.monitoring:9090").dumped()
+    service = deep_merged(INFERENCE_SERVICE, plan.kserve(found, "resnet50-t4-best").dumped())
     assert service["spec"]["predictor"]["minReplicas"] == 2 and "model" in service["spec"]["predictor"]
     for document in (scaled, service):
         accepted = strict_dry_run(cluster, namespace, document)

@@ -24,7 +24,8 @@ from clusterenv.kubelet import LocalKubelet, RunningPod
 from clusterenv.monitoring import DcgmExporter, Prometheus
 from clusterenv.operatorproc import Operator
 from servinglab.api import API_GROUP
-from servinglab.k8s.builders import GENERATOR_PORT, UID_LABEL
+from servinglab.k8s.builders import UID_LABEL
+from servinglab.k8s.loadbuilders import GENERATOR_PORT
 from servinglab.loadgen import wire
 
 pytestmark = [pytest.mark.k8s, pytest.mark.torchserve]

@@ -61,7 +61,6 @@ from servinglab.api.sweep import (
     MAX_SPACE,
     ServingSweep,
     SweepSpec,
-    TrialConfig,
     axis_values,
     grid,
     kinds,
@@ -71,6 +70,7 @@ from servinglab.api.sweep import (
     trial_name,
     trial_spec,
 )
+from servinglab.api.trialconfig import TrialConfig
 
 __all__ = [
     "API_GROUP", "API_VERSION", "BUILTIN_MODELS", "EXPERIMENT_LABEL", "EXPERIMENT_UID_LABEL", "GROUP_VERSION", "KIND",

@@ -2,8 +2,8 @@
 
 Each condition is keyed by `type` (`ServerReady`, `LoadTestComplete`, `GPUMetricsAvailable`,
 `Succeeded`, `Failed`, `Queued` while waiting for a GPU; a sweep's `Running`), has a `status` of
-True/False/Unknown, a CamelCase `reason`, a human `message` and a `lastTransitionTime` that changes
-only when the status does. Used by both reconcilers and by `servinglab results`.
+True/False/Unknown, a CamelCase `reason` (a :class:`~servinglab.api.reasons.Reason`), a human `message`
+and a `lastTransitionTime` that changes only when the status does. Used by both reconcilers and by `servinglab results`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
+
+from servinglab.api.reasons import Reason
 
 SERVER_READY = "ServerReady"
 LOAD_TEST_COMPLETE = "LoadTestComplete"
@@ -42,6 +44,7 @@ class Condition(BaseModel):
 
     type: str
     status: ConditionStatus
+    #: Written as a Reason; read as text, so a condition an older operator wrote still reads back.
     reason: str = ""
     message: str = ""
     last_transition_time: str | None = None
@@ -52,7 +55,7 @@ def set_condition(
     conditions: list[Condition],
     kind: str,
     status: bool | None,
-    reason: str,
+    reason: Reason,
     message: str,
     generation: int | None = None,
 ) -> list[Condition]:

@@ -18,7 +18,7 @@ from servinglab.api.forms import ModelForm
 from servinglab.api.load import LoadSpec
 from servinglab.api.meta import ObjectMeta, SpecModel, parse_document, read_document
 from servinglab.api.modelref import EAGER_ONLY_MODELS, ModelRef, redact_url, userinfo_refusal
-from servinglab.api.servers import ServerSpec
+from servinglab.api.servers import ServerSpec, capabilities
 
 
 class SloSpec(SpecModel):
@@ -101,6 +101,19 @@ class ExperimentSpec(SpecModel):
         if self.load.rate_search is not None and self.slo.p99_latency_ms is None:
             raise ValueError("load.rateSearch needs slo.p99LatencyMs (the latency the peak rate must meet)")
         return self
+
+    @model_validator(mode="after")
+    def _served_format(self) -> ExperimentSpec:
+        if (problem := self.format_problem()) is not None:
+            raise ValueError(problem)
+        return self
+
+    def format_problem(self) -> str | None:
+        """Why the server does not serve the user's model in its declared format (naming the fields), or None."""
+        source = self.model.source
+        if source is None:
+            return None
+        return capabilities(self.server.kind).format_problem(self.server.kind, source.format)
 
     @model_validator(mode="after")
     def _eager_only_model(self) -> ExperimentSpec:

@@ -13,11 +13,12 @@ from __future__ import annotations
 from enum import StrEnum
 
 from servinglab.api.meta import ResultModel
+from servinglab.api.reasons import Reason
 
 #: The reason an experiment ends with when its form's output disagrees with eager fp32 beyond the tolerance.
-FORM_DISAGREES = "FormDisagrees"
+FORM_DISAGREES = Reason.FORM_DISAGREES
 #: The reason when the form cannot be built (an export that fails) or run here (a missing library).
-FORM_NOT_BUILT, FORM_NOT_SUPPORTED = "FormNotBuilt", "FormNotSupported"
+FORM_NOT_BUILT, FORM_NOT_SUPPORTED = Reason.FORM_NOT_BUILT, Reason.FORM_NOT_SUPPORTED
 
 
 class ModelForm(StrEnum):

@@ -299,9 +299,14 @@ class LoadSpec(SpecModel):
         return self
 
     def _check_utilisation_target(self, aim: UtilisationTargetSpec) -> None:
-        """The utilisation search chooses the levels itself: nothing else may name them."""
+        """The utilisation search chooses the levels itself: nothing else may name them. A value equal to its
+        default is not a choice: a validated spec is kept with its defaults filled in (the operator's snapshot,
+        the load Job's copy) and must read back the same."""
+        fields = type(self).model_fields
         given = [name for name, field in (("concurrency", "concurrency"), ("rates", "rates"),
-                 ("rateSearch", "rate_search"), ("shape", "shape")) if field in self.model_fields_set]  # fmt: skip
+                 ("rateSearch", "rate_search"), ("shape", "shape"))
+                 if field in self.model_fields_set
+                 and getattr(self, field) != fields[field].get_default(call_default_factory=True)]  # fmt: skip
         if given:
             raise ValueError(f"utilisationTarget chooses the load itself; remove {', '.join(given)}")
         if self.repeats > 1:

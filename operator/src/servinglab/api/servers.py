@@ -4,6 +4,14 @@ and limits it runs with.
 
 Part of the ServingExperiment spec (:mod:`servinglab.api.experiment`); the servers' configuration
 renderers and pod builders read it.
+
+What each kind supports is declared here too, once (:data:`CAPABILITIES`): the formats of a user's own model
+it serves, the model's forms (`server.form`) and through which path (servinglab's handler, or a native
+backend of the server), whether it takes a new configuration in place, and the worker signals its metrics
+give the verdict. Spec validation, the sweep's grid, the verdict and the docs read the declarations without
+importing a server; each server (:mod:`servinglab.servers`) carries its own entry, and the README's table of
+them is generated here (`python -m servinglab.api.servers`; a unit test holds the two equal). A fourth
+server is one member of `ServerKind`, one entry of `CAPABILITIES` and its folder.
 """
 
 from __future__ import annotations
@@ -11,12 +19,13 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from servinglab.api.datapath import CompileMode, DataPath
 from servinglab.api.forms import GPU_ONLY_FORMS, ModelForm
 from servinglab.api.kube import Resources, image_problem, label_key_problem, label_value_problem
 from servinglab.api.meta import SpecModel
+from servinglab.api.modelref import ModelFormat
 
 
 class Precision(StrEnum):
@@ -61,6 +70,125 @@ MAX_REPLICAS = 32
 
 #: The model servers servinglab can put under test (each one a folder of :mod:`servinglab.servers`).
 ServerKind = Literal["torchserve", "litserve", "triton"]
+
+
+class WorkerSignal(StrEnum):
+    """A figure a server's metrics give about its workers over a window (read by the verdict)."""
+
+    QUEUE = "queue"  # the mean wait before a request's batch starts
+    LATENCY = "latency"  # the server's own mean latency per request
+    HANDLER_STAGES = "handler-stages"  # servinglab's handler's preprocess, inference and postprocess per batch
+    EXECUTION_STAGES = "execution-stages"  # the server's input, execution and output phases per batch
+    BATCH = "batch"  # the batches formed, and their mean size
+
+
+#: Each signal for people (the docs' table).
+SIGNAL_WORDS = {
+    WorkerSignal.QUEUE: "queue time",
+    WorkerSignal.LATENCY: "server latency",
+    WorkerSignal.HANDLER_STAGES: "the handler's preprocess/inference/postprocess",
+    WorkerSignal.EXECUTION_STAGES: "its input/execution/output phases (decoding counted in execution)",
+    WorkerSignal.BATCH: "batches and their size",
+}
+
+
+class ServerCapabilities(BaseModel):
+    """One server kind's declaration."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The server's name for people ("TorchServe").
+    name: str
+    #: The formats of a user's own model (`model.source.format`) it serves.
+    user_model_formats: tuple[ModelFormat, ...]
+    #: The model's forms (`server.form`) it serves, through servinglab's handler.
+    forms: tuple[ModelForm, ...] = tuple(ModelForm)
+    #: The forms a native backend of the server can run without the handler (form -> backend): where the
+    #: server at hand has it and the requests carry the model's input tensor; else the handler serves them.
+    native_backends: dict[ModelForm, str] = {}
+    #: Whether a running server takes a new configuration without restarting (a local sweep's trials), and how.
+    in_place_reconfiguration: bool
+    reconfiguration: str
+    #: What its metrics say about its workers.
+    worker_signals: tuple[WorkerSignal, ...]
+
+    def form_problem(self, kind: str, form: ModelForm | None) -> str | None:
+        """Why this server does not serve `form` (naming the fields), or None."""
+        if form is None or form in self.forms:
+            return None
+        served = ", ".join(str(f) for f in self.forms)
+        return f"spec.server.form: {self.name} (spec.server.kind: {kind}) does not serve {form}; it serves {served}"
+
+    def format_problem(self, kind: str, fmt: ModelFormat) -> str | None:
+        """Why this server does not serve a user's model given as `fmt` (naming the fields), or None (`auto` is
+        decided from the file, and refused when the server is prepared)."""
+        if fmt is ModelFormat.AUTO or fmt in self.user_model_formats:
+            return None
+        served = " or ".join(str(f) for f in self.user_model_formats)
+        return (f"spec.model.source.format: {self.name} (spec.server.kind: {kind}) does not serve a {fmt} model; "
+                f"it serves {served}")  # fmt: skip
+
+
+_PACKED = (ModelFormat.TORCHSCRIPT, ModelFormat.EXPORTED, ModelFormat.ONNX)
+_HANDLER = (WorkerSignal.QUEUE, WorkerSignal.LATENCY, WorkerSignal.HANDLER_STAGES, WorkerSignal.BATCH)
+
+#: Every server kind's declaration, by kind (the members of `ServerKind`, in its order).
+CAPABILITIES: dict[str, ServerCapabilities] = {
+    "torchserve": ServerCapabilities(
+        name="TorchServe",
+        # an archive or a model folder brings its own handler, which only TorchServe runs
+        user_model_formats=(*_PACKED, ModelFormat.MAR, ModelFormat.DIRECTORY),
+        in_place_reconfiguration=True,
+        reconfiguration="in place (management API: the model registered again)",
+        worker_signals=_HANDLER,
+    ),
+    "litserve": ServerCapabilities(
+        name="LitServe",
+        user_model_formats=_PACKED,
+        in_place_reconfiguration=False,
+        reconfiguration="a restart (no management API)",
+        worker_signals=_HANDLER,
+    ),
+    "triton": ServerCapabilities(
+        name="Triton",
+        user_model_formats=_PACKED,
+        native_backends={
+            ModelForm.ONNXRUNTIME: "onnxruntime",
+            ModelForm.TORCHSCRIPT: "pytorch",
+            ModelForm.TENSORRT: "tensorrt",
+        },
+        in_place_reconfiguration=True,
+        reconfiguration="in place (repository API, with the runner's key: a new config.pbtxt loaded)",
+        # its compute counters time the Python model's whole execution (decoding included), not the handler's stages
+        worker_signals=(WorkerSignal.QUEUE, WorkerSignal.LATENCY, WorkerSignal.EXECUTION_STAGES, WorkerSignal.BATCH),
+    ),
+}
+
+
+def capabilities(kind: str) -> ServerCapabilities:
+    """The declaration of server `kind`; a kind without one is refused naming the field."""
+    found = CAPABILITIES.get(kind)
+    if found is None:
+        raise ValueError(f"spec.server.kind: {kind!r} is not a server kind ({', '.join(CAPABILITIES)})")
+    return found
+
+
+#: The first line of the README's table of what each server supports.
+TABLE_HEADER = "| kind | user's model formats | forms (`server.form`) | a new configuration | its workers' signals |"
+
+
+def capabilities_table() -> str:
+    """The README's table of what each server supports, from the declarations (markdown, one row per kind)."""
+    rows = [TABLE_HEADER, "| --- | --- | --- | --- | --- |"]
+    for kind, caps in CAPABILITIES.items():
+        formats = ", ".join(f"`{f}`" for f in caps.user_model_formats)
+        native = caps.native_backends
+        forms = ", ".join(f"`{f}`" + (f" (its `{native[f]}` backend can run it natively)" if f in native else "")
+                          for f in caps.forms)  # fmt: skip
+        forms += "; through servinglab's handler"
+        signals = ", ".join(SIGNAL_WORDS[s] for s in caps.worker_signals)
+        rows.append(f"| `{kind}` ({caps.name}) | {formats} | {forms} | {caps.reconfiguration} | {signals} |")
+    return "\n".join(rows) + "\n"
 
 
 class RequestEncoding(StrEnum):
@@ -160,6 +288,8 @@ class ServerSpec(SpecModel):
         form = self.form
         if form is None:
             return None
+        if (problem := capabilities(self.kind).form_problem(self.kind, form)) is not None:
+            return problem
         if self.gpus == 0 and form in GPU_ONLY_FORMS:
             return f"spec.server.form: {form} needs a GPU ({GPU_ONLY_FORMS[form]}), and gpus is 0"
         compiled = self.data_path.compile is not CompileMode.NONE
@@ -177,3 +307,7 @@ class ServerSpec(SpecModel):
         if self.form is ModelForm.COMPILE and self.data_path.compile is CompileMode.NONE:
             return CompileMode.DEFAULT
         return self.data_path.compile
+
+
+if __name__ == "__main__":
+    print(capabilities_table(), end="")

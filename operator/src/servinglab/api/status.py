@@ -15,6 +15,7 @@ from servinglab.api.cost import Price
 from servinglab.api.forms import FormRun
 from servinglab.api.meta import ResultModel
 from servinglab.api.results import EffectiveSettings, LevelResult, PeakRate
+from servinglab.api.states import ExperimentState
 from servinglab.api.trials import (
     Confirmation,
     PrunedConfig,
@@ -24,13 +25,14 @@ from servinglab.api.trials import (
     SweepSummary,
     TrialRecord,
 )
+from servinglab.api.utilisation import UtilisationSearch
 
 
 class ExperimentSummary(ResultModel):
     """What `kubectl get servingexperiments` shows: the best level, and a display-only `state` digest of
     the conditions."""
 
-    state: str
+    state: ExperimentState
     levels: int | None = None
     best_concurrency: int | None = None
     best_rate_rps: float | None = None
@@ -71,6 +73,8 @@ class ExperimentStatus(ResultModel):
     summary: ExperimentSummary | None = None
     results_ref: ResultsRef | None = None
     peak_rate: PeakRate | None = None
+    #: The search for the load that holds a utilisation (`spec.load.utilisationTarget`): where, or why not.
+    utilisation: UtilisationSearch | None = None
     ceiling: Ceiling | None = None
     #: What the server said it applied, checked against the spec before the load (where its metrics say).
     effective: EffectiveSettings | None = None

@@ -16,11 +16,12 @@ from pydantic import Field
 from servinglab.api.cost import CostFigures
 from servinglab.api.meta import GROUP_VERSION, ResultModel
 from servinglab.api.results import ExperimentResults
-from servinglab.api.sweep import TrialConfig
+from servinglab.api.states import Confidence, ConfirmationState, SweepState, TrialState
+from servinglab.api.trialconfig import TrialConfig
 from servinglab.api.verdicts import Verdict
 
 SWEEP_RESULTS_KIND = "ServingSweepResults"
-SUCCEEDED, INFEASIBLE = "Succeeded", "Infeasible"
+SUCCEEDED, INFEASIBLE = TrialState.SUCCEEDED, TrialState.INFEASIBLE
 
 
 class TrialRecord(ResultModel):
@@ -29,7 +30,7 @@ class TrialRecord(ResultModel):
     name: str
     order: int
     config: TrialConfig
-    state: str
+    state: TrialState
     reason: str | None = None
     message: str | None = None
     finished_at: str | None = None
@@ -72,7 +73,7 @@ class SweepBest(ResultModel):
     capacity_rps: float
     p99_latency_ms: float | None = None
     level: str | None = None
-    confidence: str | None = None
+    confidence: Confidence | None = None
     low_rps: float | None = None
     high_rps: float | None = None
     tied_with: list[str] | None = None
@@ -111,7 +112,7 @@ class CandidateRuns(ResultModel):
 class Confirmation(ResultModel):
     """The top candidates measured again, alternating: how the winner was named."""
 
-    state: str = Field(
+    state: ConfirmationState = Field(
         description="Running, Confirmed (one candidate is better than the others), Tie, or NoneWithinSlo "
         "(no candidate met the objective in any of its runs)."
     )
@@ -174,7 +175,7 @@ class SweepSpace(ResultModel):
 class SweepSummary(ResultModel):
     """What `kubectl get servingsweeps` shows."""
 
-    state: str
+    state: SweepState
     trials_done: int | None = None
     trials_running: int | None = None
     trials_total: int | None = None
@@ -183,7 +184,7 @@ class SweepSummary(ResultModel):
     best_p99_latency_ms: float | None = None
     #: Confirmed, Tie, Unconfirmed (no confirmation), Confirming while it runs, or NoneWithinSlo (every
     #: confirmation run of every candidate missed the SLO: the best first measurement, no capacity plan).
-    winner: str | None = None
+    winner: Confidence | None = None
 
 
 class SweepResults(ResultModel):

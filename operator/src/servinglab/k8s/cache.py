@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from servinglab.k8s.client import Gone, Kube, KubeError, Ref
 from servinglab.k8s.metrics import WATCH_RESTARTS
+from servinglab.servers.base import Manifest
 
 LOG = logging.getLogger("servinglab.cache")
 T = TypeVar("T")
@@ -60,7 +61,7 @@ class Informer(Generic[T]):
         self,
         kube: Kube,
         ref: Ref,
-        digest: Callable[[dict[str, Any]], T | None],
+        digest: Callable[[Manifest], T | None],
         *,
         label_selector: str = "",
         field_selector: str = "",
@@ -84,7 +85,7 @@ class Informer(Generic[T]):
         found = self._items.get(f"{namespace}/{name}")
         return found[0] if found is not None else None
 
-    def offer(self, obj: dict[str, Any]) -> None:
+    def offer(self, obj: Manifest) -> None:
         """An object read or written outside the watch: kept unless older than what is here."""
         key, version = _key(obj), _version(obj)
         if not newer(obj, self._ahead.get(key)):
@@ -96,7 +97,7 @@ class Informer(Generic[T]):
             self._ahead[key] = version
         self._put(key, obj)
 
-    def event(self, kind: str, obj: dict[str, Any]) -> None:
+    def event(self, kind: str, obj: Manifest) -> None:
         """One watch event (ADDED, MODIFIED, DELETED, BOOKMARK), in the watch's order."""
         key, version = _key(obj), _version(obj)
         if key in self._ahead and not newer(obj, self._ahead[key]):
@@ -108,7 +109,7 @@ class Informer(Generic[T]):
         if version is not None:  # the watch has delivered every change of this collection up to here
             self._ahead = {k: v for k, v in self._ahead.items() if v > version}
 
-    def _put(self, key: str, obj: dict[str, Any]) -> None:
+    def _put(self, key: str, obj: Manifest) -> None:
         stored = self._items.get(key)
         digest = self.digest(obj)
         if digest is None:
@@ -122,7 +123,7 @@ class Informer(Generic[T]):
         if self._items.pop(key, None) is not None:
             self.on_change()
 
-    def replace(self, objects: list[dict[str, Any]], version: str) -> None:
+    def replace(self, objects: list[Manifest], version: str) -> None:
         """A fresh list: what it lacks is gone, unless the operator wrote it after the list was taken."""
         kept = {_key(obj): obj for obj in objects}
         for key in set(self._items) - set(kept) - set(self._ahead):

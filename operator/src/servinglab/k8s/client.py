@@ -1,8 +1,9 @@
 """The operator's only door to the Kubernetes API (kubernetes_asyncio), with errors mapped.
 
-Objects are plain dicts. Children are written with server-side apply under one field manager, so a
-repeated reconcile is a no-op and a restarted operator converges on the same objects instead of
-creating duplicates. API failures become :class:`KubeError` subclasses the handlers can act on.
+Objects are plain dicts (`Manifest`: untyped JSON, as the API server takes and gives them). Children are
+written with server-side apply under one field manager, so a repeated reconcile is a no-op and a restarted
+operator converges on the same objects instead of creating duplicates. API failures become
+:class:`KubeError` subclasses the handlers can act on.
 Collections are also listed page by page and watched (:meth:`Kube.list_all`, :meth:`Kube.watch`) for the
 operator's watch-fed caches (:mod:`servinglab.k8s.cache`); what the operator writes is handed to the
 callbacks registered with :meth:`Kube.observe`, so that a cache reads its own writes at once.
@@ -24,6 +25,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from servinglab.api import GROUP_VERSION
+from servinglab.servers.base import Manifest
 
 FIELD_MANAGER = "servinglab-operator"
 
@@ -122,7 +124,7 @@ class Ref:
     name: str = ""
 
     @classmethod
-    def of(cls, manifest: dict[str, Any]) -> Ref:
+    def of(cls, manifest: Manifest) -> Ref:
         meta = manifest["metadata"]
         return cls(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta.get("name", ""))
 
@@ -153,7 +155,7 @@ class Kube:
 
     def __init__(self, api: client.ApiClient, timeout_seconds: float | None = None) -> None:
         self._api = api
-        self._observers: list[Callable[[dict[str, Any]], None]] = []
+        self._observers: list[Callable[[Manifest], None]] = []
         self.timeout_seconds = timeout_seconds or float(
             os.environ.get("SERVINGLAB_API_TIMEOUT_SECONDS", API_TIMEOUT_SECONDS)
         )
@@ -173,7 +175,7 @@ class Kube:
     async def close(self) -> None:
         await self._api.close()
 
-    def observe(self, callback: Callable[[dict[str, Any]], None]) -> None:
+    def observe(self, callback: Callable[[Manifest], None]) -> None:
         """Hand every object a write returns (apply, create, replace, status patch) to `callback`."""
         self._observers.append(callback)
 
@@ -185,7 +187,7 @@ class Kube:
         body: Any = None,
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
-    ) -> dict[str, Any]:
+    ) -> Manifest:
         if method != "GET" and self.fence is not None and not self.fence():
             raise Fenced(f"{what}: not sent, this operator no longer leads (its Lease was not renewed in time)")
         try:
@@ -216,7 +218,7 @@ class Kube:
                 callback(written)
         return written
 
-    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    async def apply(self, manifest: Manifest) -> Manifest:
         """Server-side apply: create or converge the object to `manifest` (idempotent)."""
         ref = Ref.of(manifest)
         return await self._call(
@@ -228,7 +230,7 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
-    async def get(self, ref: Ref) -> dict[str, Any] | None:
+    async def get(self, ref: Ref) -> Manifest | None:
         try:
             return await self._call("GET", ref.path(), f"get {ref}")
         except NotFound:
@@ -236,21 +238,21 @@ class Kube:
 
     async def list(
         self, ref: Ref, label_selector: str = "", field_selector: str = "", cached: bool = False
-    ) -> list[dict[str, Any]]:
+    ) -> list[Manifest]:
         """The objects selected; `cached`: from the API server's watch cache (resourceVersion 0), which
         spares etcd a read of every object of the kind, and may be a moment old."""
         query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v]
         query += [("resourceVersion", "0")] if cached else []
         result = await self._call("GET", ref.path(), f"list {ref.kind} in {ref.namespace}", query=query)
-        items: list[dict[str, Any]] = result.get("items", [])
+        items: list[Manifest] = result.get("items", [])
         return items
 
     async def list_all(
         self, ref: Ref, label_selector: str = "", field_selector: str = "", page: int = 500
-    ) -> tuple[builtins.list[dict[str, Any]], str]:
+    ) -> tuple[builtins.list[Manifest], str]:
         """Every item of a collection, `page` at a time (a big cluster's pods never come in one answer), and
         the resourceVersion to watch it from."""
-        items: builtins.list[dict[str, Any]] = []
+        items: builtins.list[Manifest] = []
         token = ""
         while True:
             query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector),
@@ -266,7 +268,7 @@ class Kube:
     async def watch(
         self, ref: Ref, resource_version: str, label_selector: str = "", field_selector: str = "",
         timeout_seconds: int = 240,
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:  # fmt: skip
+    ) -> AsyncIterator[tuple[str, Manifest]]:  # fmt: skip
         """The changes of a collection after `resource_version`, as (type, object) — ADDED, MODIFIED, DELETED,
         BOOKMARK — until the API server ends the watch (after about `timeout_seconds`). Raises :class:`Gone`
         when that version is too old, :class:`KubeError` on any other failure."""
@@ -312,7 +314,7 @@ class Kube:
         with contextlib.suppress(NotFound):
             await self._call("DELETE", ref.path(), f"delete {ref}", body={"propagationPolicy": "Background"})
 
-    async def patch_status(self, ref: Ref, status: dict[str, Any]) -> dict[str, Any]:
+    async def patch_status(self, ref: Ref, status: Manifest) -> Manifest:
         """Merge-patch the status subresource (conditions and results are whole values)."""
         return await self._call(
             "PATCH",
@@ -322,12 +324,12 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
-    async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, manifest: Manifest) -> Manifest:
         ref = Ref.of(manifest)
         collection = Ref(ref.api_version, ref.kind, ref.namespace)  # POST goes to the collection, named or not
         return await self._call("POST", collection.path(), f"create {ref.kind} in {ref.namespace}", body=manifest)
 
-    async def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    async def replace(self, manifest: Manifest) -> Manifest:
         """PUT the whole object; with `metadata.resourceVersion` set, a concurrent change raises Conflict."""
         ref = Ref.of(manifest)
         return await self._call("PUT", ref.path(), f"replace {ref}", body=manifest)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -22,6 +21,7 @@ from servinglab.api.status import ExperimentStatus
 from servinglab.api.trials import SweepResults
 from servinglab.k8s.client import Kube, KubeError, Ref
 from servinglab.measure.document import experiment_results
+from servinglab.servers.base import Manifest
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def _ref(namespace: str, name: str) -> Ref:
     return Ref(GROUP_VERSION, KIND, namespace, name)
 
 
-def experiment_of(body: dict[str, Any]) -> ClusterExperiment:
+def experiment_of(body: Manifest) -> ClusterExperiment:
     """The results document of a stored experiment, from its spec and its status."""
     name = body["metadata"]["name"]
     try:
@@ -60,7 +60,8 @@ def experiment_of(body: dict[str, Any]) -> ClusterExperiment:
         runtime=Runtime(mode="cluster", server_pod=status.server_pod, server_replicas=status.server_replicas,
                         form=status.form),
         cold_start_seconds=status.cold_start_seconds,
-        peak_rate=peak, ceiling=status.ceiling, model=status.model, started_at=status.started_at,
+        peak_rate=peak, utilisation=status.utilisation, ceiling=status.ceiling, model=status.model,
+        started_at=status.started_at,
         finished_at=status.finished_at, effective=status.effective, price=status.price,
     ).model_copy(update={"conditions": status.conditions, "generator": None})  # fmt: skip
     failed = cond.get(status.conditions, cond.FAILED)
@@ -70,7 +71,7 @@ def experiment_of(body: dict[str, Any]) -> ClusterExperiment:
 
 async def _apply_and_follow(
     experiment: ServingExperiment, namespace: str, report: Callable[[str], None], timeout: float
-) -> dict[str, Any]:
+) -> Manifest:
     kube = await Kube.connect()
     try:
         manifest = experiment.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -82,9 +83,7 @@ async def _apply_and_follow(
         await kube.close()
 
 
-async def _follow(
-    kube: Kube, namespace: str, name: str, report: Callable[[str], None], timeout: float
-) -> dict[str, Any]:
+async def _follow(kube: Kube, namespace: str, name: str, report: Callable[[str], None], timeout: float) -> Manifest:
     seen: set[tuple[str, str, str]] = set()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -111,7 +110,7 @@ def run_on_cluster(
 
 
 def fetch(namespace: str, name: str) -> ClusterExperiment | None:
-    async def get() -> dict[str, Any] | None:
+    async def get() -> Manifest | None:
         kube = await Kube.connect()
         try:
             return await kube.get(_ref(namespace, name))

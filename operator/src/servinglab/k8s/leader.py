@@ -36,6 +36,7 @@ from typing import Any
 from aiohttp import web
 
 from servinglab.k8s.client import Conflict, Kube, KubeError, Ref
+from servinglab.servers.base import Manifest
 
 LOG = logging.getLogger("servinglab.leader")
 LEASE_NAME = "servinglab-operator"
@@ -45,7 +46,7 @@ def _micro_time() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def lease_manifest(ref: Ref, identity: str, lease_seconds: float, previous: dict[str, Any] | None) -> dict[str, Any]:
+def lease_manifest(ref: Ref, identity: str, lease_seconds: float, previous: Manifest | None) -> Manifest:
     """The Lease held by `identity` from now on (pure); keeps resourceVersion for a conditional write."""
     spec = dict((previous or {}).get("spec") or {})
     now = _micro_time()
@@ -58,7 +59,7 @@ def lease_manifest(ref: Ref, identity: str, lease_seconds: float, previous: dict
     if taking_over:
         spec["acquireTime"] = now
         spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if previous else 0)
-    metadata: dict[str, Any] = {"name": ref.name, "namespace": ref.namespace}
+    metadata: Manifest = {"name": ref.name, "namespace": ref.namespace}
     if previous is not None:
         metadata["resourceVersion"] = previous["metadata"]["resourceVersion"]
     return {"apiVersion": ref.api_version, "kind": ref.kind, "metadata": metadata, "spec": spec}
@@ -92,7 +93,7 @@ class Election:
         """Whether this process may still act: a local clock check, no API call (the write fence)."""
         return time.monotonic() < self._valid_until
 
-    def _expired(self, lease: dict[str, Any]) -> bool:
+    def _expired(self, lease: Manifest) -> bool:
         spec = lease.get("spec") or {}
         record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseDurationSeconds"))
         now = time.monotonic()

@@ -22,11 +22,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from servinglab import servers
 from servinglab.api import ExperimentSpec, SpecError, load_experiment
 from servinglab.api.exitcodes import ExitCode
 from servinglab.api.results import EffectiveSettings, LoadJobResults, to_json
 from servinglab.k8s import sink
+from servinglab.k8s.podutilisation import PodUtilisation, UtilisationSource, with_reading_note
 from servinglab.loadgen import folder, generators, levels, meeting, shapes, wire
 from servinglab.loadgen.payloads import PayloadError, request_payloads
 from servinglab.measure.ceiling import ceiling_of
@@ -52,6 +55,7 @@ class LoadJobOptions:
     payload_dir: Path = Path(".")
     generators_listen: str | None = None
     generators_join: str | None = None
+    utilisation_source: str | None = None  # a UtilisationSource's JSON: the operator's, for utilisationTarget
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,11 @@ def run(options: LoadJobOptions) -> Ending:
     if problem is not None:
         return Ending(ExitCode.SERVER_NEVER_ANSWERED, problem)
     kind = servers.get(spec.server.kind)
-    windows = ServerWindows(http_fetcher(options.metrics_url), kind.metrics(options.model_name)) if (
+    try:
+        pods = _pod_utilisation(spec, options.utilisation_source)
+    except ValueError as exc:
+        return Ending(ExitCode.INVALID, str(exc))
+    windows = ServerWindows(http_fetcher(options.metrics_url), kind.metrics(options.model_name), pods) if (
         options.metrics_url) else None  # fmt: skip
     inference = _getter(target.url, load.request_timeout_seconds)
     effective, refused = _applied(spec, options.model_name, windows, kind, inference)
@@ -108,6 +116,7 @@ def run(options: LoadJobOptions) -> Ending:
         effective=effective,
         server_answered_at=answered_at,
         peak_rate=measured.peak_rate,
+        utilisation=with_reading_note(measured.utilisation, pods.note if pods is not None else None),
         ceiling=ceiling_of(spec, measured.levels, flops) if spec.ceiling.enabled and flops else None,
     )
     _write_json(to_json(document), options.output)
@@ -118,6 +127,18 @@ def run(options: LoadJobOptions) -> Ending:
             return Ending(ExitCode.RESULTS_NOT_STORED, str(exc))
     summary = f"{len(measured.levels)} levels measured, {measured.requests} requests, {measured.errors} errors"
     return Ending(ExitCode.OK, summary)
+
+
+def _pod_utilisation(spec: ExperimentSpec, source: str | None) -> PodUtilisation | None:
+    """The reading of the server pods' utilisation a utilisation target needs (ValueError: none, or not one)."""
+    if spec.load.utilisation_target is None:
+        return None
+    if source is None:
+        raise ValueError("spec.load.utilisationTarget: the Job was given no --utilisation-source to read it from")
+    try:
+        return PodUtilisation(UtilisationSource.model_validate_json(source))
+    except ValidationError as exc:
+        raise ValueError(f"--utilisation-source: {exc.errors()[0]['msg']}") from None
 
 
 def _applied(

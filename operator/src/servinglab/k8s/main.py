@@ -24,6 +24,7 @@ import kopf
 
 from servinglab.api import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL
 from servinglab.api import conditions as cond
+from servinglab.api.reasons import Reason
 from servinglab.k8s import leader
 from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.client import Kube, KubeError, Ref
@@ -32,6 +33,7 @@ from servinglab.k8s.experiment.admission import GpuQueue
 from servinglab.k8s.experiment.reconcile import give_up, reconcile
 from servinglab.k8s.settings import Settings
 from servinglab.k8s.sweep.reconcile import end_sweep, reconcile_sweep
+from servinglab.servers.base import Manifest
 
 LOG = logging.getLogger("servinglab.operator")
 #: A queued experiment is woken by any change of the GPU queue's caches; this is only a backstop.
@@ -134,12 +136,12 @@ def _sweep_running(status: kopf.Status, **_: Any) -> bool:
 
 async def _drive(
     ref: Ref,
-    step: Callable[[dict[str, Any]], Awaitable[bool]],
+    step: Callable[[Manifest], Awaitable[bool]],
     memo: kopf.Memo,
     stopped: kopf.DaemonStopped,
     logger: kopf.Logger,
     queued: Callable[[], bool] = lambda: False,
-    give_up: Callable[[dict[str, Any], str], Awaitable[None]] | None = None,
+    give_up: Callable[[Manifest, str], Awaitable[None]] | None = None,
 ) -> None:
     """Reconcile one object every poll until `step` says it has finished or it is gone. While `queued`
     says so, the object is read from the GPU queue's cache and the next pass comes with a change there.
@@ -147,7 +149,7 @@ async def _drive(
     in a row, `give_up(body, why)` ends the object (it is tried again on each later failure until it
     succeeds)."""
     failing_since: float | None = None
-    body: dict[str, Any] | None = None
+    body: Manifest | None = None
     while not stopped:
         try:
             body = memo.queue.body(ref.namespace, ref.name) if queued() else None
@@ -191,7 +193,7 @@ async def drive(
     deployed = queued = False
     pinned = snapshot.Pinned()
 
-    async def step(body: dict[str, Any]) -> bool:
+    async def step(body: Manifest) -> bool:
         nonlocal deployed, queued
         outcome = await reconcile(memo.kube, body, memo.settings, memo.queue, deploy=not deployed, pinned=pinned)
         deployed = deployed or outcome is not None  # once per daemon run, by the first pass past the queue
@@ -199,7 +201,7 @@ async def drive(
         queued = outcome is None and cached is not None and not (cached.get("status") or {}).get("startedAt")
         return outcome is True
 
-    async def end(body: dict[str, Any], why: str) -> None:
+    async def end(body: Manifest, why: str) -> None:
         await give_up(memo.kube, body, memo.settings, why)
 
     with opmetrics.RUNNING.track_inprogress():
@@ -221,7 +223,7 @@ async def drive_sweep(
     ref = Ref(GROUP_VERSION, SWEEP_KIND, namespace or "", name)
     chart_prices = memo.settings.pricing.priced()
     await _drive(ref, lambda body: reconcile_sweep(memo.kube, body, memo.queue, chart_prices), memo, stopped, logger,
-                 give_up=lambda body, why: end_sweep(memo.kube, body, "ReconcileFailed", why))  # fmt: skip
+                 give_up=lambda body, why: end_sweep(memo.kube, body, Reason.RECONCILE_FAILED, why))  # fmt: skip
 
 
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)

@@ -32,7 +32,7 @@ def needs_model_url_secret(spec: ExperimentSpec) -> bool:
 def model_url_secret(owner: Owner, url: str) -> Manifest:
     """The model's whole URL, for the server pod's model init container alone (a pre-signed URL's signature
     is a credential: never in the ConfigMap, which the `view` role reads). Created once, named by the API
-    server and kept in status, as :func:`~servinglab.k8s.builders.generator_key_secret` (the operator reads no
+    server and kept in status, as :func:`~servinglab.k8s.loadbuilders.generator_key_secret` (the operator reads no
     Secret). Immutable."""
     return {
         "apiVersion": "v1",

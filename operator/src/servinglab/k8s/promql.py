@@ -132,29 +132,7 @@ class GpuMetrics:
             raise PrometheusError(f"{where}: no answer within {self.timeout.total:g} s (timed out)") from None
         except aiohttp.ClientError as exc:
             raise PrometheusError(f"{where}: {failure(exc)}") from None
-        # Never echo the body: the URL is the user's, and what answers there is not ours to publish in status.
-        try:
-            body: Any = json.loads(raw)
-            result = body["data"]["result"] if body.get("status") == "success" else None
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-            body, result = None, None
-        if not isinstance(result, list):
-            kind = body.get("errorType") if isinstance(body, dict) and body.get("status") == "error" else None
-            what = (
-                f"Prometheus refused the query ({kind})"
-                if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 40
-                else (f"not a Prometheus query API response ({content_type[:60]}, {len(raw)} bytes)")
-            )
-            raise PrometheusError(f"{where}: HTTP {status}, {what}", "PrometheusQueryFailed")
-        if not result:
-            return None
-        try:
-            value = float(result[0]["value"][1])
-        except (ValueError, TypeError, KeyError, IndexError, OverflowError):
-            raise PrometheusError(f"{where}: HTTP {status}, not a Prometheus sample", "PrometheusQueryFailed") from None
-        if not math.isfinite(value):  # a GPU figure is never +Inf or NaN, and status (JSON) cannot hold one
-            raise PrometheusError(f"{where}: HTTP {status}, a sample that is not finite", "PrometheusQueryFailed")
-        return value
+        return sample_of(raw, status, content_type, where)
 
     async def window(
         self, namespace: str, pod: str, start: float, end: float, successful_requests: int
@@ -169,6 +147,33 @@ class GpuMetrics:
             round(energy / successful_requests, 6) if energy is not None and successful_requests > 0 else None
         )
         return figures
+
+
+def sample_of(raw: bytes, status: int, content_type: str, where: str) -> float | None:
+    """The one sample of an instant query's answer (None: no data), or PrometheusError naming what came back
+    instead. Never echoes the body: the URL is the user's, and what answers there is not ours to publish."""
+    try:
+        body: Any = json.loads(raw)
+        result = body["data"]["result"] if body.get("status") == "success" else None
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        body, result = None, None
+    if not isinstance(result, list):
+        kind = body.get("errorType") if isinstance(body, dict) and body.get("status") == "error" else None
+        what = (
+            f"Prometheus refused the query ({kind})"
+            if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 40
+            else (f"not a Prometheus query API response ({content_type[:60]}, {len(raw)} bytes)")
+        )
+        raise PrometheusError(f"{where}: HTTP {status}, {what}", "PrometheusQueryFailed")
+    if not result:
+        return None
+    try:
+        value = float(result[0]["value"][1])
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError):
+        raise PrometheusError(f"{where}: HTTP {status}, not a Prometheus sample", "PrometheusQueryFailed") from None
+    if not math.isfinite(value):  # a figure is never +Inf or NaN, and status (JSON) cannot hold one
+        raise PrometheusError(f"{where}: HTTP {status}, a sample that is not finite", "PrometheusQueryFailed")
+    return value
 
 
 async def _bounded_body(response: aiohttp.ClientResponse, where: str) -> bytes:

@@ -53,7 +53,7 @@ PART_BYTES = INLINE_LIMIT * 3 // 4
 #: At most this many ConfigMaps per document (the load Job's Role names the parts it may patch).
 MAX_PARTS = 32
 #: Most bytes of JSON a document may be (written) and inflate to (read). The largest a legal spec makes
-#: is about 3.5 MB (servinglab.api.load.MAX_WINDOWS; tests/unit/test_results_sink.py builds it).
+#: is about 3.5 MB (servinglab.api.load.MAX_WINDOWS; tests/unit/k8s/test_sink.py builds it).
 MAX_DOCUMENT_BYTES = 8 << 20
 #: Most values a document may hold, counted as its objects, arrays and commas: parsed, a value costs
 #: 30-200 bytes, far more than its text (`{},` is 3 bytes), so this, not the byte cap, bounds what a

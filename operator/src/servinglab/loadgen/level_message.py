@@ -10,8 +10,8 @@ import pydantic
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from servinglab.api.figures import GeneratorVerdict, Latency, OpenLoopFigures, PhaseFigures, Repeats, Stability
 from servinglab.api.load import MAX_PHASES
-from servinglab.api.results import GeneratorVerdict, Latency, OpenLoopFigures, PhaseFigures, Repeats, Stability
 from servinglab.loadgen.stats import CDF_STEP_PERCENT, LevelStats, Sample
 
 #: Longest text field (URLs, content types, error kinds, phase names).

@@ -28,7 +28,7 @@ import gevent.pool
 from geventhttpclient import HTTPClient
 
 from servinglab.api import GeneratorLimits, RequestProtocol, ResponseCheck, StabilitySpec
-from servinglab.api.results import OpenLoopFigures
+from servinglab.api.figures import OpenLoopFigures
 from servinglab.loadgen import shapes
 from servinglab.loadgen.closed_loop import exchange
 from servinglab.loadgen.cpumeter import CpuMeter

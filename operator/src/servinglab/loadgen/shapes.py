@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servinglab.api import ShapeSpec, TraceShape
+from servinglab.api.figures import PhaseFigures
 from servinglab.api.load import MAX_WINDOWS_PER_LEVEL
-from servinglab.api.results import PhaseFigures
 from servinglab.loadgen import folder
 from servinglab.loadgen.arrivals import arrival_offsets
 from servinglab.loadgen.stats import Sample, rounded, summarise

@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 
 from servinglab.api import GeneratorLimits, StabilitySpec
-from servinglab.api.results import OneGenerator, OpenLoopFigures
+from servinglab.api.figures import OneGenerator, OpenLoopFigures
 from servinglab.loadgen import shapes
 from servinglab.loadgen.stats import LevelStats, judge_stability, merge_generator_verdicts, summarise
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from servinglab.api import GeneratorLimits, StabilitySpec
-from servinglab.api.results import (
+from servinglab.api.figures import (
     GeneratorVerdict,
     Latency,
     MeanCi,
@@ -29,9 +29,9 @@ from servinglab.api.results import (
     Repeats,
     SendGap,
     Stability,
-    to_json,
 )
-from servinglab.api.results import Window as WindowFigures
+from servinglab.api.figures import Window as WindowFigures
+from servinglab.api.results import to_json
 
 PERCENTILES = (50, 90, 95, 99)
 CDF_STEP_PERCENT = 0.5  # the stored latency CDF: exact nearest-rank values every half percent

@@ -116,7 +116,7 @@ class ServerSlot:
         same = same and self.model is not None and self.model.form_spec == spec.server.form  # a form is built anew
         if self.server is not None and same and self.reuse:
             _refuse_gpu_paths_without_a_gpu(spec.server, self.server.gpus)
-            if kind.reconfigurable:
+            if kind.capabilities.in_place_reconfiguration:
                 self.hooks.phase(f"Reconfiguring {kind.name}: {experiment.metadata.name}")
                 return self.server, self.server.reconfigure(spec.server, spec.load), True
             self.hooks.phase(f"Restarting {kind.name} with the new configuration: {experiment.metadata.name}")

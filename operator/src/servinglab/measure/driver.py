@@ -14,17 +14,34 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal, Protocol
 
 from servinglab.api import LoadSpec
+from servinglab.api.figures import GpuFigures
 from servinglab.api.results import LevelResult, PeakRate
 from servinglab.api.utilisation import UtilisationSearch
+from servinglab.api.verdicts import CpuFigures
 from servinglab.loadgen import levels, wire
 from servinglab.loadgen.hooks import LevelHooks, ProgressFn
 from servinglab.loadgen.utilisation import Reading
 from servinglab.measure.levels import latency_of, level_results, meets_slo, probe_passes, with_device
-from servinglab.measure.telemetry import LocalTelemetry
 from servinglab.measure.windows import WindowReader
 from servinglab.servers.base import ServerMetrics
+
+
+class Telemetry(Protocol):
+    """The server's devices over each measured window, by the level's index in the run: a local server's
+    processes and GPUs (:class:`servinglab.measure.telemetry.LocalTelemetry`), or, in the load Job, its pods'
+    utilisation from Prometheus (:class:`servinglab.k8s.podutilisation.PodUtilisation`)."""
+
+    cpu: dict[int, CpuFigures]
+    gpu: dict[int, GpuFigures]
+
+    def resource(self, asked: str) -> Literal["gpu", "cpu"]: ...
+    def utilisation(self, level: int, resource: Literal["gpu", "cpu"]) -> float | None: ...
+    def window_start(self, level: int) -> None: ...
+    def window_end(self, level: int) -> None: ...
+    def tick(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -34,7 +51,7 @@ class ServerWindows:
 
     fetch: Callable[[], str]
     metrics: ServerMetrics
-    telemetry: LocalTelemetry | None = None
+    telemetry: Telemetry | None = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servinglab.api.results import BestLevel, GpuFigures, Latency, LevelResult, ServerBreakdown
+from servinglab.api.figures import GpuFigures, Latency, ServerBreakdown
+from servinglab.api.results import BestLevel, LevelResult
 from servinglab.api.verdicts import CpuFigures
 from servinglab.loadgen.stats import LevelStats, rounded
 from servinglab.measure.tails import latency_intervals

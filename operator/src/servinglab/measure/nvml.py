@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from servinglab.api.results import GpuFigures
+from servinglab.api.figures import GpuFigures
 
 #: nvmlValueType_t -> the member of nvmlValue_t that holds a sample.
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")

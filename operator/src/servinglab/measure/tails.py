@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from servinglab.api.results import LatencyIntervals, PercentileInterval
+from servinglab.api.figures import LatencyIntervals, PercentileInterval
 
 CONFIDENCE = 0.95
 #: Terms of the binomial further than this many standard deviations (plus as many counts) from its mean

@@ -23,7 +23,7 @@ from typing import Literal, TypeVar
 
 import psutil
 
-from servinglab.api.results import GpuFigures
+from servinglab.api.figures import GpuFigures
 from servinglab.api.verdicts import CpuFigures
 from servinglab.measure.nvml import GpuWindow, open_gpus
 

@@ -13,7 +13,8 @@ The rules, in order (the first that holds is the verdict; docs/verdicts.md expla
    where one alone is at least FORM_GAIN faster than the served form, before a faster device);
 3. the workers were busy (at least BUSY of the window): the largest stage of their time says which —
    preprocess-bound, postprocess-bound, or, when the forward pass is the largest, compute-bound where the
-   device is busy and queue-bound (too few workers) where it has room;
+   device is busy and queue-bound (too few workers) where it has room (a server whose stage figures are its
+   own execution phases, as its declared worker signals say, counts decoding in the forward pass);
 4. otherwise the time outside the workers: frontend-bound when client minus server latency is at least
    FRONTEND of the client's latency; batch-delay-bound when requests waited about the delay in the queue
    while batches stayed below batchSize;
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 
 from servinglab.api.ceiling import Ceiling
 from servinglab.api.results import LevelResult, ServerSettings
+from servinglab.api.servers import CAPABILITIES, WorkerSignal
 from servinglab.api.verdicts import (
     BatchFormation,
     Bottleneck,
@@ -180,8 +182,10 @@ def _workers_limit(split: TimeSplit, load: WorkerLoad, batch: BatchFormation, de
     return waited >= WAITED * (load.handler_ms_per_batch or 0.0)
 
 
-def _busy_verdict(split: TimeSplit, load: WorkerLoad, device: DeviceLoad | None, batch: BatchFormation) -> Verdict:
-    """Busy workers: the largest stage of their time, and for the forward pass whether the device has room."""
+def _busy_verdict(split: TimeSplit, load: WorkerLoad, device: DeviceLoad | None, batch: BatchFormation,
+                  handler_stages: bool = True) -> Verdict:  # fmt: skip
+    """Busy workers: the largest stage of their time, and for the forward pass whether the device has room.
+    Without `handler_stages` the server times its own execution phases: decoding is in the model's execution."""
     stages = {"preprocess": split.preprocess_ms or 0.0, "inference": split.inference_ms or 0.0,
               "postprocess": split.postprocess_ms or 0.0}  # fmt: skip
     handler = sum(stages.values()) or 1.0
@@ -204,7 +208,8 @@ def _busy_verdict(split: TimeSplit, load: WorkerLoad, device: DeviceLoad | None,
             next=f"lighter responses (fewer top-k classes, smaller outputs), or more workers than {workers}",
             hints=[WORKERS_UP],
         )
-    forward = f"{busy}; the forward pass {_pct(share)} of their time ({stages[largest]:.1f} ms per batch)"
+    what = "the forward pass" if handler_stages else "the model's execution (decoding included)"
+    forward = f"{busy}; {what} {_pct(share)} of their time ({stages[largest]:.1f} ms per batch)"
     room = _device_room(device, load.workers)
     if room is not None:
         return Verdict(
@@ -316,10 +321,17 @@ def judge(level: LevelResult, server: ServerSettings, ceiling: Ceiling | None = 
         return Verdict(bottleneck=Bottleneck.UNKNOWN, because="no server breakdown for this level",
                        next="serve the model with servinglab's handler so its counters are read", **parts)  # fmt: skip
     if load.busy_fraction is not None and load.busy_fraction >= BUSY and _workers_limit(split, load, batch, delay_ms):
-        found = _busy_verdict(split, load, device, batch)
+        found = _busy_verdict(split, load, device, batch, _times_handler_stages(server.kind))
     else:
         found = _idle_verdict(split, load, batch, delay_ms)
     return found.model_copy(update=parts)
+
+
+def _times_handler_stages(kind: str | None) -> bool:
+    """Whether the server's stage figures are the handler's own (its declared worker signals); a kind not
+    known here (an older document's) is taken to time them."""
+    declared = CAPABILITIES.get(kind or "")
+    return declared is None or WorkerSignal.HANDLER_STAGES in declared.worker_signals
 
 
 def _better_form(ceiling: Ceiling | None) -> tuple[str, VerdictHint] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import urllib.request
 from collections.abc import Callable
 
-from servinglab.api.results import ServerBreakdown
+from servinglab.api.figures import ServerBreakdown
 from servinglab.servers.base import ServerMetrics
 
 

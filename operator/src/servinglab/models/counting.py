@@ -13,12 +13,12 @@ counted from its graph: :mod:`.onnxcount`.)
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from servinglab import paths
+from servinglab.api.ceiling import DeclaredInput
 from servinglab.models.catalogue import INPUT_FILE, get_builtin, load_module
 
 
@@ -56,14 +56,14 @@ def packed_file(directory: str) -> Path:
     return next(p for p in (folder / "model.pt", folder / "model.pt2", folder / "model.onnx") if p.exists())
 
 
-def packed_network(directory: str) -> tuple[Any, dict[str, Any]]:
+def packed_network(directory: str) -> tuple[Any, DeclaredInput]:
     """A model servinglab packed (TorchScript, .pt2, or ONNX in an ONNX Runtime session) on the CPU, and its
     declared input."""
     import torch
 
     folder = Path(directory)
     serialized = packed_file(directory)
-    declared: dict[str, Any] = json.loads((folder / INPUT_FILE).read_text())
+    declared = DeclaredInput.model_validate_json((folder / INPUT_FILE).read_text())
     return handler_imaging().load_serialized(serialized, torch.device("cpu")), declared
 
 

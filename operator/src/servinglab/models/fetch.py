@@ -34,6 +34,7 @@ from typing import IO
 
 from servinglab.api import ModelSource
 from servinglab.api.modelref import MODEL_MAX_BYTES_LIMIT, redact_url
+from servinglab.api.reasons import Reason
 
 #: Authorization header value for a URL source (from a Secret, in the fetching init container only).
 AUTHORIZATION_ENV = "SERVINGLAB_MODEL_AUTHORIZATION"
@@ -51,7 +52,7 @@ _CHUNK = 1 << 20
 class ModelSourceError(RuntimeError):
     """The model cannot be served; `reason` is the condition reason the experiment ends with."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -75,7 +76,7 @@ def cache_dir() -> Path:
 
 def too_large(source: ModelSource, what: str) -> ModelSourceError:
     return ModelSourceError(
-        "ModelTooLarge",
+        Reason.MODEL_TOO_LARGE,
         f"{source.describe()}: {what}, more than maxBytes ({source.max_bytes} bytes); if the model really is "
         f"that large, raise spec.model.source.maxBytes (at most {MODEL_MAX_BYTES_LIMIT})",
     )
@@ -97,7 +98,7 @@ def copy_counted(stream: IO[bytes], out: IO[bytes], source: ModelSource, already
 def _checked(source: ModelSource, digest: str) -> None:
     if source.sha256 is not None and digest != source.sha256:
         raise ModelSourceError(
-            "ModelChecksumMismatch", f"{source.describe()}: sha256 is {digest}, the spec expects {source.sha256}"
+            Reason.MODEL_CHECKSUM_MISMATCH, f"{source.describe()}: sha256 is {digest}, the spec expects {source.sha256}"
         )
 
 
@@ -106,7 +107,7 @@ def take_file(source: ModelSource, path: Path, into: Path) -> Fetched:
     try:
         size = path.stat().st_size
     except OSError:
-        raise ModelSourceError("ModelDownloadFailed", f"{source.describe()}: no such file or folder") from None
+        raise ModelSourceError(Reason.MODEL_DOWNLOAD_FAILED, f"{source.describe()}: no such file or folder") from None
     if size > source.max_bytes:
         raise too_large(source, f"{size} bytes")
     with path.open("rb") as stream, into.open("xb") as out:
@@ -126,13 +127,14 @@ def copy_folder(source: ModelSource, folder: Path, into: Path) -> Fetched:
         relative = here.relative_to(folder)
         for name in folders:
             if (here / name).is_symlink():
-                raise ModelSourceError("ModelNotRecognized", f"{source.describe()}: {relative / name} is a link")
+                raise ModelSourceError(Reason.MODEL_NOT_RECOGNIZED, f"{source.describe()}: {relative / name} is a link")
             (into / relative / name).mkdir()
         for name in names:
             path = here / name
             if path.is_symlink() and not path.resolve().is_relative_to(root):
                 raise ModelSourceError(
-                    "ModelNotRecognized", f"{source.describe()}: {relative / name} is a symlink out of the folder"
+                    Reason.MODEL_NOT_RECOGNIZED,
+                    f"{source.describe()}: {relative / name} is a symlink out of the folder",
                 )
             if not path.is_file():
                 continue
@@ -169,7 +171,7 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         scheme, current = urllib.parse.urlsplit(newurl).scheme, urllib.parse.urlsplit(req.full_url).scheme
         if scheme not in ("http", "https") or (current == "https" and scheme != "https"):
             raise ModelSourceError(
-                "ModelDownloadFailed",
+                Reason.MODEL_DOWNLOAD_FAILED,
                 f"{redact_url(self.url)}: redirected from {redact_url(req.full_url)} to {redact_url(newurl)}; "
                 "refused: a download that started on https stays on https",
             )
@@ -205,7 +207,7 @@ def download(
             with contextlib.suppress(OSError):  # changed since it was kept: never served, fetched again
                 kept.unlink()
     if authorization and not url.startswith("https://"):
-        raise ModelSourceError("ModelDownloadFailed", f"{shown}: credentials are sent over https only")
+        raise ModelSourceError(Reason.MODEL_DOWNLOAD_FAILED, f"{shown}: credentials are sent over https only")
     request = urllib.request.Request(url, headers={"User-Agent": "servinglab"})
     if authorization:
         request.add_unredirected_header("Authorization", authorization)
@@ -218,10 +220,10 @@ def download(
             sha256, written = copy_counted(response, out, source)
     except urllib.error.HTTPError as exc:
         into.unlink(missing_ok=True)
-        raise ModelSourceError("ModelDownloadFailed", f"{shown}: HTTP {exc.code} {exc.reason}") from None
+        raise ModelSourceError(Reason.MODEL_DOWNLOAD_FAILED, f"{shown}: HTTP {exc.code} {exc.reason}") from None
     except (OSError, ValueError, http.client.HTTPException) as exc:
         into.unlink(missing_ok=True)
-        raise ModelSourceError("ModelDownloadFailed", f"{shown}: {str(exc).replace(url, shown)}") from None
+        raise ModelSourceError(Reason.MODEL_DOWNLOAD_FAILED, f"{shown}: {str(exc).replace(url, shown)}") from None
     except ModelSourceError:
         into.unlink(missing_ok=True)
         raise

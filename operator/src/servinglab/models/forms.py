@@ -21,6 +21,7 @@ from pathlib import Path
 from servinglab import paths
 from servinglab.api import ServerSpec
 from servinglab.api.forms import FORM_DISAGREES, FORM_NOT_BUILT, FormRun, ModelForm
+from servinglab.api.reasons import Reason
 from servinglab.models.catalogue import INPUT_FILE
 
 #: The file each form with one is served from, beside the model (the handler knows the same names).
@@ -37,7 +38,7 @@ _USER_FORMS = {
 class FormError(RuntimeError):
     """The form cannot be served; `reason` is the condition reason the experiment ends with."""
 
-    def __init__(self, reason: str, message: str, run: FormRun | None = None) -> None:
+    def __init__(self, reason: Reason, message: str, run: FormRun | None = None) -> None:
         super().__init__(message)
         self.reason, self.run = reason, run
 
@@ -84,7 +85,7 @@ def prepare(server: ServerSpec, folder: Path, batch_sizes: list[int], gpu: bool,
     if packed is None and form is ModelForm.EAGER:
         return FormRun(form=form, backend="torch", precision=str(server.precision), batch_sizes=batch_sizes)
     if (problem := refusal(server, 1 if gpu else 0, packed)) is not None:
-        raise FormError("FormNotSupported", problem)
+        raise FormError(Reason.FORM_NOT_SUPPORTED, problem)
     if packed is not None and _USER_FORMS[packed][form] == "as it comes":
         backend = {"onnx": "onnxruntime", "torchscript": "torchscript"}.get(packed, "torch")
         return FormRun(form=form, backend=backend, precision=str(server.precision), batch_sizes=batch_sizes)
@@ -100,8 +101,8 @@ def prepare(server: ServerSpec, folder: Path, batch_sizes: list[int], gpu: bool,
     else:
         declared = json.loads((folder / INPUT_FILE).read_text())
         if declared.get("kind") == "tensor" and str(declared.get("dtype", "float32")) not in ("float32", "float16"):
-            raise FormError("FormNotSupported", f"spec.server.form: {form} is checked on a float probe batch; this "
-                                                f"model takes {declared['dtype']} tensors")  # fmt: skip
+            raise FormError(Reason.FORM_NOT_SUPPORTED, f"spec.server.form: {form} is checked on a float probe "
+                            f"batch; this model takes {declared['dtype']} tensors")  # fmt: skip
         shape = declared["shape"] if declared.get("kind") == "tensor" else [3, declared["size"], declared["size"]]
         name = next(name for name, fmt in _USER_FILES.items() if fmt == packed)
         request.update(serializedFile=name, inputShape=shape)

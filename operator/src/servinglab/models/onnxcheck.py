@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from servinglab.api import ModelInput, ModelSource, Precision
+from servinglab.api.reasons import Reason
 from servinglab.models.fetch import ModelSourceError
 
 #: Operator domains ONNX Runtime's standard build loads (besides the model's own functions).
@@ -36,7 +37,7 @@ LOADABLE_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
 FED_TYPES = {"float32": "FLOAT", "float16": "FLOAT", "bfloat16": "FLOAT", "int64": "INT64", "int32": "INT32",
              "uint8": "UINT8"}  # fmt: skip
 PRECISIONS = (Precision.FP32, Precision.TF32)
-_NOT_SUPPORTED = "ModelNotSupported"
+_NOT_SUPPORTED = Reason.MODEL_NOT_SUPPORTED
 
 
 def parse(path: Path) -> Any | None:
@@ -195,13 +196,13 @@ def check(source: ModelSource, path: Path, declared: ModelInput | None, precisio
     """Refuse (:class:`ModelSourceError`) what the handler cannot serve; the name of the input it feeds."""
     if precision is not None and precision not in PRECISIONS:
         raise ModelSourceError(
-            "PrecisionNotSupported",
+            Reason.PRECISION_NOT_SUPPORTED,
             f"{source.describe()}: server.precision {precision}: an ONNX model runs in ONNX Runtime as it was "
             "saved, at fp32 (tf32 on a GPU that has it); serve it at fp32, or give the TorchScript/.pt2 file",
         )
     model = parse(path)
     if model is None:
-        raise ModelSourceError("ModelNotRecognized", f"{source.describe()}: not an ONNX model (no ModelProto)")
+        raise ModelSourceError(Reason.MODEL_NOT_RECOGNIZED, f"{source.describe()}: not an ONNX model (no ModelProto)")
     _refuse_external_data(source, model)
     _refuse_domains(source, model)
     return _refuse_inputs(source, model, declared or ModelInput(), batch_size)

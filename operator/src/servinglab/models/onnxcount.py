@@ -21,6 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from servinglab.api.ceiling import DeclaredInput
+from servinglab.models.probe import ModelCounts
+
 #: Nodes with matrix work this count does not see: their presence leaves the FLOPs unknown.
 UNCOUNTED = ("LSTM", "GRU", "RNN", "Einsum", "If", "Loop", "Scan", "Attention", "MultiHeadAttention",
              "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "FusedMatMul", "DeformConv")  # fmt: skip
@@ -33,7 +36,7 @@ class Uncounted(ValueError):
     """A figure this count cannot give; the message says why."""
 
 
-def _at_one_sample(model: Any, declared: dict[str, Any]) -> Any:
+def _at_one_sample(model: Any, declared: DeclaredInput) -> Any:
     """The model with its input's batch dimension 1 and its symbolic sizes the declared ones, shapes inferred."""
     import onnx
 
@@ -41,7 +44,9 @@ def _at_one_sample(model: Any, declared: dict[str, Any]) -> Any:
     copy.CopyFrom(model)
     initializers = {tensor.name for tensor in copy.graph.initializer}
     (entry,) = [item for item in copy.graph.input if item.name not in initializers]
-    sizes = [3, declared["size"], declared["size"]] if declared["kind"] == "image" else list(declared["shape"])
+    if declared.kind == "image" and declared.size is None:
+        raise Uncounted("the declared image input has no size")
+    sizes = [3, declared.size or 0, declared.size or 0] if declared.kind == "image" else list(declared.shape or [])
     for dim, size in zip(entry.type.tensor_type.shape.dim, [1, *sizes], strict=False):
         if not dim.HasField("dim_value"):
             dim.dim_value = int(size)
@@ -92,8 +97,8 @@ def _element_bytes(elem_type: int) -> int:
     return int(onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize)
 
 
-def count(model: Any, declared: dict[str, Any]) -> dict[str, Any]:
-    """{"parameters", "flopsPerInference", "weightBytes", "activationBytes", "countNote"} of a ModelProto
+def count(model: Any, declared: DeclaredInput) -> ModelCounts:
+    """The parameters, FLOPs per inference and bytes moved (with a note for what is not counted) of a ModelProto
     (one that :mod:`.onnxcheck` passed: weights inside the file, one input) at one sample of `declared`."""
     import onnx
 
@@ -124,6 +129,6 @@ def count(model: Any, declared: dict[str, Any]) -> dict[str, Any]:
             activations = 2 * written
         except Uncounted as exc:
             weights, note = None, f"bytes moved not counted: {exc}"  # both figures or neither, as for torch
-    return {"parameters": int(parameters), "flopsPerInference": flops,
-            "weightBytes": weights if activations is not None else None, "activationBytes": activations,
-            "countNote": note}  # fmt: skip
+    return ModelCounts(parameters=int(parameters), flops_per_inference=flops,
+                       weight_bytes=weights if activations is not None else None, activation_bytes=activations,
+                       count_note=note)  # fmt: skip

@@ -22,11 +22,31 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
 #: A note is a sentence; a longer one is cut here.
 _NOTE_MAX_CHARS = 500
 
 
 COUNTS = ("parameters", "flopsPerInference", "weightBytes", "activationBytes")
+
+
+class ModelCounts(BaseModel):
+    """What the probe's child answers (:mod:`.probe_child`, :mod:`.onnxcount`): a figure is null when it
+    could not be counted, and `count_note` says why."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    parameters: int | None
+    flops_per_inference: int | None
+    weight_bytes: int | None = None
+    activation_bytes: int | None = None
+    count_note: str | None = None
+
+    def line(self) -> str:
+        """The answer as the child prints it: one JSON line, every figure named."""
+        return json.dumps(self.model_dump(by_alias=True))
 
 
 def checked(answer: object) -> dict[str, Any] | None:

@@ -9,25 +9,28 @@ counted from its graph (:mod:`.onnxcount`).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from servinglab.api.ceiling import DeclaredInput
 from servinglab.models import counting
+from servinglab.models.probe import ModelCounts
 
 
-def _probe_batch(imaging: Any, declared: dict[str, Any]) -> Any:
+def _probe_batch(imaging: Any, declared: DeclaredInput) -> Any:
     """One sample of the declared input, all zeros, as the handler feeds it at fp32."""
     import torch
 
-    if declared["kind"] == "tensor":
-        sample = imaging.zeros_sample(declared["shape"], declared["dtype"])
+    if declared.kind == "tensor":
+        sample = imaging.zeros_sample(declared.shape, declared.dtype)
         return imaging.tensors_to_batch([sample], torch.device("cpu"), torch.float32)
-    return torch.zeros((1, 3, int(declared["size"]), int(declared["size"])))
+    if declared.size is None:
+        raise ValueError("the packed model's declared image input has no size")
+    return torch.zeros((1, 3, declared.size, declared.size))
 
 
-def _measure_onnx(directory: Path) -> dict[str, Any]:
+def _measure_onnx(directory: Path) -> ModelCounts:
     """An ONNX model: run once on the probe sample in the handler's session (raises what the run raises, or
     when the output is not a batch of one the handler can answer), then counted from its graph."""
     import onnx
@@ -37,8 +40,8 @@ def _measure_onnx(directory: Path) -> dict[str, Any]:
     imaging = counting.handler_imaging()
     model, declared = counting.packed_network(str(directory))
     output = model(_probe_batch(imaging, declared))
-    if output.ndim < 1 or output.shape[0] != 1 or (declared["kind"] == "image" and output.ndim != 2):
-        wanted = "[batch, classes] (an image model is answered with its top classes)" if declared["kind"] == "image" \
+    if output.ndim < 1 or output.shape[0] != 1 or (declared.kind == "image" and output.ndim != 2):
+        wanted = "[batch, classes] (an image model is answered with its top classes)" if declared.kind == "image" \
             else "batch first"  # fmt: skip
         raise ValueError(f"the ONNX model's first output has shape {list(output.shape)} for one sample; the "
                          f"handler takes it as {wanted}")  # fmt: skip
@@ -46,7 +49,7 @@ def _measure_onnx(directory: Path) -> dict[str, Any]:
     return onnxcount.count(graph, declared)
 
 
-def _measure(directory: Path) -> dict[str, Any]:
+def _measure(directory: Path) -> ModelCounts:
     if counting.packed_file(str(directory)).suffix == ".onnx":
         return _measure_onnx(directory)
     imaging = counting.handler_imaging()
@@ -67,9 +70,9 @@ def _measure(directory: Path) -> dict[str, Any]:
             weights, activations = counting.bytes_moved(model, batch)
         except Exception as exc:  # as above: said, not guessed
             note = f"bytes moved not counted: {type(exc).__name__}: {exc}"
-    return {"parameters": int(parameters), "flopsPerInference": flops, "weightBytes": weights,
-            "activationBytes": activations, "countNote": note}  # fmt: skip
+    return ModelCounts(parameters=int(parameters), flops_per_inference=flops, weight_bytes=weights,
+                       activation_bytes=activations, count_note=note)  # fmt: skip
 
 
 if __name__ == "__main__":
-    print(json.dumps(_measure(Path(sys.argv[1]))), flush=True)
+    print(_measure(Path(sys.argv[1])).line(), flush=True)

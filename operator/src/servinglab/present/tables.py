@@ -13,7 +13,9 @@ from rich.table import Table
 
 from servinglab.api import TrialConfig
 from servinglab.api.ceiling import Ceiling
-from servinglab.api.results import ExperimentResults, Latency, PeakRate
+from servinglab.api.figures import Latency
+from servinglab.api.results import ExperimentResults, PeakRate
+from servinglab.api.states import Confidence, ConfirmationState
 from servinglab.api.trials import SweepResults, TrialRecord
 from servinglab.api.utilisation import UtilisationSearch
 from servinglab.measure.trust import trust_checks
@@ -251,11 +253,11 @@ def winner_sentence(document: SweepResults) -> str:
     best, confirmation = document.best, document.confirmation
     if best is None:
         return "no winner"
-    if confirmation is not None and confirmation.state == "NoneWithinSlo":
+    if confirmation is not None and confirmation.state == ConfirmationState.NONE_WITHIN_SLO:
         return f"winner not confirmed: {confirmation.note}"
-    if confirmation is None or best.confidence in (None, "Unconfirmed"):
+    if confirmation is None or best.confidence in (None, Confidence.UNCONFIRMED):
         return "winner not confirmed (one measurement per trial; spec.confirm.rounds is 0 or one trial measured)"
-    if best.confidence == "Confirming":
+    if best.confidence == Confidence.CONFIRMING:
         done = sum(len(c.runs_rps) + len(c.missed or []) for c in confirmation.candidates)
         return f"confirming the winner: {done} runs in"
     if best.low_rps is not None and best.high_rps is not None:
@@ -265,7 +267,7 @@ def winner_sentence(document: SweepResults) -> str:
     misses = [f"{c.trial} {len(c.missed)}/{confirmation.rounds}" for c in confirmation.candidates if c.missed]
     if misses:  # runs that missed the objective: counted as such, not averaged in as 0 rps
         interval += f"; runs that missed the SLO: {', '.join(misses)}"
-    if best.confidence == "Tie":
+    if best.confidence == Confidence.TIE:
         return (f"a tie: {best.trial} ({interval}) cannot be told from {', '.join(best.tied_with or [])} after "
                 f"{confirmation.rounds} alternated rounds; the cheapest is named")  # fmt: skip
     count = len(confirmation.candidates)

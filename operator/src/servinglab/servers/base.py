@@ -27,10 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from servinglab.api import ExperimentSpec, LoadSpec, ModelFormat, ModelRef, Precision, RequestProtocol, ServerSpec
+from servinglab.api import ExperimentSpec, LoadSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
+from servinglab.api.figures import ServerBreakdown
 from servinglab.api.forms import FormRun, ModelForm
-from servinglab.api.results import DataPathRun, EffectiveSettings, ServerBreakdown, Warmup
+from servinglab.api.reasons import Reason
+from servinglab.api.results import DataPathRun, EffectiveSettings, Warmup
+from servinglab.api.servers import ServerCapabilities
 
 #: A Kubernetes object or a part of one (a container, a volume), as the API takes it.
 Manifest = dict[str, Any]
@@ -41,7 +44,7 @@ Manifest = dict[str, Any]
 MODEL_INIT, PROBE_INIT, FORM_INIT = "model", "probe", "form"
 #: The reason a server's start failure carries when the model does not fit its device's memory (a sweep
 #: prunes every larger configuration on it: servinglab.sweep.search).
-OUT_OF_MEMORY = "OutOfMemory"
+OUT_OF_MEMORY = Reason.OUT_OF_MEMORY
 
 
 class ServerError(RuntimeError):
@@ -57,13 +60,10 @@ class ModelError(RuntimeError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    """What a server kind can serve, declared once beside the server (its preparation of a user's model reads
-    it; a format outside it is refused with ModelNotSupported before anything starts)."""
-
-    #: The formats of a user's own model (`model.source`) it serves.
-    user_model_formats: tuple[ModelFormat, ...]
+#: What a server kind supports, declared once (:data:`servinglab.api.servers.CAPABILITIES`, which spec
+#: validation and the sweep's grid read too): its preparation of a user's model refuses a format outside it
+#: with ModelNotSupported before anything starts; the local runner reconfigures in place where it says so.
+Capabilities = ServerCapabilities
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ class LocalServer(Protocol):
         ...
 
     def reconfigure(self, server: ServerSpec, load: LoadSpec | None) -> float:
-        """Apply another configuration: in place where the server can (:attr:`Server.reconfigurable`),
+        """Apply another configuration: in place where the server can (`capabilities.in_place_reconfiguration`),
         else by restarting it from the model it already has; the seconds until every worker was ready."""
         ...
 
@@ -255,9 +255,8 @@ class Server(Protocol):
     kind: str
     #: The server's name for people ("TorchServe").
     name: str
-    #: Whether a running server takes a new configuration without restarting (a sweep's trials); one that
-    #: cannot is restarted with it (LitServe: no management API).
-    reconfigurable: bool
+    #: What it supports (its entry of :data:`servinglab.api.servers.CAPABILITIES`): a user's model's
+    #: formats, the forms, whether it takes a new configuration in place, its workers' signals.
     capabilities: Capabilities
 
     def request_path(self, model_name: str) -> str: ...
@@ -303,7 +302,7 @@ class Server(Protocol):
         """The server's pod, as the operator deploys it (pure)."""
         ...
 
-    def start_failure(self, termination_message: str) -> tuple[str, str] | None:
+    def start_failure(self, termination_message: str) -> tuple[Reason, str] | None:
         """(reason, message) when a server container's termination message says why the server gave up
         (e.g. ModelLoadFailed; :data:`OUT_OF_MEMORY` when the model did not fit the GPU), else None."""
         ...

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from servinglab.api.results import EffectiveSettings, ServerBreakdown
+from servinglab.api.figures import ServerBreakdown
+from servinglab.api.results import EffectiveSettings
 
 #: Each counter of interest, summed over its series, by its name without `_total`.
 Snapshot = dict[str, float]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from servinglab.api import ModelFormat, ModelInput, ModelRef, ModelSource, Precision
+from servinglab.api.reasons import Reason
 from servinglab.models import onnxcheck
 from servinglab.models import probe as modelprobe
 from servinglab.models.catalogue import HANDLER_FILE, INFO_FILE, INPUT_FILE, handler_paths
@@ -42,7 +43,7 @@ SERIALIZED = {ModelFormat.TORCHSCRIPT: "model.pt", ModelFormat.EXPORTED: "model.
 PACKED = tuple(SERIALIZED)
 _ARCHIVES = (ModelFormat.MAR, ModelFormat.DIRECTORY)
 #: The reason a server that cannot serve a model's format refuses it with.
-NOT_SUPPORTED = "ModelNotSupported"
+NOT_SUPPORTED = Reason.MODEL_NOT_SUPPORTED
 
 
 @dataclass
@@ -78,7 +79,7 @@ def recognise(source: ModelSource, fetched: Fetched) -> ModelFormat:
     what = source.describe()
     if fetched.path.is_dir():
         if not (fetched.path / "MAR-INF" / "MANIFEST.json").is_file():
-            raise ModelSourceError("ModelNotRecognized", f"{what}: a folder without MAR-INF/MANIFEST.json")
+            raise ModelSourceError(Reason.MODEL_NOT_RECOGNIZED, f"{what}: a folder without MAR-INF/MANIFEST.json")
         return ModelFormat.DIRECTORY
     names = _zip_names(fetched.path)
     if names is None and onnxcheck.parse(fetched.path) is not None:
@@ -86,7 +87,7 @@ def recognise(source: ModelSource, fetched: Fetched) -> ModelFormat:
     elif names is None:
         named = " (named .onnx, but not an ONNX ModelProto)" if fetched.path.name.endswith(".onnx") else ""
         raise ModelSourceError(
-            "ModelNotRecognized",
+            Reason.MODEL_NOT_RECOGNIZED,
             f"{what}: neither a zip file nor an ONNX model{named}, so not a .mar archive, a TorchScript file, an "
             "exported program (.pt2) or an ONNX model (.onnx)",
         )
@@ -98,14 +99,14 @@ def recognise(source: ModelSource, fetched: Fetched) -> ModelFormat:
         found = ModelFormat.TORCHSCRIPT
     else:
         raise ModelSourceError(
-            "ModelNotRecognized",
+            Reason.MODEL_NOT_RECOGNIZED,
             f"{what}: a zip file but not a .mar archive (no MAR-INF/MANIFEST.json), a TorchScript file "
             "or an exported program; a plain state dict (torch.save) cannot be served: save the module "
             "with torch.jit.save or torch.export.save",
         )
     declared = source.format
     if declared not in (ModelFormat.AUTO, found):
-        raise ModelSourceError("ModelNotRecognized", f"{what}: format is {declared}, but the file is {found}")
+        raise ModelSourceError(Reason.MODEL_NOT_RECOGNIZED, f"{what}: format is {declared}, but the file is {found}")
     return found
 
 
@@ -127,16 +128,20 @@ def fetch(source: ModelSource, scratch: Path, authorization: str | None, mounted
         return download(source, scratch, cache, authorization or os.environ.get(AUTHORIZATION_ENV))
     if source.pvc is not None:
         if mounted is None:
-            raise ModelSourceError("ModelDownloadFailed", f"{source.describe()}: a claim is read on Kubernetes only")
+            raise ModelSourceError(
+                Reason.MODEL_DOWNLOAD_FAILED, f"{source.describe()}: a claim is read on Kubernetes only"
+            )
         path = mounted / source.pvc.path
         if not path.resolve().is_relative_to(mounted.resolve()):
-            raise ModelSourceError("ModelDownloadFailed", f"{source.describe()}: a symlink that leaves the claim")
+            raise ModelSourceError(
+                Reason.MODEL_DOWNLOAD_FAILED, f"{source.describe()}: a symlink that leaves the claim"
+            )
     else:
         path = Path(str(source.path)).expanduser()
     if path.is_dir():
         if source.sha256 is not None:
             raise ModelSourceError(
-                "ModelChecksumMismatch",
+                Reason.MODEL_CHECKSUM_MISMATCH,
                 f"{source.describe()}: sha256 is given, but this is a folder, which has no single digest; "
                 "give a file's (.mar, .pt, .pt2) or none",
             )

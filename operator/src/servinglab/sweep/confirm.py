@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from servinglab.api import SweepSpec, TrialConfig, axis_values
+from servinglab.api.states import ConfirmationState
 from servinglab.api.trials import CandidateRuns, Confirmation, MissedRun, TrialRecord
 from servinglab.measure.levels import judged_p99
 from servinglab.sweep import objective
@@ -157,7 +158,7 @@ def decide(
         })  # fmt: skip
 
     if not all(len(by_round) == rounds for by_round in runs.values()):
-        return Confirmation(state="Running", rounds=rounds, candidates=[listed(t.name) for t in chosen])
+        return Confirmation(state=ConfirmationState.RUNNING, rounds=rounds, candidates=[listed(t.name) for t in chosen])
     # who can win: the candidates that met the objective in most of their runs (else those that met it in
     # the most runs); a run that missed is a fact about the tail, kept out of the capacities compared
     contenders = [t for t in chosen if 2 * len(met[t.name]) > rounds]
@@ -167,7 +168,8 @@ def decide(
     misses = "; ".join(f"{t.name} missed the objective in {len(missed[t.name])} of {rounds} runs"
                        for t in chosen if missed[t.name])  # fmt: skip
     if not contenders:
-        return Confirmation(state="NoneWithinSlo", rounds=rounds, candidates=[listed(t.name) for t in chosen],
+        return Confirmation(state=ConfirmationState.NONE_WITHIN_SLO, rounds=rounds,
+                            candidates=[listed(t.name) for t in chosen],
                             note=f"no candidate met the objective in any of its {rounds} runs")  # fmt: skip
     # compared in the objective's terms: log score = log capacity + a candidate's own offset (0 for throughput,
     # -log price for cost), the same in each of its runs, so the noise and the paired test are unchanged
@@ -210,7 +212,8 @@ def decide(
     if tied:
         note += f"; {named.name} named: the cheapest of the tied (fewest workers, smallest batch, shortest delay)"
     return Confirmation(
-        state="Tie" if tied else "Confirmed", rounds=rounds, candidates=entries, winner=named.name,
+        state=ConfirmationState.TIE if tied else ConfirmationState.CONFIRMED, rounds=rounds, candidates=entries,
+        winner=named.name,
         tied_with=sorted(c.name for c in [top, *tied] if c.name != named.name), note=note,
     )  # fmt: skip
 

@@ -14,6 +14,7 @@ import yaml
 
 from servinglab import servers
 from servinglab.api import KIND, ServingSweep, TrialConfig, trial_spec
+from servinglab.api.states import Confidence
 from servinglab.api.trials import SweepBest
 from servinglab.sweep import plan, plancheck
 
@@ -32,7 +33,8 @@ def best_files(sweep: ServingSweep, config: TrialConfig, best: SweepBest | None 
     files = {"experiment.yaml": header + yaml.safe_dump(experiment, sort_keys=False)}
     for name, text in servers.get(spec.server.kind).export_files(spec).items():
         files[name] = (header if not name.endswith(".json") else "") + text
-    if best is not None and best.confidence != "NoneWithinSlo":  # no plan for a configuration that missed the SLO
+    # no plan for a configuration that missed the SLO
+    if best is not None and best.confidence != Confidence.NONE_WITHIN_SLO:
         files |= plan_files(sweep, best)
     return files
 
@@ -63,7 +65,7 @@ def plan_files(sweep: ServingSweep, best: SweepBest) -> dict[str, str]:
         "ray-serve-autoscaling.yaml": plan.ray_serve(found, name),
     }
     for file, document in documents.items():
-        files[file] = header + yaml.safe_dump(document, sort_keys=False)
+        files[file] = header + document.as_yaml()
     return files
 
 

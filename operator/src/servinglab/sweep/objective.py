@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from servinglab.api.cost import CostFigures
 from servinglab.api.forms import FORM_DISAGREES
-from servinglab.api.sweep import ObjectiveSpec
+from servinglab.api.trialconfig import ObjectiveSpec
 from servinglab.api.trials import TrialRecord
 
 

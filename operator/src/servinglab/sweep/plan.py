@@ -6,7 +6,8 @@ capacity by Little's law (throughput x mean latency). With a headroom h, each re
 capacity x (1 - h); a peak rate then needs ceil(peak / (capacity x (1 - h))) replicas, and with a price per
 replica-hour that many cost replicas x price per hour.
 
-The builders turn a plan into what autoscalers take, each a dict ready to write as YAML: an `autoscaling/v2`
+The builders turn a plan into what autoscalers take, each a typed document (:mod:`servinglab.sweep.autoscalers`)
+ready to write as YAML: an `autoscaling/v2`
 HorizontalPodAutoscaler on a per-pod in-flight metric, a KEDA ScaledObject with a Prometheus trigger, a
 KServe InferenceService's Knative concurrency annotations, and a Ray Serve deployment's autoscaling_config.
 """
@@ -14,12 +15,31 @@ KServe InferenceService's Knative concurrency annotations, and a Ray Serve deplo
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from servinglab.api.capacity import NO_CAPACITY, NO_PEAK, CapacityPlan, CapacitySpec
 from servinglab.api.cost import NO_PRICE, CostSpec
 from servinglab.api.results import ExperimentResults
 from servinglab.api.trials import SweepBest
+from servinglab.sweep.autoscalers import (
+    HorizontalPodAutoscaler,
+    HpaSpec,
+    InferenceServicePart,
+    InferenceServiceSpec,
+    MetricIdentifier,
+    MetricTarget,
+    ObjectMeta,
+    PodsMetric,
+    PodsMetricSource,
+    PredictorReplicas,
+    PrometheusTrigger,
+    PrometheusTriggerMetadata,
+    RayAutoscalingConfig,
+    RayDeployment,
+    RayServeAutoscaling,
+    ScaledObject,
+    ScaledObjectSpec,
+    ScaleTargetRef,
+)
 
 #: The per-pod metric the HPA and KEDA scale on: the requests a replica holds (queued or being served).
 IN_FLIGHT_METRIC = "servinglab_inflight_requests"
@@ -51,36 +71,37 @@ def plan(
 ) -> CapacityPlan:
     """The plan for one replica of `capacity_rps` within the SLO (`interval`: its confirmation's 95 % bounds)."""
     wanted = wanted or CapacitySpec()
-    base = CapacityPlan(configuration=configuration, headroom=wanted.headroom)
     if not capacity_rps or capacity_rps <= 0:
-        return base.model_copy(update={"reason": NO_CAPACITY})
+        return CapacityPlan(configuration=configuration, headroom=wanted.headroom, reason=NO_CAPACITY)
     low, high = interval
     flight = in_flight(capacity_rps, latency_mean_ms) if latency_mean_ms else None
     share = 1 - wanted.headroom
-    figures: dict[str, Any] = {
-        "capacity_rps": _figure(capacity_rps), "low_rps": low, "high_rps": high, "latency_mean_ms": latency_mean_ms,
-        "in_flight": _figure(flight) if flight is not None else None,
-        "target_rps_per_replica": _figure(capacity_rps * share),
-        "target_in_flight_per_replica": _figure(flight * share) if flight is not None else None,
-    }  # fmt: skip
     reasons = [] if flight is not None else ["no mean latency at the capacity level: no in-flight target"]
-    peak = wanted.peak_rps
-    if not peak or peak <= 0:
+    peak = wanted.peak_rps if wanted.peak_rps and wanted.peak_rps > 0 else None
+    replicas = at_low = ceiling = None
+    if peak is None:
         reasons.append(NO_PEAK)
     else:
         replicas = replicas_for(peak, capacity_rps, wanted.headroom)
         at_low = replicas_for(peak, low, wanted.headroom) if low else None
-        figures |= {
-            "peak_rps": peak, "replicas": replicas, "replicas_at_low": at_low,
-            # the user's floor as given; the ceiling reaches what the interval's low end would need
-            "min_replicas": wanted.min_replicas, "max_replicas": max(replicas, at_low or 0, wanted.min_replicas),
-        }  # fmt: skip
-        if price is not None:
-            figures |= {"price_per_hour": price.price_per_hour, "currency": price.currency,
-                        "cost_per_hour": _figure(replicas * price.price_per_hour)}  # fmt: skip
-        else:
+        # the user's floor as given; the ceiling reaches what the interval's low end would need
+        ceiling = max(replicas, at_low or 0, wanted.min_replicas)
+        if price is None:
             reasons.append(NO_PRICE)
-    return base.model_copy(update={**figures, "reason": "; ".join(reasons) or None})
+    priced = price if replicas is not None else None  # a price is planned with a replica count only
+    return CapacityPlan(
+        configuration=configuration, headroom=wanted.headroom,
+        capacity_rps=_figure(capacity_rps), low_rps=low, high_rps=high, latency_mean_ms=latency_mean_ms,
+        in_flight=_figure(flight) if flight is not None else None,
+        target_rps_per_replica=_figure(capacity_rps * share),
+        target_in_flight_per_replica=_figure(flight * share) if flight is not None else None,
+        peak_rps=peak, replicas=replicas, replicas_at_low=at_low,
+        min_replicas=wanted.min_replicas if peak is not None else None, max_replicas=ceiling,
+        price_per_hour=priced.price_per_hour if priced is not None else None,
+        currency=priced.currency if priced is not None else None,
+        cost_per_hour=None if priced is None or replicas is None else _figure(replicas * priced.price_per_hour),
+        reason="; ".join(reasons) or None,
+    )  # fmt: skip
 
 
 def of_sweep(
@@ -127,61 +148,61 @@ def _needs_targets(found: CapacityPlan) -> tuple[float, int, int]:
     return found.target_in_flight_per_replica, found.min_replicas, found.max_replicas
 
 
-def hpa(found: CapacityPlan, name: str, namespace: str | None = None) -> dict[str, Any]:
+def _metadata(name: str, namespace: str | None) -> ObjectMeta:
+    return ObjectMeta(name=name, namespace=namespace or None)
+
+
+def hpa(found: CapacityPlan, name: str, namespace: str | None = None) -> HorizontalPodAutoscaler:
     """An autoscaling/v2 HorizontalPodAutoscaler of Deployment `name` on the per-pod in-flight metric (a
     metrics adapter must serve it), averaging the plan's per-replica target, between its replica bounds."""
     target, low, high = _needs_targets(found)
-    metadata: dict[str, Any] = {"name": name, **({"namespace": namespace} if namespace else {})}
-    return {
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": metadata,
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-            "minReplicas": low, "maxReplicas": high,
-            "metrics": [{"type": "Pods", "pods": {
-                "metric": {"name": IN_FLIGHT_METRIC},
-                "target": {"type": "AverageValue", "averageValue": quantity(target)},
-            }}],
-        },
-    }  # fmt: skip
+    return HorizontalPodAutoscaler(
+        metadata=_metadata(name, namespace),
+        spec=HpaSpec(
+            scale_target_ref=ScaleTargetRef(api_version="apps/v1", kind="Deployment", name=name),
+            min_replicas=low, max_replicas=high,
+            metrics=[PodsMetric(pods=PodsMetricSource(
+                metric=MetricIdentifier(name=IN_FLIGHT_METRIC), target=MetricTarget(average_value=quantity(target)),
+            ))],
+        ),
+    )  # fmt: skip
 
 
-def keda(found: CapacityPlan, name: str, prometheus_url: str | None, namespace: str | None = None) -> dict[str, Any]:
+def keda(found: CapacityPlan, name: str, prometheus_url: str | None, namespace: str | None = None) -> ScaledObject:
     """A KEDA ScaledObject of Deployment `name`: a Prometheus trigger on the pods' summed in-flight requests,
     threshold the per-replica target (KEDA divides the query's value by the replicas)."""
     target, low, high = _needs_targets(found)
-    metadata: dict[str, Any] = {"name": name, **({"namespace": namespace} if namespace else {})}
     query = f'sum({IN_FLIGHT_METRIC}{{pod=~"{name}-.*"}})'
-    return {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": metadata,
-        "spec": {
-            "scaleTargetRef": {"name": name}, "minReplicaCount": low, "maxReplicaCount": high,
-            "triggers": [{"type": "prometheus", "metricType": "AverageValue", "metadata": {
-                "serverAddress": prometheus_url or PLACEHOLDER_PROMETHEUS, "query": query, "threshold": f"{target:g}",
-            }}],
-        },
-    }  # fmt: skip
+    return ScaledObject(
+        metadata=_metadata(name, namespace),
+        spec=ScaledObjectSpec(
+            scale_target_ref=ScaleTargetRef(name=name), min_replica_count=low, max_replica_count=high,
+            triggers=[PrometheusTrigger(metadata=PrometheusTriggerMetadata(
+                server_address=prometheus_url or PLACEHOLDER_PROMETHEUS, query=query, threshold=f"{target:g}",
+            ))],
+        ),
+    )  # fmt: skip
 
 
-def kserve(found: CapacityPlan, name: str) -> dict[str, Any]:
+def kserve(found: CapacityPlan, name: str) -> InferenceServicePart:
     """An InferenceService's part that sets Knative's concurrency target (per replica) and the replica bounds:
     not an InferenceService by itself (it names no model), but to merge into the one that serves the model;
     so merged, it is valid against KServe's published CRD (tests/k8s/test_crd_on_apiserver.py)."""
     target, low, high = _needs_targets(found)
     annotations = {"autoscaling.knative.dev/metric": "concurrency", "autoscaling.knative.dev/target": f"{target:g}"}
-    return {
-        "apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"predictor": {"minReplicas": low, "maxReplicas": high}},
-    }  # fmt: skip
+    return InferenceServicePart(
+        metadata=ObjectMeta(name=name, annotations=annotations),
+        spec=InferenceServiceSpec(predictor=PredictorReplicas(min_replicas=low, max_replicas=high)),
+    )
 
 
-def ray_serve(found: CapacityPlan, name: str) -> dict[str, Any]:
+def ray_serve(found: CapacityPlan, name: str) -> RayServeAutoscaling:
     """A Ray Serve deployment's autoscaling_config (to merge under an application's `deployments`):
     target_ongoing_requests the per-replica target; max_ongoing_requests at least the in-flight at capacity
     (Ray's default of 5 would cap a replica below a larger target)."""
     target, low, high = _needs_targets(found)
     ceiling = max(math.ceil(found.in_flight or target), math.ceil(target) + 1)
-    return {"deployments": [{
-        "name": name, "max_ongoing_requests": ceiling,
-        "autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": target},
-    }]}  # fmt: skip
+    return RayServeAutoscaling(deployments=[RayDeployment(
+        name=name, max_ongoing_requests=ceiling,
+        autoscaling_config=RayAutoscalingConfig(min_replicas=low, max_replicas=high, target_ongoing_requests=target),
+    )])  # fmt: skip

@@ -15,8 +15,9 @@ from typing import Any
 
 from servinglab.api import ExperimentSpec
 from servinglab.api.capacity import CapacityPlan
+from servinglab.api.figures import PhaseFigures
 from servinglab.api.load import ShapeSpec, StepShape
-from servinglab.api.results import LevelResult, PhaseFigures
+from servinglab.api.results import LevelResult
 from servinglab.measure.tails import samples_needed
 
 #: The first step offers this share of the peak: the server sees the rise before it must hold the peak.

@@ -18,7 +18,9 @@ from servinglab.api.conditions import now
 from servinglab.api.cost import CostFigures, at_throughput
 from servinglab.api.forms import FORM_DISAGREES, FORM_NOT_BUILT, FORM_NOT_SUPPORTED
 from servinglab.api.results import ExperimentResults
-from servinglab.api.sweep import ObjectiveSpec, left_out
+from servinglab.api.states import Confidence, ConfirmationState
+from servinglab.api.sweep import left_out
+from servinglab.api.trialconfig import ObjectiveSpec
 from servinglab.api.trials import (
     INFEASIBLE,
     SUCCEEDED,
@@ -160,7 +162,7 @@ def named_best(
         runs = next(c for c in confirmation.candidates if c.trial == record.name)
         return SweepBest(
             trial=record.name, config=record.config, capacity_rps=runs.mean_rps or 0.0,
-            p99_latency_ms=record.p99_latency_ms, level=record.level, confidence=confirmation.state,
+            p99_latency_ms=record.p99_latency_ms, level=record.level, confidence=Confidence(confirmation.state),
             low_rps=runs.low_rps, high_rps=runs.high_rps, tied_with=confirmation.tied_with or None,
             verdict=record.verdict, latency_mean_ms=record.latency_mean_ms,
             cost=at_throughput(record.cost, runs.mean_rps) if record.cost and runs.mean_rps else record.cost,
@@ -169,11 +171,11 @@ def named_best(
     if top is None:
         return None
     # NoneWithinSlo: every confirmation run missed the SLO; the best first measurement is named as such
-    state = (
-        "Unconfirmed"
-        if confirmation is None
-        else {"Running": "Confirming", "NoneWithinSlo": "NoneWithinSlo"}.get(confirmation.state, "Unconfirmed")
-    )
+    waiting = {
+        ConfirmationState.RUNNING: Confidence.CONFIRMING,
+        ConfirmationState.NONE_WITHIN_SLO: Confidence.NONE_WITHIN_SLO,
+    }
+    state = Confidence.UNCONFIRMED if confirmation is None else waiting.get(confirmation.state, Confidence.UNCONFIRMED)
     return _best_of(top).model_copy(update={"confidence": state})
 
 

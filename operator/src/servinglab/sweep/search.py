@@ -42,13 +42,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servinglab.api import DataPath, Decode, ServerKind, SweepSpec, TrialConfig, axis_values, grid, kinds
-from servinglab.api.sweep import ConfigKey, variants
+from servinglab.api.reasons import Reason
+from servinglab.api.sweep import variants
+from servinglab.api.trialconfig import ConfigKey
 from servinglab.api.verdicts import Bottleneck, Verdict
 
 #: A precision whose best is below this share of the overall best is not climbed.
 SCREEN_RATIO = 0.75
 #: Trial outcomes that imply larger configurations fail too (same precision, >= batch and workers).
-OUT_OF_MEMORY = "OutOfMemory"
+OUT_OF_MEMORY = Reason.OUT_OF_MEMORY
 
 Key = ConfigKey
 Index = tuple[int, int, int, int]

@@ -20,6 +20,8 @@ from typing import Any
 
 from servinglab.api import GROUP_VERSION, KIND, ServerSpec
 from servinglab.api import conditions as cond
+from servinglab.api.reasons import Reason
+from servinglab.api.states import ExperimentState
 from servinglab.api.status import ExperimentSummary
 from servinglab.k8s.cache import Informer
 from servinglab.k8s.client import Kube, KubeError, NotFound, Ref
@@ -35,6 +37,7 @@ from servinglab.k8s.experiment.placement import (
     rules_of,
 )
 from servinglab.k8s.experiment.status import Experiment
+from servinglab.servers.base import Manifest
 
 LOG = logging.getLogger("servinglab.queue")
 #: A namespace's node selector and default tolerations are read again after this long.
@@ -53,10 +56,10 @@ class Tracked:
     message changing is no change to the queue)."""
 
     claim: Claim
-    body: dict[str, Any] = field(compare=False, hash=False)
+    body: Manifest = field(compare=False, hash=False)
 
 
-def _tracked(body: dict[str, Any]) -> Tracked | None:
+def _tracked(body: Manifest) -> Tracked | None:
     claim = claim_of(body)
     return Tracked(claim, body) if claim is not None else None
 
@@ -115,13 +118,13 @@ class GpuQueue:
     def _informer(self, namespace: str) -> Informer[Tracked] | None:
         return self.experiments.get(namespace) or self.experiments.get("")
 
-    def _written(self, obj: dict[str, Any]) -> None:
+    def _written(self, obj: Manifest) -> None:
         if obj.get("kind") == KIND and obj.get("apiVersion") == GROUP_VERSION:
             informer = self._informer(str(obj["metadata"].get("namespace") or ""))
             if informer is not None:
                 informer.offer(obj)
 
-    def body(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def body(self, namespace: str, name: str) -> Manifest | None:
         """The cached body of an unfinished experiment that wants GPUs (what a queued pass reads)."""
         informer = self._informer(namespace)
         tracked = informer.get(namespace, name) if informer is not None else None
@@ -181,7 +184,7 @@ class GpuQueue:
             self._reported = {uid: seen for uid, seen in self._reported.items() if uid in decisions}
         return self._plan[1]
 
-    def decide(self, body: dict[str, Any]) -> gpuqueue.Decision:
+    def decide(self, body: Manifest) -> gpuqueue.Decision:
         """This experiment's decision; one to admit is remembered until the cache shows it started."""
         if (waiting := self.unsynced()) is not None:
             return gpuqueue.Decision(False, waiting=waiting)
@@ -224,13 +227,13 @@ async def admitted(experiment: Experiment, queue: GpuQueue) -> bool:
     await queue.refresh(namespaces)
     decision = queue.decide(experiment.body)
     if decision.never is not None:
-        await experiment.fail("Unschedulable", decision.never)
+        await experiment.fail(Reason.UNSCHEDULABLE, decision.never)
         return False
     if decision.admit:
         queued_at = experiment.status.queued_at
         if queued_at is not None:
             waited = round(time.time() - cond.epoch(queued_at), 3)
-            await experiment.set(cond.QUEUED, False, "Admitted", "a GPU is free", queued_seconds=waited)
+            await experiment.set(cond.QUEUED, False, Reason.ADMITTED, "a GPU is free", queued_seconds=waited)
         return True
     assert decision.waiting is not None
     first = experiment.status.queued_at is None
@@ -239,8 +242,8 @@ async def admitted(experiment: Experiment, queue: GpuQueue) -> bool:
     if changed and queue.report(experiment.uid, decision, first):
         since = {"queued_at": cond.now()} if first else {}
         await experiment.set(
-            cond.QUEUED, True, "WaitingForGPU", decision.waiting, summary=ExperimentSummary(state="Queued"),
-            **since,
+            cond.QUEUED, True, Reason.WAITING_FOR_GPU, decision.waiting,
+            summary=ExperimentSummary(state=ExperimentState.QUEUED), **since,
         )  # fmt: skip
     if first:
         await experiment.event("Normal", "Queued", decision.waiting)

@@ -10,7 +10,10 @@ import asyncio
 from servinglab.api import ExperimentSpec
 from servinglab.api import conditions as cond
 from servinglab.api.cost import Price
-from servinglab.api.results import GpuFigures, LevelResult, LoadJobResults
+from servinglab.api.figures import GpuFigures
+from servinglab.api.reasons import Reason
+from servinglab.api.results import LevelResult, LoadJobResults
+from servinglab.api.states import ExperimentState
 from servinglab.k8s import builders, pricing, promql
 from servinglab.k8s import metrics as opmetrics
 from servinglab.k8s.client import Ref
@@ -64,13 +67,13 @@ async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
         document = await read_results(experiment)
     except ResultsMissing as exc:
         await experiment.fail(
-            "ResultsMissing",
+            Reason.RESULTS_MISSING,
             f"the load Job finished without readable results ({exc}); Job {experiment.names.load} and its log are kept",
         )
         return
     except ResultsUnreadable as exc:
         await experiment.fail(
-            "ResultsUnreadable",
+            Reason.RESULTS_UNREADABLE,
             f"the load Job's results were not read: {exc}; Job {experiment.names.load} and its log are kept",
         )
         return
@@ -84,11 +87,11 @@ async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
     levels = [level.compact() for level in priced(judged_levels, price, spec.server.gpus, replicas)]
     generation = experiment.generation
     conditions = cond.set_condition(experiment.conditions, cond.GPU_METRICS, *gpu_condition, generation)
-    conditions = cond.set_condition(conditions, cond.LOAD_TEST_COMPLETE, True, "Complete",
+    conditions = cond.set_condition(conditions, cond.LOAD_TEST_COMPLETE, True, Reason.COMPLETE,
                                     f"{len(levels)} levels measured", generation)  # fmt: skip
-    conditions = cond.set_condition(conditions, cond.SUCCEEDED, True, "Measured", "results are in status.results",
-                                    generation)  # fmt: skip
-    conditions = cond.set_condition(conditions, cond.FAILED, False, "Measured", "", generation)
+    conditions = cond.set_condition(conditions, cond.SUCCEEDED, True, Reason.MEASURED,
+                                    "results are in status.results", generation)  # fmt: skip
+    conditions = cond.set_condition(conditions, cond.FAILED, False, Reason.MEASURED, "", generation)
     # Cold start ends when the server first answers a prediction (its health check can pass while
     # workers are still loading the model), as seen by the load Job.
     cold_start = experiment.status.cold_start_seconds
@@ -99,8 +102,9 @@ async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
         cold_start_seconds=cold_start,
         conditions=conditions,
         results=levels,
-        summary=summary_of(levels, slo, "Succeeded", document.peak_rate),
+        summary=summary_of(levels, slo, ExperimentState.SUCCEEDED, document.peak_rate),
         peak_rate=document.peak_rate,
+        utilisation=document.utilisation,
         ceiling=document.ceiling,
         effective=document.effective,
         price=price,
@@ -108,7 +112,7 @@ async def collect(experiment: Experiment, spec: ExperimentSpec) -> None:
         observed_generation=generation,
     )
     await experiment.event("Normal", "Succeeded", f"{len(levels)} levels measured")
-    opmetrics.finished(experiment.namespace, experiment.name, "Succeeded", spec, levels)
+    opmetrics.finished(experiment.namespace, experiment.name, ExperimentState.SUCCEEDED, spec, levels)
 
 
 async def price_of(experiment: Experiment, spec: ExperimentSpec) -> Price | None:
@@ -132,12 +136,12 @@ async def price_of(experiment: Experiment, spec: ExperimentSpec) -> Price | None
 
 async def gpu_figures(
     experiment: Experiment, spec: ExperimentSpec, levels: list[LevelResult]
-) -> tuple[dict[int, GpuFigures], tuple[bool, str, str]]:
+) -> tuple[dict[int, GpuFigures], tuple[bool, Reason, str]]:
     """Each level's GPU figures over its measured window, and the GPUMetricsAvailable condition's value."""
     settings = experiment.settings
     reader = promql.reader(spec.metrics.prometheus_url, settings.prometheus_url, settings.prometheus_authorization)
     if reader is None:
-        return {}, (False, "NotConfigured", "no Prometheus URL in spec.metrics or the operator settings")
+        return {}, (False, Reason.NOT_CONFIGURED, "no Prometheus URL in spec.metrics or the operator settings")
     pod = experiment.status.server_pod or ""
     # DCGM's figures are one pod's: with several replicas its energy is not the energy of the requests all of
     # them answered, so no energy per inference (0 answered leaves it out), and the condition says so
@@ -152,11 +156,12 @@ async def gpu_figures(
                 await reader.window(experiment.namespace, pod, level.window_start, level.window_end, answered)
             )
     except PrometheusError as exc:
-        return {}, (False, exc.reason, str(exc))
+        # promql's reasons are spelled as text: any it may add later is a query that failed
+        return {}, (False, Reason.named(exc.reason) or Reason.PROMETHEUS_QUERY_FAILED, str(exc))
     except ValueError as exc:  # figures GpuFigures refuses: the results stay, the GPU figures go
         figure = str(exc).splitlines()[0]
-        return {}, (False, "PrometheusQueryFailed", f"{reader.shown}: unusable GPU figures ({figure})")
+        return {}, (False, Reason.PROMETHEUS_QUERY_FAILED, f"{reader.shown}: unusable GPU figures ({figure})")
     if not any(value is not None for level in figures.values() for value in dict(level).values()):
-        return figures, (False, "NoData", f"Prometheus at {reader.shown} has no DCGM metrics for pod {pod}")
+        return figures, (False, Reason.NO_DATA, f"Prometheus at {reader.shown} has no DCGM metrics for pod {pod}")
     one_of = f" (one of {replicas} replicas; no energy per inference)" if replicas > 1 else ""
-    return figures, (True, "Measured", f"DCGM metrics of pod {pod}{one_of} from {reader.shown}")
+    return figures, (True, Reason.MEASURED, f"DCGM metrics of pod {pod}{one_of} from {reader.shown}")

@@ -18,11 +18,12 @@ from servinglab.api import ExperimentSpec
 from servinglab.api.ceiling import ModelDescription
 from servinglab.api.conditions import epoch
 from servinglab.api.forms import FORM_DISAGREES, FORM_NOT_BUILT, FORM_NOT_SUPPORTED, FormRun
+from servinglab.api.reasons import Reason
 from servinglab.models.probe import checked
 from servinglab.servers.base import FORM_INIT, MODEL_INIT, PROBE_INIT, Manifest, Server
 
 #: A failure: the Failed condition's reason and its message.
-Failure = tuple[str, str]
+Failure = tuple[Reason, str]
 #: Waiting reasons of a container whose image cannot be pulled; the first two never change on a retry.
 PULL_NEVER = ("InvalidImageName", "ErrImageNeverPull")
 PULL_FAILED = (*PULL_NEVER, "ErrImagePull", "ImagePullBackOff")
@@ -72,20 +73,20 @@ def _container_problem(pod: Manifest) -> str | None:
 #: Reasons `servinglab prepare-model` (and `build-model --into`) end with (the termination message starts
 #: "<Reason>: ").
 MODEL_REASONS = (
-    "ModelDownloadFailed",
-    "ModelChecksumMismatch",
-    "ModelNotRecognized",
-    "ModelTooLarge",
-    "PrecisionNotSupported",
-    "ModelNotSupported",
+    Reason.MODEL_DOWNLOAD_FAILED,
+    Reason.MODEL_CHECKSUM_MISMATCH,
+    Reason.MODEL_NOT_RECOGNIZED,
+    Reason.MODEL_TOO_LARGE,
+    Reason.PRECISION_NOT_SUPPORTED,
+    Reason.MODEL_NOT_SUPPORTED,
 )
 #: Reasons `servinglab prepare-form` ends with (in `model` for a built-in, in `form` for a user's model).
 FORM_REASONS = (FORM_DISAGREES, FORM_NOT_BUILT, FORM_NOT_SUPPORTED)
 
 
 def cluster_problems(spec: ExperimentSpec) -> list[str]:
-    """What a valid spec cannot do on Kubernetes: paths of the operator's machine mean nothing to a pod, and
-    a load that holds a utilisation needs a reading the load Job does not have."""
+    """What a valid spec cannot do on Kubernetes: paths and core counts of the operator's machine mean
+    nothing to a pod."""
     problems = []
     source, payload = spec.model.source, spec.load.payload
     if source is not None and source.path is not None:
@@ -97,11 +98,6 @@ def cluster_problems(spec: ExperimentSpec) -> list[str]:
     if spec.load.generators == "auto":
         problems.append(
             "spec.load.generators: auto counts this machine's cores; on Kubernetes give the number of load pods"
-        )
-    if spec.load.utilisation_target is not None:  # DCGM is read after the load, and no pod reads the server's CPU
-        problems.append(
-            "spec.load.utilisationTarget: the load Job cannot read the server's utilisation while it runs (the "
-            "GPU's is read from Prometheus after the load, the CPU's nowhere); run it locally with `servinglab run`"
         )
     return problems
 
@@ -116,7 +112,7 @@ def _init_terminated(pod: Manifest, name: str) -> tuple[Manifest, bool] | None:
     return None
 
 
-def model_init_failure(pods: list[Manifest]) -> tuple[str, str] | None:
+def model_init_failure(pods: list[Manifest]) -> Failure | None:
     """(reason, message) when the model could not be put in place: an init container (`model`, the `probe`
     that counts it, or the `form` that builds a user's model's form) failed. `model`'s own reason (a download,
     a checksum, a size, a form that disagrees, ...) or `form`'s when it says one, else ModelPreparationFailed."""
@@ -127,19 +123,21 @@ def model_init_failure(pods: list[Manifest]) -> tuple[str, str] | None:
                 continue
             terminated = ended[0]
             message = str(terminated.get("message") or terminated.get("reason") or "").strip()
-            reason, _, rest = message.partition(": ")
-            if (name == MODEL_INIT and reason in (*MODEL_REASONS, *FORM_REASONS)) or (
-                name == FORM_INIT and reason in FORM_REASONS
+            said, _, rest = message.partition(": ")
+            reason = Reason.named(said)
+            if reason is not None and (
+                (name == MODEL_INIT and reason in (*MODEL_REASONS, *FORM_REASONS))
+                or (name == FORM_INIT and reason in FORM_REASONS)
             ):
                 return reason, rest
-            return "ModelPreparationFailed", (
+            return Reason.MODEL_PREPARATION_FAILED, (
                 f"server pod {pod['metadata']['name']}: init container {name} exited with code "
                 f"{terminated.get('exitCode', '?')}: {message}"
             ).strip()
     return None
 
 
-def server_start_failure(pods: list[Manifest], server: Server) -> tuple[str, str] | None:
+def server_start_failure(pods: list[Manifest], server: Server) -> Failure | None:
     """(reason, message) when a server container gave up on its own (e.g. TorchServe's launcher ends it with
     ModelLoadFailed once the handler has failed to load the model): its termination message, read by its kind."""
     for pod in pods:
@@ -235,9 +233,12 @@ def start_failure(pods: list[Manifest], what: str, grace_seconds: float, now: fl
             where = f"{what} pod {pod['metadata']['name']}, container {container.get('name')}"
             if reason in PULL_FAILED and not (patient and reason not in PULL_NEVER):
                 image = container.get("image", "")
-                return "ImagePullFailed", f"{where}: image {image} cannot be pulled ({reason}): {message}".strip()
+                return (
+                    Reason.IMAGE_PULL_FAILED,
+                    f"{where}: image {image} cannot be pulled ({reason}): {message}".strip(),
+                )
             if reason == CONFIG_MISSING and not patient:
-                return "ConfigMissing", f"{where} cannot start: {message or reason}"
+                return Reason.CONFIG_MISSING, f"{where} cannot start: {message or reason}"
     return None
 
 
@@ -247,7 +248,7 @@ def evicted(pods: list[Manifest]) -> Failure | None:
         status = pod.get("status", {})
         if status.get("phase") == "Failed" and status.get("reason") == "Evicted":
             message = str(status.get("message") or "").strip()
-            return "ServerEvicted", f"server pod {pod['metadata']['name']} was evicted by its node: {message}"
+            return Reason.SERVER_EVICTED, f"server pod {pod['metadata']['name']} was evicted by its node: {message}"
     return None
 
 
@@ -256,7 +257,7 @@ def out_of_memory(pods: list[Manifest]) -> Failure | None:
     for pod in pods:
         for container in _statuses(pod):
             if (_last_termination(container) or {}).get("reason") == "OOMKilled":
-                return "OutOfMemory", (
+                return Reason.OUT_OF_MEMORY, (
                     f"server pod {pod['metadata']['name']}: container {container.get('name')} was killed for "
                     "exceeding its memory (OOMKilled); raise server.resources.limits.memory or lower the batch "
                     "size or workers"
@@ -283,7 +284,7 @@ def lost_node(
             continue
         node, pod_name = nodes[name], pod["metadata"]["name"]
         if node is None:
-            return "ServerLost", f"node {name} of server pod {pod_name} was deleted"
+            return Reason.SERVER_LOST, f"node {name} of server pod {pod_name} was deleted"
         conditions: list[Manifest] = node.get("status", {}).get("conditions", [])
         ready: Manifest = next((c for c in conditions if c.get("type") == "Ready"), {})
         if ready.get("status") == "True":
@@ -294,7 +295,7 @@ def lost_node(
             continue
         said = ": ".join(str(ready[k]) for k in ("reason", "message") if ready.get(k))
         how_long = f" for {lasted:.0f} s" if lasted is not None else ""
-        return "ServerLost", (
+        return Reason.SERVER_LOST, (
             f"node {name} of server pod {pod_name} is not Ready ({ready.get('status', 'Unknown')}"
             f"{', ' + said if said else ''}){how_long}"
         )

@@ -12,6 +12,7 @@ import time
 
 from servinglab.api import ExperimentSpec
 from servinglab.api.conditions import epoch
+from servinglab.api.reasons import Reason
 from servinglab.k8s import builders
 from servinglab.k8s.client import Ref
 from servinglab.k8s.experiment import diagnose
@@ -41,7 +42,7 @@ async def server_failure(experiment: Experiment, pods: list[Manifest], deploymen
     unable to start, or their node gone. None while it may still come up (or while it serves)."""
     grace, now = experiment.settings.start_grace_seconds, time.time()
     if deployment is not None and (refused := diagnose.refused_pods(deployment, grace, now)) is not None:
-        return "Rejected", refused
+        return Reason.REJECTED, refused
     found = diagnose.evicted(pods) or diagnose.out_of_memory(pods) or diagnose.start_failure(pods, "server", grace, now)
     if found is not None:
         return found
@@ -79,17 +80,17 @@ async def load_failure(experiment: Experiment, spec: ExperimentSpec, job: Manife
     if not pods:
         created = job["metadata"].get("creationTimestamp")
         if created and now - epoch(created) > grace:
-            return "Rejected", (
+            return Reason.REJECTED, (
                 f"Job {name} has created no pod in {grace:g} s: the API refuses its pods (a ResourceQuota, an "
                 f"admission policy); `kubectl describe job {name}` shows the refusal"
             )
         return None
     if (missing := diagnose.payload_missing(pods, spec)) is not None:
-        return "PayloadMissing", missing
+        return Reason.PAYLOAD_MISSING, missing
     if (found := diagnose.start_failure(pods, "load", grace, now)) is not None:
         return found
     if (pod := diagnose.stuck(pods, grace, now)) is not None and (problem := await payload_problem(experiment, spec)):
-        return "PayloadMissing", f"load pod {pod} cannot start: {problem}"
+        return Reason.PAYLOAD_MISSING, f"load pod {pod} cannot start: {problem}"
     if (unschedulable := diagnose.unschedulable_reason(pods)) is not None and diagnose.stuck(pods, grace, now):
-        return "Unschedulable", f"the scheduler cannot place the load pods: {unschedulable}"
+        return Reason.UNSCHEDULABLE, f"the scheduler cannot place the load pods: {unschedulable}"
     return None

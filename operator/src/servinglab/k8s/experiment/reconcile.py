@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from servinglab import servers
 from servinglab.api import KIND, ExperimentSpec, SpecError, parse_experiment
 from servinglab.api import conditions as cond
+from servinglab.api.reasons import Reason
+from servinglab.api.states import ExperimentState
 from servinglab.api.status import ExperimentSummary, ResultsRef
-from servinglab.k8s import builders, credentials, modelsecrets
+from servinglab.k8s import builders, credentials, loadbuilders, modelsecrets
 from servinglab.k8s.client import Conflict, Forbidden, Kube, KubeError, Ref
-from servinglab.k8s.experiment import diagnose, pods, snapshot
+from servinglab.k8s.experiment import diagnose, pods, snapshot, utilisation
 from servinglab.k8s.experiment.admission import GpuQueue, admitted
 from servinglab.k8s.experiment.collect import collect, job_message
 from servinglab.k8s.experiment.status import Experiment
@@ -79,7 +81,7 @@ async def reconcile(
         try:
             outcome = await _advance(experiment, body, queue, deploy, pinned or snapshot.Pinned())
         except Refused as exc:
-            await experiment.fail("Rejected", f"the API server refused it: {exc}")
+            await experiment.fail(Reason.REJECTED, f"the API server refused it: {exc}")
             outcome = True
         if outcome is not True:
             return outcome
@@ -93,7 +95,7 @@ async def give_up(kube: Kube, body: Manifest, settings: Settings, why: str) -> N
     Raises if the API refuses that too: the daemon tries again on its next pass."""
     experiment = Experiment(kube, body, settings)
     if not cond.finished(experiment.conditions):
-        await experiment.fail("ReconcileFailed", why)
+        await experiment.fail(Reason.RECONCILE_FAILED, why)
     await _clean_up(experiment)
 
 
@@ -120,7 +122,7 @@ async def _spec(experiment: Experiment, body: Manifest, pinned: snapshot.Pinned)
             if (started := await snapshot.read(experiment, pinned)) is not None:
                 return started
         except SpecError as exc:
-            await experiment.fail("InvalidSpec", "the spec it started with: " + "; ".join(exc.problems))
+            await experiment.fail(Reason.INVALID_SPEC, "the spec it started with: " + "; ".join(exc.problems))
             return None
     try:
         document = {
@@ -131,13 +133,16 @@ async def _spec(experiment: Experiment, body: Manifest, pinned: snapshot.Pinned)
         }
         spec = parse_experiment(document).spec
     except SpecError as exc:
-        await experiment.fail("InvalidSpec", "; ".join(exc.problems))
+        await experiment.fail(Reason.INVALID_SPEC, "; ".join(exc.problems))
         return None
     if problems := diagnose.cluster_problems(spec):
-        await experiment.fail("InvalidSpec", "; ".join(problems))
+        await experiment.fail(Reason.INVALID_SPEC, "; ".join(problems))
+        return None
+    if (problem := utilisation.problem(spec, experiment.settings)) is not None:
+        await experiment.fail(Reason.INVALID_SPEC, problem)
         return None
     if problems := credentials.problems(spec, experiment.namespace, experiment.settings.model_credentials):
-        await experiment.fail("CredentialsNotAllowed", "; ".join(problems))
+        await experiment.fail(Reason.CREDENTIALS_NOT_ALLOWED, "; ".join(problems))
         return None
     return spec
 
@@ -154,13 +159,13 @@ async def _advance(
         # before anything is deployed: a payload applied with the experiment gets a moment to arrive
         created = (body.get("metadata") or {}).get("creationTimestamp")
         if created is None or _elapsed(created) > experiment.settings.start_grace_seconds:
-            await experiment.fail("PayloadMissing", missing)
+            await experiment.fail(Reason.PAYLOAD_MISSING, missing)
             return True
         return None
     if experiment.status.started_at is None:
         await experiment.set(
-            cond.SERVER_READY, None, "Deploying", f"{servers.get(spec.server.kind).name} is being deployed",
-            started_at=cond.now(), summary=ExperimentSummary(state="Deploying"),
+            cond.SERVER_READY, None, Reason.DEPLOYING, f"{servers.get(spec.server.kind).name} is being deployed",
+            started_at=cond.now(), summary=ExperimentSummary(state=ExperimentState.DEPLOYING),
             results_ref=ResultsRef(name=experiment.names.results, key=RESULTS_KEY),
         )  # fmt: skip
         await experiment.event(
@@ -207,13 +212,13 @@ def _children(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -> tu
     return (
         builders.config_map(owner, plan, snapshot.document(experiment.name, spec)),
         builders.results_config_map(owner),
-        builders.load_service_account(owner),
-        builders.load_role(owner),
-        builders.load_role_binding(owner),
+        loadbuilders.load_service_account(owner),
+        loadbuilders.load_role(owner),
+        loadbuilders.load_role_binding(owner),
         builders.service(owner, plan),
         *(
-            [builders.load_service(owner), builders.load_network_policy(owner)]
-            if builders.generator_count(spec) > 1
+            [loadbuilders.load_service(owner), loadbuilders.load_network_policy(owner)]
+            if loadbuilders.generator_count(spec) > 1
             else []
         ),
         # last: once its pod runs it holds a GPU, so everything it needs must have been accepted first
@@ -230,22 +235,22 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -
         if (obstacle := await _predecessor(experiment, ref)) is None:
             continue
         if obstacle.conflict:
-            await experiment.fail("NameConflict", obstacle.message)
+            await experiment.fail(Reason.NAME_CONFLICT, obstacle.message)
             return True
-        await experiment.set(cond.SERVER_READY, None, "WaitingForPredecessor", obstacle.message)
+        await experiment.set(cond.SERVER_READY, None, Reason.WAITING_FOR_PREDECESSOR, obstacle.message)
         return None
-    if builders.generator_count(spec) > 1 and not experiment.status.generator_key_secret:
+    if loadbuilders.generator_count(spec) > 1 and not experiment.status.generator_key_secret:
         # Created once, before the Job (which names it) can exist; its name in status is what makes that
         # once: a restarted operator finds it there and never makes a second key under running pods. A
         # restart between the create and the patch leaves an unused Secret, owned, so collected with the
         # experiment. The operator cannot read Secrets (no get/list: that would be every Secret in the
         # namespace), hence generateName and the name kept here, not a fixed name it would have to check.
         try:
-            secret = await experiment.kube.create(builders.generator_key_secret(owner, wire.new_key()))
+            secret = await experiment.kube.create(loadbuilders.generator_key_secret(owner, wire.new_key()))
         except Forbidden as exc:  # RBAC from before several load pods: retrying cannot help; nothing is applied yet
             if not exc.refusal:
                 raise  # one that passes on its own: the next pass tries again
-            await experiment.fail("Forbidden", f"the load pods' key: {exc}; the operator needs create on secrets")
+            await experiment.fail(Reason.FORBIDDEN, f"the load pods' key: {exc}; the operator needs create on secrets")
             return True
         await experiment.patch(generator_key_secret=secret["metadata"]["name"])
     if modelsecrets.needs_model_url_secret(spec) and not experiment.status.model_url_secret:
@@ -257,7 +262,9 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -
         except Forbidden as exc:
             if not exc.refusal:
                 raise
-            await experiment.fail("Forbidden", f"the model URL's Secret: {exc}; the operator needs create on secrets")
+            await experiment.fail(
+                Reason.FORBIDDEN, f"the model URL's Secret: {exc}; the operator needs create on secrets"
+            )
             return True
         await experiment.patch(model_url_secret=secret["metadata"]["name"])
         manifests = _children(experiment, spec, _plan(experiment, spec))  # the server's pod names the Secret
@@ -279,7 +286,7 @@ async def _model_cache_key(experiment: Experiment) -> bool:
     except Forbidden as exc:
         if not exc.refusal:
             raise
-        await experiment.fail("Forbidden", f"the model cache's key: {exc}; the operator needs create on secrets")
+        await experiment.fail(Reason.FORBIDDEN, f"the model cache's key: {exc}; the operator needs create on secrets")
         return False
     return True
 
@@ -307,10 +314,10 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
         form = diagnose.form_run(ready[0]) if ready else None
         where = f"pod {pod_name}" if wanted == 1 else f"{len(names)} pods ({', '.join(names)})"
         await experiment.set(
-            cond.SERVER_READY, True, "Available", f"{kind} is ready in {where}",
+            cond.SERVER_READY, True, Reason.AVAILABLE, f"{kind} is ready in {where}",
             cold_start_seconds=round(elapsed, 3), server_ready_at=cond.now(), server_pod=pod_name,
             server_pods=names, server_replicas=len(names),
-            summary=ExperimentSummary(state="Ready"), **({"model": model} if model else {}),
+            summary=ExperimentSummary(state=ExperimentState.READY), **({"model": model} if model else {}),
             **({"form": form} if form else {}),
         )  # fmt: skip
         await experiment.event("Normal", "ServerReady", f"{kind} ready after {elapsed:.1f} s")
@@ -324,16 +331,18 @@ async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
         await experiment.fail(*failure)
         return True
     if (crash := diagnose.crash_reason(server_pods)) is not None:
-        await experiment.fail("ServerCrashed", crash)
+        await experiment.fail(Reason.SERVER_CRASHED, crash)
         return True
     unschedulable = diagnose.unschedulable_reason(server_pods)
     # Admitted means some node can hold it: a GPU still held by a finishing server is a wait, not a failure.
     waiting_for_gpu = unschedulable is not None and f"Insufficient {experiment.settings.gpu_resource}" in unschedulable
     if unschedulable is not None and not waiting_for_gpu and elapsed > experiment.settings.unschedulable_grace_seconds:
-        await experiment.fail("Unschedulable", f"the scheduler cannot place the server: {unschedulable}")
+        await experiment.fail(Reason.UNSCHEDULABLE, f"the scheduler cannot place the server: {unschedulable}")
         return True
     if elapsed > spec.server.startup_timeout_seconds:
-        await experiment.fail("ServerNotReady", f"{kind} was not ready within {spec.server.startup_timeout_seconds} s")
+        await experiment.fail(
+            Reason.SERVER_NOT_READY, f"{kind} was not ready within {spec.server.startup_timeout_seconds} s"
+        )
         return True
     return False
 
@@ -356,7 +365,7 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan)
         return True
     serving = experiment.status.server_pods or ([experiment.status.server_pod] if experiment.status.server_pod else [])
     if serving and (replaced := diagnose.replaced_server(server_pods, serving)) is not None:
-        await experiment.fail("ServerRestarted", replaced)
+        await experiment.fail(Reason.SERVER_RESTARTED, replaced)
         return True
     job = await kube.get(job_ref)
     if job is not None and not builders.owned_by(job, experiment.uid):
@@ -366,24 +375,31 @@ async def _run_load(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan)
         flops = model.flops_per_inference if model is not None else None
         image, key_secret = experiment.settings.servinglab_image, experiment.status.generator_key_secret
         resources = experiment.settings.load_resources
-        await _apply(experiment, builders.load_job(experiment.owner, spec, plan, image, flops, key_secret, resources))
+        reading = await utilisation.source(experiment, spec, plan.containers[0]["name"]) if (
+            spec.load.utilisation_target) else None  # fmt: skip
+        if isinstance(reading, str):
+            await experiment.fail(Reason.INVALID_SPEC, reading)
+            return True
+        job = loadbuilders.load_job(experiment.owner, spec, plan, image, flops, key_secret, resources,
+                                    reading.arg() if reading is not None else None)  # fmt: skip
+        await _apply(experiment, job)
         await experiment.set(
-            cond.LOAD_TEST_COMPLETE, False, "Running",
+            cond.LOAD_TEST_COMPLETE, False, Reason.RUNNING,
             f"load ({spec.load.describe()}) running in Job {experiment.names.load}",
-            summary=ExperimentSummary(state="Running"),
+            summary=ExperimentSummary(state=ExperimentState.RUNNING),
         )  # fmt: skip
         await experiment.event("Normal", "LoadTestStarted", f"Job {experiment.names.load} started")
         return False
     job_conditions = _true_conditions(job)
     if "Failed" in job_conditions:
         message = await job_message(experiment) or job_conditions["Failed"].get("message", "")
-        await experiment.fail("LoadJobFailed", f"Job {experiment.names.load} failed: {message}")
+        await experiment.fail(Reason.LOAD_JOB_FAILED, f"Job {experiment.names.load} failed: {message}")
         return True
     if "Complete" in job_conditions:
         await collect(experiment, spec)
         return True
     if (crash := diagnose.crash_reason(server_pods)) is not None:
-        await experiment.fail("ServerCrashed", f"during the load test: {crash}")
+        await experiment.fail(Reason.SERVER_CRASHED, f"during the load test: {crash}")
         return True
     if (failure := await pods.load_failure(experiment, spec, job)) is not None:
         await experiment.fail(*failure)

@@ -13,7 +13,9 @@ from typing import Any
 
 from servinglab.api import GROUP_VERSION, KIND
 from servinglab.api import conditions as cond
+from servinglab.api.reasons import Reason
 from servinglab.api.results import LevelResult, PeakRate
+from servinglab.api.states import ExperimentState
 from servinglab.api.status import ExperimentStatus, ExperimentSummary
 from servinglab.k8s import builders
 from servinglab.k8s import metrics as opmetrics
@@ -26,7 +28,7 @@ LOG = logging.getLogger("servinglab.operator")
 
 
 def summary_of(
-    levels: list[LevelResult], slo: float | None, state: str, peak_rate: PeakRate | None = None
+    levels: list[LevelResult], slo: float | None, state: ExperimentState, peak_rate: PeakRate | None = None
 ) -> ExperimentSummary:
     """What `kubectl get servingexperiments` shows of finished results: the best level within the SLO."""
     best = best_level(levels, slo)
@@ -67,7 +69,7 @@ class Experiment:
         return self.status.conditions
 
     @property
-    def state(self) -> str | None:
+    def state(self) -> ExperimentState | None:
         return self.status.summary.state if self.status.summary is not None else None
 
     def child(self, api_version: str, kind: str, name: str) -> Ref:
@@ -83,7 +85,7 @@ class Experiment:
         self.status = updated
         await self.kube.patch_status(self.ref, written)
 
-    async def set(self, kind: str, status: bool | None, reason: str, message: str, **changes: Any) -> None:
+    async def set(self, kind: str, status: bool | None, reason: Reason, message: str, **changes: Any) -> None:
         conditions = cond.set_condition(self.conditions, kind, status, reason, message, self.generation)
         await self.patch(conditions=conditions, observed_generation=self.generation, **changes)
 
@@ -114,14 +116,15 @@ class Experiment:
         except KubeError as exc:
             LOG.warning("could not record event %s for %s: %s", reason, self.ref, exc)
 
-    async def fail(self, reason: str, message: str) -> None:
+    async def fail(self, reason: Reason, message: str) -> None:
         """End the experiment as Failed; the cleanup then stops its load and frees its GPU."""
         conditions = cond.set_condition(self.conditions, cond.FAILED, True, reason, message, self.generation)
         conditions = cond.set_condition(conditions, cond.SUCCEEDED, False, reason, message, self.generation)
-        summary = (self.status.summary or ExperimentSummary(state="Failed")).model_copy(update={"state": "Failed"})
+        failed = ExperimentState.FAILED
+        summary = (self.status.summary or ExperimentSummary(state=failed)).model_copy(update={"state": failed})
         await self.patch(conditions=conditions, summary=summary, finished_at=cond.now())
         await self.event("Warning", reason, message)
-        opmetrics.finished(self.namespace, self.name, "Failed")
+        opmetrics.finished(self.namespace, self.name, failed)
 
     async def owned(self, ref: Ref) -> Manifest | None:
         """The child if this incarnation of the experiment owns it, else None (absent, or a predecessor's)."""

@@ -35,7 +35,9 @@ from servinglab.api import (
     trial_spec,
 )
 from servinglab.api import conditions as cond
+from servinglab.api.reasons import Reason
 from servinglab.api.results import ExperimentResults, Runtime, to_json
+from servinglab.api.states import SweepState
 from servinglab.api.status import ExperimentStatus, SweepStatus
 from servinglab.api.trials import SweepBest, SweepCounts, SweepPoint, SweepResults, SweepSummary, TrialRecord
 from servinglab.k8s import metrics as opmetrics
@@ -132,6 +134,7 @@ def trial_record(sweep: ServingSweep, child: Manifest) -> TrialRecord | None:
             runtime=Runtime(mode="cluster", server_pod=status.server_pod, server_replicas=status.server_replicas,
                         form=status.form),
             cold_start_seconds=status.cold_start_seconds, peak_rate=status.peak_rate, ceiling=status.ceiling,
+            utilisation=status.utilisation,
             effective=status.effective, price=status.price,
         )  # fmt: skip
         failure = None
@@ -240,7 +243,7 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue, chart_pri
     try:
         sweep = sweep_of(body, prices_elsewhere=chart_prices)
     except SpecError as exc:  # nothing is created for an invalid sweep
-        await end_sweep(kube, body, "InvalidSpec", "; ".join(exc.problems))
+        await end_sweep(kube, body, Reason.INVALID_SPEC, "; ".join(exc.problems))
         return True
     started_at = status.started_at or cond.now()
     trials, stale = await children(kube, namespace, name, uid)
@@ -252,7 +255,7 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue, chart_pri
     except KubeError as exc:
         if not exc.refusal:
             raise  # the next pass tries again; passes that keep failing end the sweep (main._drive)
-        await end_sweep(kube, body, "Rejected", f"the API server refused a trial: {exc}")
+        await end_sweep(kube, body, Reason.REJECTED, f"the API server refused a trial: {exc}")
         return True
     searched = stop_reason is not None and not now.running
     finished = searched and not now.confirming
@@ -262,23 +265,23 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue, chart_pri
     total = min(size, sweep.spec.max_trials or size)
     best = rolled.best
     summary = SweepSummary(
-        state="Succeeded" if finished else "Running", trials_done=len(records), trials_running=len(running),
-        trials_total=total, best_config=best.config.label() if best else None,
+        state=SweepState.SUCCEEDED if finished else SweepState.RUNNING, trials_done=len(records),
+        trials_running=len(running), trials_total=total, best_config=best.config.label() if best else None,
         best_throughput_rps=best.capacity_rps if best else None,
         best_p99_latency_ms=best.p99_latency_ms if best else None,
         winner=best.confidence if best else None,
     )  # fmt: skip
     if finished:
         stop = str(stop_reason)
-        conditions = cond.set_condition(conditions, cond.SUCCEEDED, True, "Finished", stop)
-        conditions = cond.set_condition(conditions, cond.FAILED, False, "Finished", "")
-        conditions = cond.set_condition(conditions, cond.RUNNING, False, "Finished", stop)
+        conditions = cond.set_condition(conditions, cond.SUCCEEDED, True, Reason.FINISHED, stop)
+        conditions = cond.set_condition(conditions, cond.FAILED, False, Reason.FINISHED, "")
+        conditions = cond.set_condition(conditions, cond.RUNNING, False, Reason.FINISHED, stop)
     else:
         message = f"{len(records)} trials finished, {len(running)} running (at most {limit} at once)"
         if searched:
             message = (f"the search stopped; confirming the best: {len(confirmations)} runs finished, "
                        f"{len(confirming)} running")  # fmt: skip
-        conditions = cond.set_condition(conditions, cond.RUNNING, True, "TrialsRunning", message)
+        conditions = cond.set_condition(conditions, cond.RUNNING, True, Reason.TRIALS_RUNNING, message)
     patch = SweepStatus(
         conditions=conditions, summary=summary, trials=rolled.trials, counts=rolled.counts, pruned=rolled.pruned,
         best=rolled.best, best_per_kind=rolled.best_per_kind, confirmation=rolled.confirmation, front=rolled.front,
@@ -306,7 +309,7 @@ async def reconcile_sweep(kube: Kube, body: Manifest, queue: GpuQueue, chart_pri
     return finished
 
 
-async def end_sweep(kube: Kube, body: Manifest, reason: str, message: str) -> None:
+async def end_sweep(kube: Kube, body: Manifest, reason: Reason, message: str) -> None:
     """End an unfinished sweep as Failed with `reason`: an invalid spec (nothing was created), a trial the API
     server refuses (Rejected: it would refuse it again), passes that kept failing (ReconcileFailed). Trials
     already running go on to their own end, each bounded as any experiment is."""
@@ -316,7 +319,7 @@ async def end_sweep(kube: Kube, body: Manifest, reason: str, message: str) -> No
     meta = body["metadata"]
     conditions = cond.set_condition(status.conditions, cond.FAILED, True, reason, message)
     conditions = cond.set_condition(conditions, cond.RUNNING, False, reason, message)
-    failed = SweepStatus(conditions=conditions, summary=SweepSummary(state="Failed"), finished_at=cond.now())
+    failed = SweepStatus(conditions=conditions, summary=SweepSummary(state=SweepState.FAILED), finished_at=cond.now())
     await kube.patch_status(Ref(GROUP_VERSION, SWEEP_KIND, meta["namespace"], meta["name"]),
                             to_json(failed))  # fmt: skip
 

@@ -24,7 +24,11 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import IO, Any
+
+from servinglab.api.ceiling import DeclaredInput, RawRow
+from servinglab.measure.raw.protocol import RawRequest
 
 #: Free memory a batch may plan to use; the rest stays for the system and the allocator's slack.
 MEMORY_FRACTION = 0.8
@@ -101,7 +105,9 @@ class Probe:
     the handler does it (its own helpers); in the form it was served in: the file servinglab built and gated
     beside the model (`formFile`: TorchScript, ONNX), loaded as the handler loads it."""
 
-    def __init__(self, model: str, precision: str, device_name: str, data_path: dict[str, Any], largest: int) -> None:
+    def __init__(
+        self, model: str, precision: str, device_name: str, data_path: Mapping[str, object], largest: int
+    ) -> None:
         import torch
 
         from servinglab.models import counting
@@ -110,15 +116,15 @@ class Probe:
         self.device = torch.device(device_name)
         imaging, datapath = counting.handler_imaging(), counting.handler_datapath()
         self.plan = imaging.plan_precision(precision, self.device)
-        self.input: dict[str, Any] = {"kind": "image"}
+        self.input = DeclaredInput(kind="image")
         if os.path.isdir(model):  # the user's model as servinglab packed it, with its declared input
             network, self.input = counting.packed_network(model)
-            self.size = int(self.input.get("size", 224))
+            self.size = self.input.size or 224
         else:
             network, self.size = counting.network(model, weights=True)
         if data_path.get("formFile"):  # the served form, not the eager model it was built from
             network = imaging.load_serialized(str(data_path["formFile"]), self.device, self.plan.allow_tf32)
-        self.path = datapath.plan_data_path(data_path, self.device, self.input["kind"], largest)
+        self.path = datapath.plan_data_path(data_path, self.device, self.input.kind, largest)
         self.channels_last = self.path.channels_last
         self.network = imaging.apply_precision(network.to(self.device), self.plan, self.channels_last)
         self.generator = torch.Generator().manual_seed(0)
@@ -132,11 +138,11 @@ class Probe:
 
     def batch(self, batch_size: int) -> Any:
         torch = self.torch
-        if self.input["kind"] == "tensor":
-            shape = (batch_size, *self.input["shape"])
-            if self.input["dtype"].startswith(("float", "bfloat")):
+        if self.input.kind == "tensor":
+            shape, dtype = (batch_size, *(self.input.shape or [])), self.input.dtype or ""
+            if dtype.startswith(("float", "bfloat")):
                 return torch.randn(*shape, generator=self.generator).to(device=self.device, dtype=self.plan.dtype)
-            return torch.zeros(shape, dtype=getattr(torch, self.input["dtype"]), device=self.device)
+            return torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device)
         shape = (batch_size, 3, self.size, self.size)
         batch = torch.randn(*shape, generator=self.generator).to(device=self.device, dtype=self.plan.dtype)
         return batch.contiguous(memory_format=torch.channels_last) if self.channels_last else batch
@@ -149,7 +155,7 @@ class Probe:
             self.torch.cuda.synchronize(self.device)
         return time.perf_counter() - begun
 
-    def measure(self, batch_size: int, share: float) -> dict[str, Any]:
+    def measure(self, batch_size: int, share: float) -> RawRow:
         """Uncounted passes until two agree, then timed passes until the next would overrun `share`.
 
         The uncounted passes are set-up, like the model's load: at most WARM_PASSES of them, begun while they
@@ -172,8 +178,8 @@ class Probe:
             rps = batch_size / first
             note = f"one pass of {first:.1f} s (first pass included): longer than this size's {share:.1f} s share"
         fastest = min(passes) if passes else first
-        return {"batchSize": batch_size, "throughputRps": round(rps, 3), "passes": max(len(passes), 1),
-                "passSeconds": round(fastest, 4), "note": note}  # fmt: skip
+        return RawRow(batch_size=batch_size, throughput_rps=round(rps, 3), passes=max(len(passes), 1),
+                      pass_seconds=round(fastest, 4), note=note)  # fmt: skip
 
 
 def steady(passes: list[float]) -> bool:
@@ -193,16 +199,17 @@ def skip_reason(probe: Probe, batch_size: int, remaining: float, seconds_per_sam
     return None
 
 
-def main(request: dict[str, Any]) -> None:
+def main(request: RawRequest) -> None:
     started = time.monotonic()
     keep_stdout_for_events()
-    options = request.get("dataPath") or {}
-    largest = int(options.get("batchSize", max(request["batchSizes"])))  # a compiled model's padding goes up to it
-    probe = Probe(request["model"], request["precision"], request["device"], options, largest)
+    options = request.data_path
+    formed = options.get("batchSize")  # a compiled model's padding goes up to it
+    largest = int(formed) if isinstance(formed, int | float | str) else max(request.batch_sizes)
+    probe = Probe(request.model, request.precision, request.device, options, largest)
     emit("ready", setupSeconds=round(time.monotonic() - started, 3), device=probe.device_label)
-    sizes: list[int] = request["batchSizes"]
+    sizes = request.batch_sizes
     measure_started = time.monotonic()
-    deadline = measure_started + float(request["seconds"])
+    deadline = measure_started + request.seconds
     seconds_per_sample: float | None = None  # from the last size measured: estimates the next pass
     for index, batch_size in enumerate(sizes):
         remaining = deadline - time.monotonic()
@@ -214,10 +221,10 @@ def main(request: dict[str, Any]) -> None:
         share = remaining / 2 if index == 0 and later else remaining / (later + 1)
         emit("start", batchSize=batch_size)
         row = probe.measure(batch_size, share)
-        seconds_per_sample = row["passSeconds"] / batch_size
-        emit("measured", **row)
+        seconds_per_sample = (row.pass_seconds or 0.0) / batch_size
+        emit("measured", **row.model_dump(by_alias=True))
     emit("done", measureSeconds=round(time.monotonic() - measure_started, 3))
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    main(RawRequest.model_validate_json(sys.argv[1]))

@@ -35,7 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
 from servinglab.measure.raw.child import best_segment_rps, emit, keep_stdout_for_events
+from servinglab.measure.raw.protocol import FormsRequest
 from servinglab.models.formbuild import PROBE_ROWS, TOLERANCE, export_onnx, export_torchscript, versions
 
 __all__ = ["FORMS", "PROBE_ROWS", "TOLERANCE", "refusal", "versions"]
@@ -67,22 +71,78 @@ def cache_key(model: str, form: str, precision: str, batch_size: int, device: An
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+class _Row(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class Ran(_Row):
+    """What ran a form: the backend, and its mode, execution provider or library where it has one."""
+
+    backend: str
+    mode: str | None = None
+    provider: str | None = None
+    library: str | None = None
+
+
+class Gate(_Row):
+    """The form's output on the probe batch against eager fp32's."""
+
+    max_abs_error: float
+    max_rel_error: float
+    tolerance: float
+    passed: bool
+
+
+class Timing(_Row):
+    throughput_rps: float
+    pass_seconds: float
+    passes: int
+
+
+class NotBuilt(_Row):
+    """A form refused (the device or the libraries cannot run it) or whose build failed."""
+
+    form: str
+    status: str
+    reason: str
+
+
+class Built(_Row):
+    """A form built and gated: measured, or failed-gate with the reason (fields in the order they are printed)."""
+
+    form: str
+    precision: str
+    batch_size: int
+    backend: str
+    mode: str | None = None
+    provider: str | None = None
+    library: str | None = None
+    build_seconds: float
+    cached: bool
+    gate: Gate
+    status: str
+    reason: str | None = None
+    throughput_rps: float | None = None
+    pass_seconds: float | None = None
+    passes: int | None = None
+
+
 class Forms:
     """The model on its device at one precision, and what each form is built from."""
 
-    def __init__(self, request: dict[str, Any]) -> None:
+    def __init__(self, request: FormsRequest) -> None:
         import torch
 
         from servinglab.models import counting
 
         self.torch = torch
-        self.model_name = str(request["model"])
-        self.device = torch.device(request["device"])
-        self.batch_size = int(request["batchSize"])
-        self.seconds = float(request["seconds"])
-        self.cache = Path(request.get("cacheDir") or "/tmp/servinglab-forms")
+        self.model_name = request.model
+        self.device = torch.device(request.device)
+        self.batch_size = request.batch_size
+        self.seconds = request.seconds
+        self.cache = Path(request.cache_dir or "/tmp/servinglab-forms")
         self.imaging = counting.handler_imaging()
-        self.plan = self.imaging.plan_precision(request["precision"], self.device)
+        self.plan = self.imaging.plan_precision(request.precision, self.device)
         network, self.size = counting.network(self.model_name, weights=True)
         self.channels_last = self.device.type == "cuda"
         generator = torch.Generator().manual_seed(0)
@@ -104,22 +164,22 @@ class Forms:
 
     # --- building: each returns (a callable taking a batch on the device, what ran, cached) ---
 
-    def build(self, form: str) -> tuple[Callable[[Any], Any], dict[str, Any], bool]:
+    def build(self, form: str) -> tuple[Callable[[Any], Any], Ran, bool]:
         torch = self.torch
         key = cache_key(self.model_name, form, self.plan.precision, self.batch_size, self.device, self.versions)
         if form == "eager":
-            return self.network, {"backend": "pytorch", "mode": "eager"}, False
+            return self.network, Ran(backend="pytorch", mode="eager"), False
         if form == "torchscript":
             path = self.cache / f"{key}.ts"
             cached = path.exists()
             if not cached:
                 self.cache.mkdir(parents=True, exist_ok=True)
                 export_torchscript(self.network, self.cast(self.timed32), path, freeze=True)
-            return torch.jit.load(str(path), map_location=self.device), {"backend": "torchscript"}, cached
+            return torch.jit.load(str(path), map_location=self.device), Ran(backend="torchscript"), cached
         if form in ("compile", "compile-cudagraphs"):
             mode = "reduce-overhead" if form == "compile-cudagraphs" else None
             compiled = torch.compile(self.network, mode=mode, dynamic=False)
-            return compiled, {"backend": "inductor", "mode": mode or "default"}, False
+            return compiled, Ran(backend="inductor", mode=mode or "default"), False
         if form == "onnxruntime":
             return self.onnxruntime(key)
         if form == "tensorrt":
@@ -128,10 +188,10 @@ class Forms:
             engine = torch_tensorrt.compile(
                 self.network, inputs=[self.cast(self.timed32)], enabled_precisions={self.plan.dtype}
             )
-            return engine, {"backend": "tensorrt", "library": "torch_tensorrt"}, False
+            return engine, Ran(backend="tensorrt", library="torch_tensorrt"), False
         raise ValueError(form)
 
-    def onnxruntime(self, key: str) -> tuple[Callable[[Any], Any], dict[str, Any], bool]:
+    def onnxruntime(self, key: str) -> tuple[Callable[[Any], Any], Ran, bool]:
         import numpy
         import onnxruntime
 
@@ -159,24 +219,22 @@ class Forms:
             session.run_with_iobinding(binding)
             return output
 
-        return run, {"backend": "onnxruntime", "provider": provider}, cached
+        return run, Ran(backend="onnxruntime", provider=provider), cached
 
     # --- checking and timing ---
 
-    def gate(self, run: Callable[[Any], Any]) -> dict[str, Any]:
+    def gate(self, run: Callable[[Any], Any]) -> Gate:
         with self.torch.inference_mode():
             output = run(self.cast(self.probe32)).float()
         scale = float(self.reference.abs().max()) or 1.0
         largest = float((output - self.reference).abs().max())
         tolerance = TOLERANCE[self.plan.precision]
-        return {
-            "maxAbsError": largest,
-            "maxRelError": largest / scale,
-            "tolerance": tolerance,
-            "passed": bool(largest / scale <= tolerance),
-        }
+        return Gate(
+            max_abs_error=largest, max_rel_error=largest / scale, tolerance=tolerance,
+            passed=bool(largest / scale <= tolerance),
+        )  # fmt: skip
 
-    def time(self, run: Callable[[Any], Any]) -> dict[str, Any]:
+    def time(self, run: Callable[[Any], Any]) -> Timing:
         batch = self.cast(self.timed32)
         passes: list[float] = []
         with self.torch.inference_mode():
@@ -189,51 +247,43 @@ class Forms:
                 run(batch)
                 self.sync()
                 passes.append(time.perf_counter() - begun)
-        return {
-            "throughputRps": round(best_segment_rps(self.batch_size, passes), 2),
-            "passSeconds": round(min(passes), 6),
-            "passes": len(passes),
-        }
+        return Timing(
+            throughput_rps=round(best_segment_rps(self.batch_size, passes), 2),
+            pass_seconds=round(min(passes), 6),
+            passes=len(passes),
+        )
 
-    def measure(self, form: str) -> dict[str, Any]:
+    def measure(self, form: str) -> NotBuilt | Built:
         reason = refusal(form, self.device)
         if reason is not None:
-            return {"form": form, "status": "refused", "reason": reason}
+            return NotBuilt(form=form, status="refused", reason=reason)
         begun = time.monotonic()
         try:
             run, ran, cached = self.build(form)
             gate = self.gate(run)  # a compiled form compiles on its first call: counted as its build
         except Exception as error:  # a form that cannot be built is a named failure, not the end of the probe
-            return {"form": form, "status": "build-failed", "reason": f"{type(error).__name__}: {error}"[:600]}
-        row = {
-            "form": form,
-            "precision": self.plan.precision,
-            "batchSize": self.batch_size,
-            **ran,
-            "buildSeconds": round(time.monotonic() - begun, 3),
-            "cached": cached,
-            "gate": gate,
-        }
-        if not gate["passed"]:
-            return {
-                **row,
-                "status": "failed-gate",
-                "reason": f"largest error {gate['maxAbsError']:.3g} ({gate['maxRelError']:.3g} of the output's "
-                f"range) exceeds {gate['tolerance']:g} for {self.plan.precision}",
-            }
-        return {**row, "status": "measured", **self.time(run)}
+            return NotBuilt(form=form, status="build-failed", reason=f"{type(error).__name__}: {error}"[:600])
+        row = Built(
+            form=form, precision=self.plan.precision, batch_size=self.batch_size, **ran.model_dump(),
+            build_seconds=round(time.monotonic() - begun, 3), cached=cached, gate=gate, status="measured",
+        )  # fmt: skip
+        if not gate.passed:
+            reason = (f"largest error {gate.max_abs_error:.3g} ({gate.max_rel_error:.3g} of the output's range) "
+                      f"exceeds {gate.tolerance:g} for {self.plan.precision}")  # fmt: skip
+            return row.model_copy(update={"status": "failed-gate", "reason": reason})
+        return row.model_copy(update=self.time(run).model_dump())
 
 
-def main(request: dict[str, Any]) -> None:
+def main(request: FormsRequest) -> None:
     keep_stdout_for_events()
     started = time.monotonic()
     forms = Forms(request)
     label = forms.torch.cuda.get_device_name(forms.device) if forms.device.type == "cuda" else "cpu"
     emit("ready", device=label, versions=forms.versions, setupSeconds=round(time.monotonic() - started, 3))
-    for form in request["forms"]:
-        emit("form", **forms.measure(form))
+    for form in request.forms:
+        emit("form", **forms.measure(form).model_dump(by_alias=True, exclude_none=True))
     emit("done", seconds=round(time.monotonic() - started, 3))
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    main(FormsRequest.model_validate_json(sys.argv[1]))

@@ -18,12 +18,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from servinglab import lifeline
-from servinglab.api.ceiling import FormAlone, RawRow
+from servinglab.api.ceiling import FormAlone
 from servinglab.measure.raw.figures import RawCache, RawFigures
+from servinglab.measure.raw.protocol import (
+    EVENT,
+    Done,
+    Event,
+    Form,
+    FormsRequest,
+    Measured,
+    RawRequest,
+    Ready,
+    Skipped,
+    Start,
+)
 
 #: Seconds between "still measuring" progress messages during one long pass.
 HEARTBEAT_SECONDS = 10.0
@@ -56,22 +68,21 @@ def measure(
     figures = RawFigures(cache.device_names.get(device, device), dict(known), skipped, from_cache=sorted(known))
     if not wanted:
         return figures
-    request = {"model": model, "precision": precision, "device": device, "batchSizes": wanted, "seconds": seconds,
-               "dataPath": options}  # fmt: skip
+    request = RawRequest(model=model, precision=precision, device=device, batch_sizes=wanted, seconds=seconds,
+                         data_path=options)  # fmt: skip
     for event in _child_events(request, progress):
-        kind = event["event"]
-        if kind == "ready":
-            figures.device, figures.setup_seconds = event["device"], event["setupSeconds"]
-            cache.device_names[device] = event["device"]
-        elif kind == "measured":
-            row = RawRow.model_validate(event)
+        if isinstance(event, Ready):
+            figures.device, figures.setup_seconds = event.device, event.setup_seconds
+            cache.device_names[device] = event.device
+        elif isinstance(event, Measured):
+            row = event.row()
             figures.measured[row.batch_size] = row
             cache.rows[(model, precision, device, row.batch_size, variant)] = row
-        elif kind == "skipped":
-            figures.skipped[event["batchSize"]] = event["reason"]
-            cache.skipped[(model, precision, device, event["batchSize"], variant)] = event["reason"]
-        elif kind == "done":
-            figures.measure_seconds = event["measureSeconds"]
+        elif isinstance(event, Skipped):
+            figures.skipped[event.batch_size] = event.reason
+            cache.skipped[(model, precision, device, event.batch_size, variant)] = event.reason
+        elif isinstance(event, Done):
+            figures.measure_seconds = event.measure_seconds
     return figures
 
 
@@ -81,24 +92,23 @@ def measure_forms(
 ) -> list[FormAlone]:  # fmt: skip
     """The model alone in each of `forms` at `batch_size` (:mod:`servinglab.measure.raw.forms`: built or found
     built under `cache_dir`, gated against eager fp32, timed for `seconds`), in the order given."""
-    request = {"model": model, "precision": precision, "device": device, "forms": forms, "batchSize": batch_size,
-               "seconds": seconds, "cacheDir": cache_dir}  # fmt: skip
+    request = FormsRequest(model=model, precision=precision, device=device, forms=forms, batch_size=batch_size,
+                           seconds=seconds, cache_dir=cache_dir)  # fmt: skip
     found = []
     progress(f"Ceiling: the model alone in each form ({', '.join(forms)}) at batch {batch_size}")
     for event in _child_events(request, progress, "servinglab.measure.raw.forms"):
-        if event["event"] == "form":
-            found.append(FormAlone(form=event["form"], status=event["status"],
-                                   throughput_rps=event.get("throughputRps"), build_seconds=event.get("buildSeconds"),
-                                   cached=event.get("cached"), reason=event.get("reason")))  # fmt: skip
-            progress(f"Ceiling: form {event['form']} alone: {event['status']}")
+        if isinstance(event, Form):
+            found.append(FormAlone.model_validate(event.model_dump(exclude={"event"})))
+            progress(f"Ceiling: form {event.form} alone: {event.status}")
     return found
 
 
-def _child_events(request: dict[str, Any], progress: Callable[[str], None],
-                  module: str = "servinglab.measure.raw.child") -> Any:  # fmt: skip
+def _child_events(request: RawRequest | FormsRequest, progress: Callable[[str], None],
+                  module: str = "servinglab.measure.raw.child") -> Iterator[Event]:  # fmt: skip
+    """The child's events, each line validated as it is read."""
     errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed in finally) a file, not a pipe: never blocks the child
     guard = lifeline.spawn(  # its own group, ended at once (no grace) when we stop it or die
-        [sys.executable, "-m", module, json.dumps(request)],
+        [sys.executable, "-m", module, request.argument()],
         grace_seconds=0,
         stdout=subprocess.PIPE,
         stderr=errors,
@@ -116,9 +126,9 @@ def _child_events(request: dict[str, Any], progress: Callable[[str], None],
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
-                    event = json.loads(line)
-                    if event["event"] == "start":
-                        current, since = event["batchSize"], time.monotonic()
+                    event = EVENT.validate_json(line)
+                    if isinstance(event, Start):
+                        current, since = event.batch_size, time.monotonic()
                         last_note = since
                         progress(f"Ceiling: model alone at batch {current}")
                     yield event

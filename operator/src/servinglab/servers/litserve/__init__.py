@@ -17,12 +17,14 @@ from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
-from servinglab.api.results import EffectiveSettings, ServerBreakdown
+from servinglab.api.figures import ServerBreakdown
+from servinglab.api.reasons import Reason
+from servinglab.api.results import EffectiveSettings
+from servinglab.api.servers import capabilities
 from servinglab.models import builtins
 from servinglab.models.catalogue import request_image_size
 from servinglab.models.fetch import ModelSourceError, cache_dir
 from servinglab.servers.base import (
-    Capabilities,
     InferenceGet,
     ModelError,
     PodInputs,
@@ -34,7 +36,6 @@ from servinglab.servers.base import (
 from servinglab.servers.litserve import layout, metrics, pod
 from servinglab.servers.litserve.config import API_PATH, MODEL_LOAD_FAILED
 from servinglab.servers.litserve.local import LocalLitServe
-from servinglab.servers.usermodel import PACKED
 from servinglab.servers.usermodel import prepare as lay_out_user_model
 
 #: The image a pod runs when the spec names none (hack/images.sh builds it; pinned to this release).
@@ -60,8 +61,7 @@ class LitServe:
 
     kind = "litserve"
     name = "LitServe"
-    reconfigurable = False  # no management API: a new configuration is a restart
-    capabilities = Capabilities(user_model_formats=PACKED)
+    capabilities = capabilities("litserve")
     default_image = DEFAULT_IMAGE
 
     def request_path(self, model_name: str) -> str:
@@ -118,10 +118,10 @@ class LitServe:
     def pod(self, spec: ExperimentSpec, inputs: PodInputs) -> PodPlan:
         return pod.plan(spec, inputs, self.image(spec.server), container_resources(spec.server))
 
-    def start_failure(self, termination_message: str) -> tuple[str, str] | None:
+    def start_failure(self, termination_message: str) -> tuple[Reason, str] | None:
         """A worker that cannot load the model ends the container with "ModelLoadFailed: ..."."""
         reason, _, message = termination_message.strip().partition(": ")
-        return (reason, message) if reason == MODEL_LOAD_FAILED else None
+        return (Reason.MODEL_LOAD_FAILED, message) if reason == MODEL_LOAD_FAILED else None
 
     def image(self, server: ServerSpec) -> str:
         return server.image or DEFAULT_IMAGE

@@ -21,7 +21,8 @@ from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from servinglab.api.results import EffectiveSettings, ServerBreakdown
+from servinglab.api.figures import ServerBreakdown
+from servinglab.api.results import EffectiveSettings
 from servinglab.servers.counters import Snapshot, Window
 
 PREFIX = "servinglab_litserve_"

@@ -14,11 +14,12 @@ from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
+from servinglab.api.reasons import Reason
+from servinglab.api.servers import capabilities
 from servinglab.models import builtins
 from servinglab.models.catalogue import request_image_size
 from servinglab.servers.base import (
     OUT_OF_MEMORY,
-    Capabilities,
     InferenceGet,
     ModelError,
     PodInputs,
@@ -40,8 +41,7 @@ class TorchServe:
 
     kind = "torchserve"
     name = "TorchServe"
-    reconfigurable = True  # the management API registers the model again with new settings
-    capabilities = Capabilities(user_model_formats=archive.FORMATS)
+    capabilities = capabilities("torchserve")
     default_image = DEFAULT_IMAGE
 
     def request_path(self, model_name: str) -> str:
@@ -105,13 +105,13 @@ class TorchServe:
         resources = container_resources(spec.server, inputs.gpu_resource)
         return pod.plan(spec, inputs, self.image(spec.server), resources)
 
-    def start_failure(self, termination_message: str) -> tuple[str, str] | None:
+    def start_failure(self, termination_message: str) -> tuple[Reason, str] | None:
         """The launcher ends a container whose workers cannot load the model with "ModelLoadFailed: ...";
         when the handler's exception was CUDA's out-of-memory, the reason is OutOfMemory."""
         reason, _, message = termination_message.strip().partition(": ")
         if reason != launcher.MODEL_LOAD_FAILED:
             return None
-        return (OUT_OF_MEMORY if launcher.out_of_memory(message) else reason), message
+        return (OUT_OF_MEMORY if launcher.out_of_memory(message) else Reason.MODEL_LOAD_FAILED), message
 
     def image(self, server: ServerSpec) -> str:
         return server.image or DEFAULT_IMAGE

@@ -32,6 +32,8 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from servinglab.api import ModelFormat, ModelRef, ModelSource, Precision
+from servinglab.api.reasons import Reason
+from servinglab.api.servers import capabilities
 from servinglab.models.builtins import MODEL_FILE, WEIGHTS_FILE, lay_out_build
 from servinglab.models.catalogue import HANDLER_FILE, handler_paths
 from servinglab.models.fetch import (
@@ -44,7 +46,7 @@ from servinglab.models.fetch import (
     too_large,
 )
 from servinglab.servers.torchserve.config import ARCHIVE_VERSION
-from servinglab.servers.usermodel import PACKED, LayOut, PreparedModel, Staged, recognise, stage_packed
+from servinglab.servers.usermodel import LayOut, PreparedModel, Staged, recognise, stage_packed
 from servinglab.servers.usermodel import prepare as lay_out_user_model
 
 __all__ = [
@@ -54,8 +56,9 @@ __all__ = [
 
 #: The per-experiment model configuration, in the model's folder.
 CONFIG_FILE = "model-config.yaml"
-#: The user's model formats TorchServe serves: servinglab's handler's, and archives with their own handler.
-FORMATS = (*PACKED, ModelFormat.MAR, ModelFormat.DIRECTORY)
+#: The user's model formats TorchServe serves (its declaration): servinglab's handler's, and archives with their
+#: own handler.
+FORMATS = capabilities("torchserve").user_model_formats
 #: A MAR-INF/MANIFEST.json is a few hundred bytes; one larger than this is not read into memory.
 _MANIFEST_MAX_BYTES = 1 << 20
 
@@ -71,7 +74,9 @@ def _adopt_archive(directory: Path) -> tuple[str, str | None]:
         manifest = json.loads(manifest_path.read_text())
         handler, own = str(manifest["model"]["handler"]), manifest["model"].get("configFile")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelSourceError("ModelNotRecognized", f"{directory}: unreadable MAR-INF/MANIFEST.json ({exc})") from None
+        raise ModelSourceError(
+            Reason.MODEL_NOT_RECOGNIZED, f"{directory}: unreadable MAR-INF/MANIFEST.json ({exc})"
+        ) from None
     manifest["model"]["configFile"] = "model-config.yaml"
     manifest_path.write_text(json.dumps(manifest, indent=2))
     return handler, str(own) if own else None
@@ -80,8 +85,8 @@ def _adopt_archive(directory: Path) -> tuple[str, str | None]:
 def _member_path(source: ModelSource, target: Path, name: str) -> Path:
     parts = PurePosixPath(name.replace("\\", "/")).parts
     if not parts or name.startswith(("/", "\\")) or ".." in parts or parts[0].endswith(":"):
-        raise ModelSourceError("ModelNotRecognized", f"{source.describe()}: the archive member {name!r} would land "
-                               "outside the model's folder")  # fmt: skip
+        raise ModelSourceError(Reason.MODEL_NOT_RECOGNIZED, f"{source.describe()}: the archive member {name!r} "
+                               "would land outside the model's folder")  # fmt: skip
     return target.joinpath(*parts)
 
 
@@ -107,8 +112,8 @@ def _extract(source: ModelSource, archive_path: Path, target: Path) -> None:
                 with archive.open(member) as stream, destination.open("xb") as out:
                     written += copy_counted(stream, out, source, written)[1]
     except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, FileExistsError) as exc:
-        raise ModelSourceError("ModelNotRecognized", f"{source.describe()}: a damaged or unsupported zip archive "
-                               f"({type(exc).__name__}: {exc})") from None  # fmt: skip
+        raise ModelSourceError(Reason.MODEL_NOT_RECOGNIZED, f"{source.describe()}: a damaged or unsupported zip "
+                               f"archive ({type(exc).__name__}: {exc})") from None  # fmt: skip
 
 
 def _lay_out(model: ModelRef, precision: Precision) -> LayOut:
@@ -175,7 +180,7 @@ def _adopted(source: ModelSource, target: Path, precision: Precision) -> dict[st
         info["archiveConfigReplaced"] = replaced
     if handler != HANDLER_FILE and precision is not Precision.FP32:
         raise ModelSourceError(
-            "PrecisionNotSupported",
+            Reason.PRECISION_NOT_SUPPORTED,
             f"{source.describe()}: this archive brings its own handler ({handler}), which servinglab cannot "
             f"switch to {precision}; serve it at fp32, or give the TorchScript/.pt2 model file instead",
         )

@@ -13,7 +13,7 @@ driver reads a snapshot at each edge of each measured window, locally and in the
 
 from __future__ import annotations
 
-from servinglab.api.results import ServerBreakdown
+from servinglab.api.figures import ServerBreakdown
 from servinglab.servers.counters import Snapshot, Window, totals
 
 # Names without the "_total" suffix: the parser adds it to every counter sample, TorchServe only to

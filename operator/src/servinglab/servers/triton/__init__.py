@@ -18,11 +18,12 @@ from pathlib import Path
 
 from servinglab.api import ExperimentSpec, ModelRef, Precision, RequestProtocol, ServerSpec
 from servinglab.api.ceiling import ModelDescription
+from servinglab.api.reasons import Reason
+from servinglab.api.servers import capabilities
 from servinglab.models import builtins
 from servinglab.models.catalogue import request_image_size
 from servinglab.models.fetch import ModelSourceError, cache_dir
 from servinglab.servers.base import (
-    Capabilities,
     InferenceGet,
     ModelError,
     PodInputs,
@@ -35,7 +36,6 @@ from servinglab.servers.base import (
 from servinglab.servers.counters import ModelCounters
 from servinglab.servers.triton import config, metrics, native, pod, repository, wire
 from servinglab.servers.triton.local import LocalTriton
-from servinglab.servers.usermodel import PACKED
 from servinglab.servers.usermodel import prepare as lay_out_user_model
 
 
@@ -44,8 +44,7 @@ class Triton:
 
     kind = "triton"
     name = "Triton"
-    reconfigurable = True  # locally the repository API loads the model again with a new config.pbtxt
-    capabilities = Capabilities(user_model_formats=PACKED)
+    capabilities = capabilities("triton")
 
     def request_path(self, model_name: str) -> str:
         return wire.request_path(model_name)
@@ -120,10 +119,10 @@ class Triton:
     def pod(self, spec: ExperimentSpec, inputs: PodInputs) -> PodPlan:
         return pod.plan(spec, inputs, self.image(spec.server, inputs), container_resources(spec.server))
 
-    def start_failure(self, termination_message: str) -> tuple[str, str] | None:
+    def start_failure(self, termination_message: str) -> tuple[Reason, str] | None:
         """The launcher ends a container whose model Triton cannot load with "ModelLoadFailed: ..."."""
         reason, _, message = termination_message.strip().partition(": ")
-        return (reason, message) if reason == wire.MODEL_LOAD_FAILED else None
+        return (Reason.MODEL_LOAD_FAILED, message) if reason == wire.MODEL_LOAD_FAILED else None
 
     def image(self, server: ServerSpec, inputs: PodInputs) -> str:
         """The spec's image, else the Triton image hack/images.sh builds beside the servinglab image (same

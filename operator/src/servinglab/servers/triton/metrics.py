@@ -15,7 +15,7 @@ Reached through the seam (:meth:`servinglab.servers.triton.Triton.metrics`), loc
 
 from __future__ import annotations
 
-from servinglab.api.results import ServerBreakdown
+from servinglab.api.figures import ServerBreakdown
 from servinglab.servers.counters import Snapshot, Window, totals
 
 _COUNTERS = (

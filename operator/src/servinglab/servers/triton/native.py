@@ -23,6 +23,7 @@ from pathlib import Path
 
 from servinglab.api import Precision, RequestEncoding, ServerSpec
 from servinglab.api.forms import ModelForm
+from servinglab.api.servers import capabilities
 from servinglab.servers.triton.config import VERSION, instance_groups, powers_of_two_up_to
 
 #: Triton's backend for servinglab's own model (every form, whatever the tritonserver has).
@@ -44,11 +45,14 @@ class NativeBackend:
     file: str
 
 
-NATIVE = {
-    ModelForm.ONNXRUNTIME: NativeBackend("onnxruntime", "onnxruntime_onnx", "model.onnx"),
-    ModelForm.TORCHSCRIPT: NativeBackend("pytorch", "pytorch_libtorch", "model.pt"),
-    ModelForm.TENSORRT: NativeBackend("tensorrt", "tensorrt_plan", "model.plan"),
+#: Each native backend's platform and file name.
+_BACKENDS = {
+    "onnxruntime": NativeBackend("onnxruntime", "onnxruntime_onnx", "model.onnx"),
+    "pytorch": NativeBackend("pytorch", "pytorch_libtorch", "model.pt"),
+    "tensorrt": NativeBackend("tensorrt", "tensorrt_plan", "model.plan"),
 }
+#: The forms a native backend serves, as Triton declares them (`capabilities.native_backends`).
+NATIVE = {form: _BACKENDS[backend] for form, backend in capabilities("triton").native_backends.items()}
 #: ONNX's element types (TensorProto.DataType) as Triton's data types.
 ONNX_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 5: "TYPE_INT16", 6: "TYPE_INT32", 7: "TYPE_INT64",
               9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64", 16: "TYPE_BF16"}  # fmt: skip

@@ -1,0 +1,129 @@
+"""The handler's data path without a server: every CPU option changes what runs (the worker's report says
+so) and keeps the answers; the CUDA options are refused on this machine with the setting named."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from servinglab.api import PayloadFormat
+from servinglab.loadgen.payloads import make_payloads
+from servinglab_datapath import BatchMaker, DataPathError, plan_data_path
+from servinglab_image_handler import ServinglabImageHandler as Handler
+from support.handler import FakeContext, rows
+
+CPU = torch.device("cpu")
+
+
+def handler_with(model_dir: Path, data_path: dict[str, Any], caplog: pytest.LogCaptureFixture) -> Handler:
+    context = FakeContext(model_dir, "fp32")
+    context.model_yaml_config["handler"].update(dataPath=data_path, warmupSeconds=30)
+    handler = Handler()
+    with caplog.at_level(logging.INFO):
+        handler.initialize(context)
+    return handler
+
+
+def reported(caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("servinglab data path:")]
+    assert lines, "the worker did not report its data path"
+    found: dict[str, Any] = json.loads(lines[-1].split(":", 1)[1])
+    return found
+
+
+def _first_weight(handler: Handler) -> torch.Tensor:
+    return next(handler.model.parameters())  # type: ignore[no-any-return]
+
+
+REALISED = {
+    "decodeThreads": lambda h: h.batches.pool is not None and h.batches.pool._max_workers == 3,
+    "transfer": lambda h: h.batches.plan.transfer == "float",
+    "channelsLast": lambda h: _first_weight(h).is_contiguous(memory_format=torch.channels_last),
+    "compile": lambda h: type(h.model).__name__ == "OptimizedModule",
+}
+
+
+@pytest.mark.parametrize(
+    ("setting", "report"),
+    [
+        ({"decodeThreads": 3}, {"decodeThreads": 3}),
+        ({"transfer": "float"}, {"transfer": "float"}),
+        ({"channelsLast": True}, {"channelsLast": True}),
+        ({"compile": "default"}, {"compile": "default", "paddedBatchSizes": [1, 2, 4]}),
+    ],
+)
+def test_each_cpu_option_runs_reports_itself_and_keeps_the_answers(
+    tiny_archive: Path, caplog: pytest.LogCaptureFixture, setting: dict[str, Any], report: dict[str, Any]
+) -> None:
+    images = [*make_payloads(PayloadFormat.JPEG, 32, 3, seed=21), b"not an image"]
+    baseline = handler_with(tiny_archive, {}, caplog)
+    assert reported(caplog)["note"].startswith("PIL decode on 1 thread(s)")
+    caplog.clear()
+    handler = handler_with(tiny_archive, setting, caplog)
+    ran = reported(caplog)
+    assert {key: ran[key] for key in report} == report
+    (option,) = setting
+    assert REALISED[option](handler) and not REALISED[option](baseline)
+    context = FakeContext(tiny_archive, "fp32")
+    ours = handler.handle(rows(*images), context)
+    theirs = baseline.handle(rows(*images), FakeContext(tiny_archive, "fp32"))
+    assert json.loads(ours[3])["error"].startswith("payload is neither JPEG") and context.statuses[3][0] == 400
+    for mine, reference in zip(ours[:3], theirs[:3], strict=True):  # 3 rows: a compiled model pads them to 4
+        top, expected = json.loads(mine)["predictions"][0], json.loads(reference)["predictions"][0]
+        assert top["class"] == expected["class"]
+        assert top["probability"] == pytest.approx(expected["probability"], abs=1e-4)
+
+
+def test_the_decode_pool_makes_the_same_batch_as_one_thread() -> None:
+    bodies = make_payloads(PayloadFormat.JPEG, 48, 6, seed=4) + make_payloads(PayloadFormat.PNG, 32, 2, seed=4)
+    made = [
+        BatchMaker(plan_data_path({"decodeThreads": threads}, CPU, "image", 8), CPU, torch.float32, {"size": 32})
+        .make([*bodies[:3], b"\x00junk", *bodies[3:]])
+        for threads in (1, 4)
+    ]  # fmt: skip
+    one, pool = made
+    assert one.batch is not None and pool.batch is not None
+    assert torch.equal(one.batch, pool.batch)
+    assert one.valid == pool.valid == [0, 1, 2, 4, 5, 6, 7, 8]
+    assert list(pool.errors) == [3]
+
+
+def test_float_transfer_normalises_on_the_cpu_to_the_same_pixels() -> None:
+    bodies = make_payloads(PayloadFormat.PNG, 32, 4, seed=8)
+    batches = [
+        BatchMaker(plan_data_path({"transfer": transfer}, CPU, "image", 4), CPU, torch.float32, {"size": 32})
+        .make(bodies).batch
+        for transfer in ("uint8", "float")
+    ]  # fmt: skip
+    assert batches[0] is not None and batches[1] is not None
+    assert torch.allclose(batches[0], batches[1], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [({"decode": "device"}, "dataPath.decode: device needs CUDA"),
+     ({"pinnedCopies": True}, "dataPath.pinnedCopies: True needs CUDA"),
+     ({"compile": "reduce-overhead"}, "dataPath.compile: reduce-overhead needs CUDA")],
+)  # fmt: skip
+def test_cuda_paths_are_refused_on_a_machine_without_one(setting: dict[str, Any], named: str) -> None:
+    with pytest.raises(DataPathError, match=named):
+        plan_data_path(setting, CPU, "image", 8)
+
+
+def test_a_tensor_model_cannot_decode_on_the_device() -> None:
+    with pytest.raises(DataPathError, match="decode: device decodes JPEG images; this model takes tensors"):
+        plan_data_path({"decode": "device"}, torch.device("cuda"), "tensor", 8)  # planning touches no GPU
+    plan = plan_data_path({"decodeThreads": 2}, CPU, "tensor", 8)
+    assert plan.report("tensor")["note"].startswith("tensor bodies parsed on 2 CPU thread(s)")
+    assert plan.channels_last is False and plan.transfer == "as declared"
+
+
+def test_compiling_without_a_compiler_is_refused_naming_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(DataPathError, match=r"dataPath.compile: default needs a C\+\+ compiler .* there is none"):
+        plan_data_path({"compile": "default"}, CPU, "image", 8)
