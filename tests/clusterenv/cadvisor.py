@@ -12,11 +12,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 
-from servinglab.servers.process import free_ports
+from clusterenv.textendpoint import TextEndpoint
 
 #: (pod, container) -> the pid of the container's main process.
 Containers = Callable[[], dict[tuple[str, str], int]]
@@ -45,30 +44,15 @@ class CAdvisor:
         self._containers = containers
         self._counters: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = stand_in.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        (self.port,) = free_ports(1)
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="cadvisor", daemon=True)
+        self._endpoint = TextEndpoint(self.render, "cadvisor")
+        self.port = self._endpoint.port
 
     def start(self) -> CAdvisor:
-        self._thread.start()
+        self._endpoint.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._endpoint.stop()
 
     def render(self) -> str:
         with self._lock:

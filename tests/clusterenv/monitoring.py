@@ -14,16 +14,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from clusterenv.controlplane import ProcessGroup
+from clusterenv.textendpoint import TextEndpoint
 from servinglab.servers.process import free_ports
 
 UTIL_LOW, UTIL_HIGH = 40.0, 90.0
@@ -36,29 +35,15 @@ class DcgmExporter:
     def __init__(self) -> None:
         self.pods: list[tuple[str, str]] = []  # (namespace, pod) using the GPU
         self._started = time.time()
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = exporter.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        (self.port,) = free_ports(1)
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._endpoint = TextEndpoint(self.render, "dcgm-exporter")
+        self.port = self._endpoint.port
 
     def start(self) -> DcgmExporter:
-        self._thread.start()
+        self._endpoint.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        self._endpoint.stop()
 
     def render(self) -> str:
         elapsed = time.time() - self._started

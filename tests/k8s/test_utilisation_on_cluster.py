@@ -5,8 +5,7 @@ DCGM-format test exporter's known pattern) — and raises the load until it hold
 
 The CPU runs mirror the local test (tests/integration/test_utilisation_target_served.py) on LitServe: a
 server whose CPU limit is twice the host's cores can never be read at 0.9 of them, and says it was
-never reached; asked for three quarters of what it used at one user, an open loop gets there by raising its
-rate."""
+never reached; asked for 0.4 to 1.0 of what it used at one user, an open loop gets there by raising its rate."""
 
 from __future__ import annotations
 
@@ -71,10 +70,11 @@ def test_the_load_job_raises_the_load_until_the_server_containers_cpu_holds_the_
     host_share = (os.cpu_count() or 1) / LIMIT_CORES
     assert all(0 < step["utilisation"] <= host_share + 0.05 for step in steps), steps
 
-    # three quarters of what the server used at one user, reached by raising an open loop's rate from an eighth
-    # of that user's (LitServe's idle loops use some CPU: that alone is below the band here, if not everywhere)
+    # 0.4 to 1.0 of what the server used at one user, reached by raising an open loop's rate from an eighth of
+    # that user's (LitServe's idle loops use some CPU: that alone was below the band here; where it is not,
+    # the first probe holds the target)
     one_user = steps[0]
-    aim = {"target": round(0.75 * one_user["utilisation"], 4), "tolerance": round(0.25 * one_user["utilisation"], 4),
+    aim = {"target": round(0.7 * one_user["utilisation"], 4), "tolerance": round(0.3 * one_user["utilisation"], 4),
            "resource": "cpu", "maxProbes": 6,
            "start": round(one_user["throughputRps"] / 8, 3), "probeSeconds": 4}  # fmt: skip
     held = on_cpu("cpu-held", prometheus.url, {"mode": "open", "arrival": "constant", "utilisationTarget": aim})

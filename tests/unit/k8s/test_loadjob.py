@@ -14,6 +14,7 @@ import yaml
 from servinglab.api import parse_experiment
 from servinglab.k8s import builders, loadbuilders
 from servinglab.k8s.deadline import POD_START_SECONDS, load_job_deadline
+from servinglab.k8s.podutilisation import READING_SECONDS
 from servinglab.k8s.settings import LOAD_RESOURCES, Settings
 from servinglab.k8s.sink import WRITE_SECONDS
 from servinglab.loadgen.planned import planned_load
@@ -63,6 +64,21 @@ def test_the_deadline_covers_the_planned_load(case: str, load: dict[str, Any], r
     plan = get("torchserve").pod(experiment, PodInputs("demo-config", "servinglab/servinglab:test"))
     job = loadbuilders.load_job(builders.Owner("demo", "ns", "uid"), experiment, plan, "servinglab/servinglab:test")
     assert job["spec"]["activeDeadlineSeconds"] == deadline.seconds
+
+
+@pytest.mark.parametrize(
+    ("aim", "runs"),
+    [({"target": 0.6, "maxProbes": 16}, 16), ({"target": 0.6, "maxProbes": 4, "probeSeconds": 20}, 5)],
+)
+def test_the_deadline_covers_a_utilisation_search_and_each_probes_reading(aim: dict[str, Any], runs: int) -> None:
+    """Every probe may run, then wait for Prometheus to scrape past its window and answer; with probeSeconds
+    the load found is measured once more. A deadline short of that ends the search as LoadJobFailed, not as
+    the answer it would have given."""
+    experiment = spec({"mode": "closed", "utilisationTarget": aim})
+    assert planned_load(experiment.load).runs == runs
+    deadline = load_job_deadline(experiment)
+    assert deadline.load == runs * (RUN + READING_SECONDS)
+    assert READING_SECONDS >= 60  # the wait for a scrape past the window, at the least
 
 
 def test_the_issues_rows_now_leave_the_load_its_time() -> None:

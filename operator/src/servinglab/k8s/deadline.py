@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from servinglab.api import ExperimentSpec
+from servinglab.k8s.podutilisation import READING_SECONDS
 from servinglab.k8s.sink import WRITE_SECONDS
 from servinglab.loadgen.planned import planned_load
 
@@ -40,4 +41,4 @@ def load_job_deadline(spec: ExperimentSpec) -> Deadline:
     """The deadline of the load Job of `spec`."""
     generators = spec.load.generators if isinstance(spec.load.generators, int) else 1
     start = POD_START_SECONDS + spec.server.startup_timeout_seconds + (GENERATORS_JOIN_SECONDS if generators > 1 else 0)
-    return Deadline(start=start, load=planned_load(spec.load).seconds, write=WRITE_SECONDS)
+    return Deadline(start=start, load=planned_load(spec.load, READING_SECONDS).seconds, write=WRITE_SECONDS)

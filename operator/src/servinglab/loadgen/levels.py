@@ -141,7 +141,7 @@ def _run_levels(
     """The requested levels (each repeated), then the open loop's peak-rate search if asked for; or the
     search for the load that holds a utilisation."""
     if load.utilisation_target is not None:
-        if reading is None:  # the cluster refuses the spec (k8s.experiment.diagnose): nothing reads it there
+        if reading is None:  # a caller without a reading (the load Job is given one from Prometheus)
             raise ValueError("load.utilisationTarget: this load runs without a reading of the server's utilisation")
         levels, found = hold_utilisation(load.utilisation_target, load.mode == "closed", load.duration_seconds,
                                          run_any, reading)  # fmt: skip

@@ -3,8 +3,10 @@ cover before anything has been measured.
 
 Every run of a level is its warm-up, its measured window at its longest (a stability extension up to
 `maxDurationSeconds`) and the wait for requests still in flight (up to the request timeout); a level
-runs `repeats` times; the peak-rate search adds up to `maxProbes` levels; a shaped run is one run of its
-warm-up and all its phases (a trace's length is known only from its file: its bound is taken). This is
+runs `repeats` times; the peak-rate search adds up to `maxProbes` levels; a utilisation search runs up to
+`maxProbes` probes, each read after its window, and with `probeSeconds` one measurement more; a shaped run
+is one run of its warm-up and all its phases (a trace's length is known only from its file: its bound is
+taken). This is
 the schedule :mod:`servinglab.loadgen.levels` runs. Used by the operator for the load Job's deadline.
 """
 
@@ -28,8 +30,10 @@ class PlannedLoad:
         return self.runs * self.run_seconds
 
 
-def planned_load(load: LoadSpec) -> PlannedLoad:
-    """The runs of `load` and the longest one run may take, stragglers included."""
+def planned_load(load: LoadSpec, reading_seconds: float = 0.0) -> PlannedLoad:
+    """The runs of `load` and the longest one run may take, stragglers included; `reading_seconds`: the
+    longest a utilisation search's reading of one probe may take after its window (in the load Job, from
+    Prometheus)."""
     tail = load.warmup_seconds + load.request_timeout_seconds
     shape = load.shape
     if shape is not None:  # one run, never extended
@@ -40,6 +44,10 @@ def planned_load(load: LoadSpec) -> PlannedLoad:
         else:
             measured = MAX_TRACE_SECONDS
         return PlannedLoad(1, measured + tail)
+    measured = max(load.duration_seconds, load.stability.max_duration_seconds or 0.0)
+    if (aim := load.utilisation_target) is not None:  # its probes, each read, then the load found measured
+        runs = aim.max_probes + (1 if aim.probe_seconds is not None else 0)
+        return PlannedLoad(runs, measured + tail + reading_seconds)
     if load.mode == "closed":
         levels = len(load.concurrency)
     else:

@@ -6,6 +6,7 @@ when it creates the load Job (:func:`source`).
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Literal
 
 from servinglab.api import ExperimentSpec
@@ -13,8 +14,11 @@ from servinglab.api.kube import quantity
 from servinglab.k8s.client import Ref
 from servinglab.k8s.experiment import pods
 from servinglab.k8s.experiment.status import Experiment
-from servinglab.k8s.podutilisation import UtilisationSource, deployment_pods
+from servinglab.k8s.podutilisation import UtilisationSource
 from servinglab.k8s.settings import Settings
+from servinglab.servers.base import Manifest
+
+FIELD = "spec.load.utilisationTarget"
 
 
 def resource_of(spec: ExperimentSpec) -> Literal["gpu", "cpu"]:
@@ -30,51 +34,72 @@ def problem(spec: ExperimentSpec, settings: Settings) -> str | None:
     """Why the load Job could not read this spec's utilisation target (None: it can, or there is none)."""
     if spec.load.utilisation_target is None:
         return None
-    field = "spec.load.utilisationTarget"
-    if spec.metrics.prometheus_url is None and settings.prometheus_url is None:
-        return (f"{field}: on Kubernetes the load Job reads the server's utilisation from Prometheus (DCGM's for a "
-                "GPU, the kubelet's cAdvisor for the CPU); name one in spec.metrics.prometheusUrl or the chart's "
-                "prometheusUrl")  # fmt: skip
-    if spec.metrics.prometheus_url is None and settings.prometheus_authorization is not None:
-        return (f"{field}: the operator's Prometheus needs credentials, and they never leave the operator; name a "
-                "Prometheus the load pods may query without them in spec.metrics.prometheusUrl")  # fmt: skip
-    if resource_of(spec) == "gpu" and spec.server.gpus == 0:
-        return f"{field}.resource: gpu, and the server has none (spec.server.gpus: 0); use cpu or auto"
+    if spec.metrics.prometheus_url is None:
+        if settings.prometheus_url is None:
+            return (f"{FIELD}: on Kubernetes the load Job reads the server's utilisation from Prometheus (DCGM's for "
+                    "a GPU, the kubelet's cAdvisor for the CPU); name one in spec.metrics.prometheusUrl or the "
+                    "chart's prometheusUrl")  # fmt: skip
+        if settings.prometheus_authorization is not None or _has_credentials(settings.prometheus_url):
+            return (f"{FIELD}: the operator's Prometheus needs credentials, and they never leave the operator; "
+                    "name a Prometheus the load pods may query without them in spec.metrics.prometheusUrl")  # fmt: skip
+    if resource_of(spec) == "gpu":
+        if spec.server.gpus == 0:
+            return f"{FIELD}.resource: gpu, and the server has none (spec.server.gpus: 0); use cpu or auto"
+        if "/mig-" in settings.gpu_resource:
+            return (f"{FIELD}: the server's GPU is a MIG slice ({settings.gpu_resource}), and DCGM's utilisation "
+                    "is the whole GPU's; use resource: cpu")  # fmt: skip
     return None
 
 
+def _has_credentials(url: str) -> bool:
+    """Whether a URL carries what a load pod's arguments must not: a user, a password, a query or a fragment."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return True
+    return bool(parts.username or parts.password or parts.query or parts.fragment)
+
+
 async def source(experiment: Experiment, spec: ExperimentSpec, container: str) -> UtilisationSource | str:
-    """What the load Job reads for the server's `container`, or why the operator could not tell (a message)."""
+    """What the load Job reads for the server's `container` in the pods that serve, or why the operator could
+    not tell (a message naming what to set)."""
     url = spec.metrics.prometheus_url or experiment.settings.prometheus_url
     assert url is not None  # problem() refused the spec otherwise
-    cores = await _cores(experiment, spec) if resource_of(spec) == "cpu" else 1.0  # a GPU's share needs none
-    if isinstance(cores, str):
-        return cores
+    status = experiment.status
+    serving = status.server_pods or ([status.server_pod] if status.server_pod else [])
+    if not serving:
+        return f"{FIELD}: no server pod was recorded as serving, so there is nothing to read"
+    cores = 1.0  # a GPU's share is DCGM's percentage: it needs none
+    if resource_of(spec) == "cpu":
+        listed = {p["metadata"]["name"]: p for p in await pods.listed(experiment, "server")}
+        found = await _cores(experiment, listed.get(serving[0]), container)
+        if isinstance(found, str):
+            return found
+        cores = found
     return UtilisationSource(
-        url=url, resource=resource_of(spec), namespace=experiment.namespace,
-        pods=deployment_pods(experiment.names.server), container=container, cores=cores,
-        replicas=experiment.status.server_replicas or spec.server.replicas,
+        url=url, resource=resource_of(spec), namespace=experiment.namespace, pods=serving, container=container,
+        cores=cores, replicas=len(serving),
     )  # fmt: skip
 
 
-async def _cores(experiment: Experiment, spec: ExperimentSpec) -> float | str:
-    """The cores one server container may use: its CPU limit, else its node's allocatable CPU."""
-    if (limit := spec.server.resources.limits.get("cpu")) is not None:
-        return float(quantity(limit))
-    serving = [
-        p for p in await pods.listed(experiment, "server") if p["metadata"]["name"] == experiment.status.server_pod
-    ]
-    node = serving[0].get("spec", {}).get("nodeName") if serving else None
-    found = await experiment.kube.list(Ref("v1", "Node", ""), field_selector=f"metadata.name={node}", cached=True) if (
-        node) else []  # fmt: skip
-    allocatable = (found[0].get("status", {}).get("allocatable") or {}).get("cpu") if found else None
+async def _cores(experiment: Experiment, pod: Manifest | None, container: str) -> float | str:
+    """The cores one server container may use: its CPU limit as the pod has it (a LimitRange's default
+    included), else its node's allocatable CPU."""
+    if pod is None:
+        return f"{FIELD}: the serving pod is gone, so its CPU limit cannot be read"
+    spec = pod.get("spec") or {}
+    own: Manifest = next((c for c in spec.get("containers", []) if c.get("name") == container), {})
+    limit = ((own.get("resources") or {}).get("limits") or {}).get("cpu")
+    node = spec.get("nodeName")
+    if limit is None and node:  # from the watch cache: one node by name
+        found = await experiment.kube.list(Ref("v1", "Node", ""), field_selector=f"metadata.name={node}", cached=True)
+        limit = (found[0].get("status", {}).get("allocatable") or {}).get("cpu") if found else None
     try:
-        cores = float(quantity(str(allocatable))) if allocatable is not None else 0.0
+        cores = float(quantity(str(limit))) if limit is not None else 0.0
     except ValueError:
         cores = 0.0
     if cores <= 0:
-        return (
-            f"spec.load.utilisationTarget: the server's CPU share needs its cores, and it has no CPU limit "
-            f"(spec.server.resources.limits.cpu) and its node {node or '(none yet)'} states no allocatable CPU"
-        )
+        return (f"{FIELD}: the server's CPU share needs the cores it may use, and its container has no CPU limit "
+                f"(spec.server.resources.limits.cpu) and its node {node or '(none yet)'} states no allocatable "
+                "CPU")  # fmt: skip
     return cores
