@@ -125,11 +125,12 @@ def make_user_models(folder: Path) -> UserModels:
 
 
 def export_onnx(module: torch.nn.Module, path: Path, size: int = 32, dynamic_batch: bool = True) -> Path:
-    """`module` (image in) exported to ONNX with the legacy exporter; the batch axis dynamic unless told."""
+    """`module` (image in) exported to ONNX with the legacy (TorchScript) exporter, as formbuild does; the
+    batch axis dynamic unless told."""
     axes = {"pixels": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None
     with torch.no_grad():
         torch.onnx.export(module, (torch.zeros(1, 3, size, size),), str(path), input_names=["pixels"],
-                          output_names=["logits"], dynamic_axes=axes)  # fmt: skip
+                          output_names=["logits"], dynamic_axes=axes, dynamo=False)  # fmt: skip
     return path
 
 

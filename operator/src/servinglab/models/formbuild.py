@@ -91,11 +91,13 @@ def export_torchscript(network: Any, sample: Any, path: Path, freeze: bool = Fal
 
     with torch.no_grad():
         traced = torch.jit.trace(network, sample).eval()  # type: ignore[no-untyped-call]
-        torch.jit.save(torch.jit.freeze(traced) if freeze else traced, str(path))  # type: ignore[no-untyped-call]
+        torch.jit.save(torch.jit.freeze(traced) if freeze else traced, str(path))
 
 
 def export_onnx(network: Any, sample: Any, path: Path) -> None:
-    """ONNX (TorchScript exporter) with a dynamic batch axis, the input named `input`."""
+    """ONNX (TorchScript exporter) with a dynamic batch axis, the input named `input`. Not torch's default
+    (dynamo) exporter: it needs onnxscript, and it writes the weights to an external data file by default,
+    which servinglab refuses in a user's model."""
     import torch
 
     with torch.no_grad():
