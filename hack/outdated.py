@@ -30,6 +30,12 @@ REPO = Path(__file__).resolve().parent.parent
 TRITON_REQUIREMENTS = REPO / "operator/src/servinglab/servers/triton/requirements.txt"
 PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*==\s*([^\s;#]+)")
 LATEST = re.compile(r"^\S+ \(([^)]+)\)")  # pip index versions' first line: "name (latest)"
+#: Pins kept behind on purpose, by (canonical name, where pinned), with why: listed as held, not as outdated.
+HELD = {
+    ("tritonclient", "triton-env"): "perf_analyzer must be the release of the tritonserver that PyTriton 0.7.0 "
+    "ships (2.51.0)",
+    ("numpy", "triton-env"): "the Python backend's stub is compiled against numpy 1",
+}
 
 
 @dataclass
@@ -115,11 +121,15 @@ def main() -> int:
 
     rows = [(p.name, p.version, new, ", ".join(p.where)) for p, new, _ in answers if new and newer(p.version, new)]
     failures = [(p.name, why) for p, _, why in answers if why is not None]
-    print(f"{len(wanted)} pinned names looked up; {len(rows)} have a newer release")
+    held = [f"{row[0]} in {where}: {why}" for row in rows for where in row[3].split(", ")
+            if (why := HELD.get((canonicalize_name(row[0]), where)))]  # fmt: skip
+    print(f"{len(wanted)} pinned names looked up; {len(rows)} have a newer release ({len(held)} held on purpose)")
     if rows:
         widths = [max(len(r[i]) for r in [("name", "pinned", "latest", "pinned in"), *rows]) for i in range(3)]
         for row in [("name", "pinned", "latest", "pinned in"), *rows]:
             print("  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True)), row[3])
+    for line in held:
+        print(f"held: {line}")
     for name, why in failures:
         print(f"{name}: could not look up: {why}", file=sys.stderr)
     return 1 if failures else 0
