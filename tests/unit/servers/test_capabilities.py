@@ -18,7 +18,7 @@ from servinglab.api.results import LevelResult, ServerSettings
 from servinglab.api.sweep import left_out
 from servinglab.api.verdicts import Bottleneck
 from servinglab.measure.verdict import judge
-from support.manifests import sweep
+from support.manifests import experiment, sweep
 
 README = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists()) / "README.md"
 
@@ -46,11 +46,8 @@ def test_the_registry_names_every_kind_and_each_server_carries_its_own_declarati
 
 
 def _experiment(kind: str, fmt: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "servinglab.dev/v1alpha1", "kind": "ServingExperiment", "metadata": {"name": "mine"},
-        "spec": {"model": {"name": "mine", "source": {"path": "/models/mine.mar", "format": fmt}},
-                 "server": {"kind": kind}},
-    }  # fmt: skip
+    return experiment("mine", model={"name": "mine", "source": {"path": "/models/mine.mar", "format": fmt}},
+                      server={"kind": kind})  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["litserve", "triton"])
