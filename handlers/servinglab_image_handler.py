@@ -134,7 +134,11 @@ class ServinglabImageHandler:
         sizes = settings.get("warmupBatchSizes")
         if sizes is None:  # an archive rendered without the list: every power of two up to batch_size
             sizes = sorted({min(2**i, batch_size) for i in range(batch_size.bit_length() + 1)})
-        report = warm_up(self._forward_zeros, [int(s) for s in sizes], float(settings.get("warmupSeconds", 60.0)))
+        sizes = [int(s) for s in sizes]
+        # a compiled model compiles each padded size it can be asked for before it serves, whatever the budget
+        largest = max(sizes, default=batch_size)
+        required = [size for size in path.padded_sizes if size <= largest]
+        report = warm_up(self._forward_zeros, sizes, float(settings.get("warmupSeconds", 60.0)), required=required)
         self.warmup_report = report
         logger.info("servinglab warm-up: %s", json.dumps(report))
         self.initialized = True

@@ -320,29 +320,38 @@ def warm_up(
     sizes: Sequence[int],
     budget_seconds: float,
     clock: Callable[[], float] = time.perf_counter,
+    required: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Run `forward` once per batch size, smallest first, while the time budget lasts (by `clock`).
 
     A size is skipped when the time per sample of the last one predicts it would end past the budget
-    (per-sample time falls with batch size, so the estimate errs long). Returns what ran, for the log:
-    ``{"seconds", "batchSizes", "skipped", "budgetSeconds"}``.
+    (per-sample time falls with batch size, so the estimate errs long). The `required` sizes run whatever
+    the budget: a compiled model compiles a graph per padded size on its first pass there (seconds to
+    minutes each), and a size left out would compile inside the measured window; their time predicts
+    nothing. Returns what ran, for the log: ``{"seconds", "batchSizes", "skipped", "budgetSeconds",
+    "required"}``.
     """
     started = clock()
     done: list[int] = []
     skipped: list[int] = []
     per_sample: float | None = None
-    for size in sorted(sizes):
+    for size in sorted({*sizes, *required}):
+        must = size in required
         elapsed = clock() - started
-        if budget_seconds <= 0 or (per_sample is not None and elapsed + per_sample * size > budget_seconds):
+        if not must and (
+            budget_seconds <= 0 or (per_sample is not None and elapsed + per_sample * size > budget_seconds)
+        ):
             skipped.append(size)
             continue
         begun = clock()
         forward(size)
-        per_sample = (clock() - begun) / size
+        if not must:
+            per_sample = (clock() - begun) / size
         done.append(size)
     return {
         "seconds": round(clock() - started, 3),
         "batchSizes": done,
         "skipped": skipped,
+        "required": sorted(required),
         "budgetSeconds": budget_seconds,
     }

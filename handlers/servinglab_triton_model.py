@@ -98,7 +98,8 @@ class TritonPythonModel:
         print(f"servinglab form: {form or 'eager'}{f', compile {mode}' if mode != 'none' else ''}", flush=True)
 
         sizes = [int(size) for size in parameters.get("warmup_batch_sizes", "").split(",") if size]
-        report = warm_up(self._forward_zeros, sizes, float(parameters.get("warmup_seconds", "60")))
+        required = sizes if mode != "none" else []  # each compiles its graph before Triton serves, whatever the budget
+        report = warm_up(self._forward_zeros, sizes, float(parameters.get("warmup_seconds", "60")), required=required)
         print(f"servinglab warm-up: {json.dumps(report)}", flush=True)
 
     def _load_user_model(self, build: Path, parameters: dict[str, str], args: dict[str, Any], batch: int) -> None:

@@ -52,7 +52,15 @@ def test_the_gpu_check_dry_run_measures_each_form_and_each_server_and_says_what_
         step = steps[f"served-{kind}-user"]
         assert step["status"] == "ran" or (step["status"] == "skipped" and "refuses a user's model" in step["reason"])
 
+    in_forms = {row["form"]: row for row in report["served_forms"] if row}
+    for form in ("eager", "torchscript"):  # served in each form the CPU builds: what ran is what was asked
+        row = in_forms[form]
+        assert row["status"] == "ran" and row["errors"] == 0 and row["payload"] == "raw", row
+        assert row["formRun"]["form"] == form and row["servedOverRaw"] > 0
+    assert in_forms["torchscript"]["formRun"]["gate"]["passed"] is True
+
     table = (out / "gpu-check.md").read_text()
     for heading in ("The model alone, per precision", "The model alone, per form", "Again: the build cache",
-                    "Served, one good configuration per server"):  # fmt: skip
+                    "Served, one good configuration per server",
+                    "Served in each form (TorchServe, raw uint8 bodies)"):  # fmt: skip
         assert f"## {heading}" in table

@@ -36,7 +36,8 @@ def test_a_leader_that_cannot_renew_stops_writing_before_a_standby_may_take_over
 ) -> None:
     proxy = LeaseProxy(cluster, tmp_path / "proxy").start()
     settings = {"SERVINGLAB_LEASE_SECONDS": str(LEASE_SECONDS)}
-    leader = Operator(cluster, namespace, tmp_path / "leader", {**settings, "KUBECONFIG": str(proxy.kubeconfig)})
+    leader = Operator(cluster, namespace, tmp_path / "leader", {**settings, "KUBECONFIG": str(proxy.kubeconfig)},
+                      restart=False)  # fmt: skip
     standby = Operator(cluster, namespace, tmp_path / "standby", settings)
     try:
         leader.start()

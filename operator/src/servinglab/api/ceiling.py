@@ -15,6 +15,8 @@ class RawRow(ResultModel):
     throughput_rps: float
     passes: int | None = None
     pass_seconds: float | None = None
+    #: A compiled model's first pass at a new padded size: its graph's compile, set-up that is not timed.
+    compile_seconds: float | None = None
     note: str | None = None
 
 

@@ -196,6 +196,8 @@ class Warmup(ResultModel):
     batch_sizes: list[int] = Field(default_factory=list)
     skipped: list[int] = Field(default_factory=list)
     budget_seconds: float | None = None
+    #: The sizes run whatever the budget: a compiled model's padded sizes, each compiling its graph.
+    required: list[int] | None = None
 
 
 class DataPathRun(ResultModel):

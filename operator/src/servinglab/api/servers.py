@@ -241,7 +241,8 @@ class ServerSpec(SpecModel):
         ge=0,
         le=3600,
         description="Time budget of each worker's warm-up before it serves: the batch sizes the load can form "
-        "(powers of two) run once each, smallest first, until the next would overrun it. 0 = no warm-up.",
+        "(powers of two) run once each, smallest first, until the next would overrun it. 0 = no warm-up. A "
+        "compiled model's sizes run whatever the budget: each compiles its graph, which must not happen measured.",
     )
     data_path: DataPath = Field(
         default_factory=DataPath, description="How the handler decodes, copies and runs a batch (each a sweep axis)."

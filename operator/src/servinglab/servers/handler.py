@@ -38,7 +38,8 @@ def handler_settings(server: ServerSpec, load: LoadSpec | None = None) -> dict[s
     """The handler's settings (its `load()` takes them as they are)."""
     return {
         "precision": str(server.precision),
-        "warmupBatchSizes": warmup_batch_sizes(server.batch_size, load) if server.warmup_seconds > 0 else [],
+        # the sizes the load can form, also with no warm-up (0 s): a compiled model still compiles them first
+        "warmupBatchSizes": warmup_batch_sizes(server.batch_size, load),
         "warmupSeconds": server.warmup_seconds,
         "topK": TOP_K,
         "dataPath": server.data_path.model_copy(update={"compile": server.compile_mode()}).handler_settings(),

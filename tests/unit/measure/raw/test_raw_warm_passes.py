@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import chain, repeat
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ class Clock:
         return self.now
 
 
-def probe_with_passes(monkeypatch: pytest.MonkeyPatch, durations: Iterator[float]) -> Any:
+def probe_with_passes(monkeypatch: pytest.MonkeyPatch, durations: Iterator[float], padded: tuple[int, ...] = ()) -> Any:
     clock = Clock()
     monkeypatch.setattr(child.time, "monotonic", clock.monotonic)
     probe = object.__new__(child.Probe)
@@ -34,6 +35,8 @@ def probe_with_passes(monkeypatch: pytest.MonkeyPatch, durations: Iterator[float
         clock.now += seconds
         return seconds
 
+    probe.path = SimpleNamespace(padded_sizes=padded)
+    probe.compiled_sizes, probe.compile_seconds = set(), 0.0
     probe.batch = lambda size: size  # type: ignore[method-assign]
     probe.forward = forward  # type: ignore[method-assign]
     return probe
@@ -70,3 +73,18 @@ def test_a_pass_longer_than_the_share_is_still_one_figure(monkeypatch: pytest.Mo
                                                 ([1.04, 0.0045], False), ([0.0045, 0.0046], True)])  # fmt: skip
 def test_two_passes_agree_within_the_factor(passes: list[float], steady: bool) -> None:
     assert child.steady(passes) is steady
+
+
+def test_a_compiled_models_first_pass_at_a_new_padded_size_is_its_compile_not_a_figure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On an H200, ResNet-50 with CUDA graphs: the probe's one pass at batch 50 was the compile of size 64's graph
+    (4.5 s), longer than the size's share, and the figure read 11 rps for a model that runs 23 000 alone."""
+    passes = chain([4.5], repeat(0.003))  # size 64's graph compiled, then steady
+    probe = probe_with_passes(monkeypatch, passes, padded=(1, 2, 4, 8, 16, 32, 64))
+    row = probe.measure(50, share=2.0)
+    assert row.compile_seconds == pytest.approx(4.5) and row.note is None
+    assert row.throughput_rps == pytest.approx(50 / 0.003, rel=0.01)
+    again = probe.measure(64, share=0.5)  # same padded size: compiled already, nothing uncounted beyond warm passes
+    assert again.compile_seconds is None and again.throughput_rps == pytest.approx(64 / 0.003, rel=0.01)
+    assert probe.compile_seconds == pytest.approx(4.5)

@@ -16,7 +16,6 @@ from servinglab.api.results import LevelResult, LoadJobResults
 from servinglab.api.states import ExperimentState
 from servinglab.k8s import builders, pricing, promql
 from servinglab.k8s import metrics as opmetrics
-from servinglab.k8s.client import Ref
 from servinglab.k8s.experiment import pods
 from servinglab.k8s.experiment.status import Experiment, summary_of
 from servinglab.k8s.promql import PrometheusError
@@ -126,11 +125,8 @@ async def price_of(experiment: Experiment, spec: ExperimentSpec) -> Price | None
             p for p in await pods.listed(experiment, "server") if p["metadata"]["name"] == experiment.status.server_pod
         ]
         node = serving[0].get("spec", {}).get("nodeName") if serving else None
-        if node:  # from the watch cache: one node by name
-            found = await experiment.kube.list(
-                Ref("v1", "Node", ""), field_selector=f"metadata.name={node}", cached=True
-            )
-            labels = (found[0]["metadata"].get("labels") or {}) if found else {}
+        if node and (found := await pods.node(experiment, node)) is not None:
+            labels = found["metadata"].get("labels") or {}
     return pricing.resolve(spec.cost, chart, node, labels, spec.server.gpus, experiment.settings.gpu_resource)
 
 

@@ -27,14 +27,17 @@ async def listed(experiment: Experiment, component: str) -> list[Manifest]:
     return await experiment.kube.list(experiment.child("v1", "Pod", ""), label_selector=selector)
 
 
+async def node(experiment: Experiment, name: str) -> Manifest | None:
+    """The node called `name`, or None if it does not exist (from the watch cache: one node by name, not every
+    node of a large cluster). Also read for a node's allocatable CPU (:mod:`.utilisation`) and its price
+    (:mod:`.collect`)."""
+    items = await experiment.kube.list(Ref("v1", "Node", ""), field_selector=f"metadata.name={name}", cached=True)
+    return items[0] if items else None
+
+
 async def _nodes(experiment: Experiment, pods: list[Manifest]) -> dict[str, Manifest | None]:
-    """The nodes the pods are bound to, by name; None for one that does not exist (from the watch cache:
-    one node by name, not every node of a large cluster)."""
-    found: dict[str, Manifest | None] = {}
-    for name in diagnose.nodes_of(pods):
-        items = await experiment.kube.list(Ref("v1", "Node", ""), field_selector=f"metadata.name={name}", cached=True)
-        found[name] = items[0] if items else None
-    return found
+    """The nodes the pods are bound to, by name; None for one that does not exist."""
+    return {name: await node(experiment, name) for name in diagnose.nodes_of(pods)}
 
 
 async def server_failure(experiment: Experiment, pods: list[Manifest], deployment: Manifest | None) -> Failure | None:

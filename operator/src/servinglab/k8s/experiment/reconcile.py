@@ -24,7 +24,6 @@ server is never re-applied once ready, so a new CRD or a new operator changes no
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from servinglab import servers
@@ -34,31 +33,17 @@ from servinglab.api.reasons import Reason
 from servinglab.api.states import ExperimentState
 from servinglab.api.status import ExperimentSummary, ResultsRef
 from servinglab.k8s import builders, credentials, loadbuilders, modelsecrets
-from servinglab.k8s.client import Conflict, Forbidden, Kube, KubeError, Ref
+from servinglab.k8s.client import Conflict, Forbidden, Kube, Ref
 from servinglab.k8s.experiment import diagnose, pods, snapshot, utilisation
 from servinglab.k8s.experiment.admission import GpuQueue, admitted
-from servinglab.k8s.experiment.collect import collect, job_message
+from servinglab.k8s.experiment.children import Refused, apply_child
+from servinglab.k8s.experiment.loadrun import job_finished, run_load
+from servinglab.k8s.experiment.serverwait import await_server, seconds_since
 from servinglab.k8s.experiment.status import Experiment
 from servinglab.k8s.settings import Settings
 from servinglab.k8s.sink import RESULTS_KEY
 from servinglab.loadgen import wire
 from servinglab.servers.base import Manifest, PodInputs, PodPlan
-
-
-class Refused(Exception):
-    """The API server refused to create or change a child (see :data:`~servinglab.k8s.client.REFUSALS`):
-    the same request would be refused again, so the experiment ends as Rejected with the API's message.
-    A refusal that passes on its own (:data:`~servinglab.k8s.client.PASSING_REFUSALS`) is not one: its
-    KubeError fails the pass, and the next poll tries again."""
-
-
-async def _apply(experiment: Experiment, manifest: Manifest) -> None:
-    try:
-        await experiment.kube.apply(manifest)
-    except KubeError as exc:
-        if exc.refusal:
-            raise Refused(str(exc)) from None
-        raise
 
 
 async def reconcile(
@@ -158,7 +143,7 @@ async def _advance(
     if experiment.status.started_at is None and (missing := await pods.payload_problem(experiment, spec)):
         # before anything is deployed: a payload applied with the experiment gets a moment to arrive
         created = (body.get("metadata") or {}).get("creationTimestamp")
-        if created is None or _elapsed(created) > experiment.settings.start_grace_seconds:
+        if created is None or seconds_since(created) > experiment.settings.start_grace_seconds:
             await experiment.fail(Reason.PAYLOAD_MISSING, missing)
             return True
         return None
@@ -180,8 +165,8 @@ async def _advance(
         if deployed is not True:
             return deployed
     if not cond.is_true(experiment.conditions, cond.SERVER_READY):
-        return await _await_server(experiment, spec)
-    return await _run_load(experiment, spec, plan)
+        return await await_server(experiment, spec)
+    return await run_load(experiment, spec, plan)
 
 
 @dataclass(frozen=True)
@@ -271,7 +256,7 @@ async def _deploy(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -
     if experiment.settings.model_cache_claim and not await _model_cache_key(experiment):
         return True
     for manifest in manifests:
-        await _apply(experiment, manifest)
+        await apply_child(experiment, manifest)
     return True
 
 
@@ -291,122 +276,6 @@ async def _model_cache_key(experiment: Experiment) -> bool:
     return True
 
 
-def _elapsed(since: str | None) -> float:
-    return time.time() - cond.epoch(since) if since else 0.0
-
-
-async def _await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
-    kube = experiment.kube
-    server = servers.get(spec.server.kind)
-    kind = server.name
-    deployment = await kube.get(experiment.child("apps/v1", "Deployment", experiment.names.server))
-    server_pods = await pods.listed(experiment, "server")
-    elapsed = _elapsed(experiment.status.started_at)
-    wanted = spec.server.replicas
-    if ((deployment or {}).get("status", {}).get("availableReplicas") or 0) >= wanted:
-        # the load starts once every replica serves; the first by name stands for them where one pod is read
-        # (a replacement not yet Ready is not one of them: at most `wanted` Ready pods are counted)
-        running = [p for p in server_pods if diagnose.pod_ready(p) and not p["metadata"].get("deletionTimestamp")]
-        ready = sorted(running, key=lambda p: str(p["metadata"]["name"]))[:wanted]
-        names = [p["metadata"]["name"] for p in ready]
-        pod_name = names[0] if names else ""
-        model = diagnose.model_description(ready[0]) if ready else None
-        form = diagnose.form_run(ready[0]) if ready else None
-        where = f"pod {pod_name}" if wanted == 1 else f"{len(names)} pods ({', '.join(names)})"
-        await experiment.set(
-            cond.SERVER_READY, True, Reason.AVAILABLE, f"{kind} is ready in {where}",
-            cold_start_seconds=round(elapsed, 3), server_ready_at=cond.now(), server_pod=pod_name,
-            server_pods=names, server_replicas=len(names),
-            summary=ExperimentSummary(state=ExperimentState.READY), **({"model": model} if model else {}),
-            **({"form": form} if form else {}),
-        )  # fmt: skip
-        await experiment.event("Normal", "ServerReady", f"{kind} ready after {elapsed:.1f} s")
-        return False
-    failure = (
-        diagnose.model_init_failure(server_pods)
-        or diagnose.server_start_failure(server_pods, server)
-        or await pods.server_failure(experiment, server_pods, deployment)
-    )
-    if failure is not None:
-        await experiment.fail(*failure)
-        return True
-    if (crash := diagnose.crash_reason(server_pods)) is not None:
-        await experiment.fail(Reason.SERVER_CRASHED, crash)
-        return True
-    unschedulable = diagnose.unschedulable_reason(server_pods)
-    # Admitted means some node can hold it: a GPU still held by a finishing server is a wait, not a failure.
-    waiting_for_gpu = unschedulable is not None and f"Insufficient {experiment.settings.gpu_resource}" in unschedulable
-    if unschedulable is not None and not waiting_for_gpu and elapsed > experiment.settings.unschedulable_grace_seconds:
-        await experiment.fail(Reason.UNSCHEDULABLE, f"the scheduler cannot place the server: {unschedulable}")
-        return True
-    if elapsed > spec.server.startup_timeout_seconds:
-        await experiment.fail(
-            Reason.SERVER_NOT_READY, f"{kind} was not ready within {spec.server.startup_timeout_seconds} s"
-        )
-        return True
-    return False
-
-
-def _true_conditions(job: Manifest) -> dict[str, Manifest]:
-    """The Job's conditions that hold (Complete, Failed, ...), by type."""
-    return {c["type"]: c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"}
-
-
-def _job_finished(job: Manifest) -> bool:
-    return bool(_true_conditions(job).keys() & {"Complete", "Failed"})
-
-
-async def _run_load(experiment: Experiment, spec: ExperimentSpec, plan: PodPlan) -> bool:
-    kube = experiment.kube
-    job_ref = experiment.child("batch/v1", "Job", experiment.names.load)
-    server_pods = await pods.listed(experiment, "server")
-    if (failure := await pods.server_failure(experiment, server_pods, None)) is not None:
-        await experiment.fail(failure[0], f"during the load test: {failure[1]}")
-        return True
-    serving = experiment.status.server_pods or ([experiment.status.server_pod] if experiment.status.server_pod else [])
-    if serving and (replaced := diagnose.replaced_server(server_pods, serving)) is not None:
-        await experiment.fail(Reason.SERVER_RESTARTED, replaced)
-        return True
-    job = await kube.get(job_ref)
-    if job is not None and not builders.owned_by(job, experiment.uid):
-        return False  # a predecessor's Job, still being garbage-collected: never read it as ours
-    if job is None:
-        model = experiment.status.model
-        flops = model.flops_per_inference if model is not None else None
-        image, key_secret = experiment.settings.servinglab_image, experiment.status.generator_key_secret
-        resources = experiment.settings.load_resources
-        reading = await utilisation.source(experiment, spec, plan.containers[0]["name"]) if (
-            spec.load.utilisation_target) else None  # fmt: skip
-        if isinstance(reading, str):
-            await experiment.fail(Reason.INVALID_SPEC, reading)
-            return True
-        job = loadbuilders.load_job(experiment.owner, spec, plan, image, flops, key_secret, resources,
-                                    reading.arg() if reading is not None else None)  # fmt: skip
-        await _apply(experiment, job)
-        await experiment.set(
-            cond.LOAD_TEST_COMPLETE, False, Reason.RUNNING,
-            f"load ({spec.load.describe()}) running in Job {experiment.names.load}",
-            summary=ExperimentSummary(state=ExperimentState.RUNNING),
-        )  # fmt: skip
-        await experiment.event("Normal", "LoadTestStarted", f"Job {experiment.names.load} started")
-        return False
-    job_conditions = _true_conditions(job)
-    if "Failed" in job_conditions:
-        message = await job_message(experiment) or job_conditions["Failed"].get("message", "")
-        await experiment.fail(Reason.LOAD_JOB_FAILED, f"Job {experiment.names.load} failed: {message}")
-        return True
-    if "Complete" in job_conditions:
-        await collect(experiment, spec)
-        return True
-    if (crash := diagnose.crash_reason(server_pods)) is not None:
-        await experiment.fail(Reason.SERVER_CRASHED, f"during the load test: {crash}")
-        return True
-    if (failure := await pods.load_failure(experiment, spec, job)) is not None:
-        await experiment.fail(*failure)
-        return True
-    return False
-
-
 async def _clean_up(experiment: Experiment) -> None:
     """The desired state of a finished experiment: no load Job running and, per spec.cleanup, no server
     holding a GPU. Runs on every pass until it has succeeded (also after an operator restart or a
@@ -416,7 +285,7 @@ async def _clean_up(experiment: Experiment) -> None:
         return
     job_ref = experiment.child("batch/v1", "Job", experiment.names.load)
     job = await experiment.owned(job_ref)
-    if job is not None and not _job_finished(job):
+    if job is not None and not job_finished(job):
         await experiment.kube.delete(job_ref)
     if experiment.delete_server_when_done:
         await experiment.delete_owned(experiment.child("apps/v1", "Deployment", experiment.names.server))

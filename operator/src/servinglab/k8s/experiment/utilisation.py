@@ -11,7 +11,6 @@ from typing import Literal
 
 from servinglab.api import ExperimentSpec
 from servinglab.api.kube import quantity
-from servinglab.k8s.client import Ref
 from servinglab.k8s.experiment import pods
 from servinglab.k8s.experiment.status import Experiment
 from servinglab.k8s.podutilisation import UtilisationSource
@@ -91,9 +90,8 @@ async def _cores(experiment: Experiment, pod: Manifest | None, container: str) -
     own: Manifest = next((c for c in spec.get("containers", []) if c.get("name") == container), {})
     limit = ((own.get("resources") or {}).get("limits") or {}).get("cpu")
     node = spec.get("nodeName")
-    if limit is None and node:  # from the watch cache: one node by name
-        found = await experiment.kube.list(Ref("v1", "Node", ""), field_selector=f"metadata.name={node}", cached=True)
-        limit = (found[0].get("status", {}).get("allocatable") or {}).get("cpu") if found else None
+    if limit is None and node and (found := await pods.node(experiment, node)) is not None:
+        limit = (found.get("status", {}).get("allocatable") or {}).get("cpu")
     try:
         cores = float(quantity(str(limit))) if limit is not None else 0.0
     except ValueError:

@@ -24,6 +24,7 @@ from typing import Any
 
 from servinglab.api import LoadSpec, ServerSpec
 from servinglab.api.results import EffectiveSettings
+from servinglab.servers.handler import warmup_batch_sizes
 
 #: The model's input tensor (one BYTES element: an encoded image) and its outputs: a built-in's top-k classes
 #: and probabilities; a user's model's answer, the handler's JSON (as TorchServe and LitServe answer).
@@ -34,20 +35,6 @@ OUTPUT_ANSWER = "ANSWER"
 TOP_K = 5
 #: The one version servinglab serves of a model (Triton's repository layout: <model>/<version>/).
 VERSION = "1"
-
-
-def powers_of_two_up_to(largest: int) -> list[int]:
-    """1, 2, 4, ... below `largest`, and `largest` itself: the batch sizes an instance warms up."""
-    return sorted({min(2**i, largest) for i in range(largest.bit_length() + 1)})
-
-
-def warmup_batch_sizes(batch_size: int, load: LoadSpec | None) -> list[int]:
-    """Powers of two up to the largest batch the load can form (a closed loop never has more requests
-    outstanding than its largest concurrency)."""
-    largest = batch_size
-    if load is not None and load.mode == "closed":
-        largest = min(batch_size, max(load.concurrency))
-    return powers_of_two_up_to(largest)
 
 
 def _quote(text: str) -> str:
@@ -88,9 +75,8 @@ def _parameters(server: ServerSpec, load: LoadSpec | None) -> dict[str, str]:
     """What servinglab's Python model reads when an instance starts."""
     return {
         "precision": str(server.precision),
-        "warmup_batch_sizes": ",".join(map(str, warmup_batch_sizes(server.batch_size, load)))
-        if server.warmup_seconds > 0
-        else "",
+        # also with no warm-up (0 s): a compiled model still compiles these sizes first (warm_up's `required`)
+        "warmup_batch_sizes": ",".join(map(str, warmup_batch_sizes(server.batch_size, load))),
         "warmup_seconds": f"{server.warmup_seconds:g}",
         "top_k": str(TOP_K),
         **({"form": str(server.form)} if server.form is not None else {}),

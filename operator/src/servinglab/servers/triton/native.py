@@ -24,7 +24,8 @@ from pathlib import Path
 from servinglab.api import Precision, RequestEncoding, ServerSpec
 from servinglab.api.forms import ModelForm
 from servinglab.api.servers import capabilities
-from servinglab.servers.triton.config import VERSION, instance_groups, powers_of_two_up_to
+from servinglab.servers.handler import powers_of_two_up_to
+from servinglab.servers.triton.config import VERSION, instance_groups
 
 #: Triton's backend for servinglab's own model (every form, whatever the tritonserver has).
 PYTHON = "python"
