@@ -71,6 +71,28 @@ def test_a_user_model_s_form_is_built_apart_from_the_cache_and_credentials() -> 
     ] == ["model", "probe"]
 
 
+@pytest.mark.parametrize("kind", ["litserve", "torchserve", "triton"])
+def test_a_user_model_s_form_has_room_for_its_file_where_it_is_built_and_where_it_is_served(kind: str) -> None:
+    """A form file holds the weights: a 3 GiB model's ONNX export needs 3 GiB more in the form container's /tmp
+    (1 GiB before, whatever the model: the kubelet evicts a pod whose emptyDir passes its sizeLimit) and beside
+    the model in the store."""
+
+    def sizes(form: str | None) -> dict[str, str]:
+        model = {
+            "name": "big",
+            "input": {"kind": "image", "size": 32},
+            "source": {"url": "https://models.example.com/m.onnx", "sha256": "a" * 64, "maxBytes": 3 * 2**30},
+        }
+        server = {"kind": kind, "gpus": 0, **({"form": form} if form else {})}  # fmt: skip
+        volumes = get(kind).pod(parse_experiment(experiment("x", model=model, server=server)).spec, INPUTS).volumes
+        return {v["name"]: v["emptyDir"]["sizeLimit"] for v in volumes if v["name"] in ("model-store", "probe-tmp")}
+
+    eager = {"model-store": f"{2 * 3 * 1024 + 256}Mi", "probe-tmp": "1024Mi"}
+    assert sizes(None) == sizes("eager") == sizes("compile") == eager  # nothing is written as a file
+    for form in ("torchscript", "onnxruntime"):
+        assert sizes(form) == {"model-store": f"{3 * 3 * 1024 + 256}Mi", "probe-tmp": f"{1024 + 2 * 3 * 1024}Mi"}
+
+
 def ended(name: str, message: str, code: int = 0) -> dict[str, Any]:
     return {"name": name, "state": {"terminated": {"exitCode": code, "message": message}}}
 

@@ -19,6 +19,7 @@ emptyDir has a sizeLimit (the model store's from the source's maxBytes), so a mo
 from __future__ import annotations
 
 from servinglab.api import ExperimentSpec
+from servinglab.api.forms import ModelForm
 from servinglab.models.digests import KEY_ENV as CACHE_KEY_ENV
 from servinglab.models.fetch import AUTHORIZATION_ENV, MODEL_URL_ENV, MODEL_URL_KEY
 from servinglab.servers.base import FORM_INIT, MODEL_INIT, PROBE_INIT, Manifest, PodInputs, restricted, size_limit
@@ -37,6 +38,8 @@ BUILTIN_MODEL_BYTES = _GI
 _STORE_MARGIN_BYTES = _GI // 4
 #: The probe's scratch: torch and the model's loader may want a /tmp.
 PROBE_TMP_BYTES = _GI
+#: The forms built as a file (the others run the model as it is).
+FILE_FORMS = (ModelForm.TORCHSCRIPT, ModelForm.ONNXRUNTIME, ModelForm.TENSORRT)
 
 
 def model_bytes(spec: ExperimentSpec) -> int:
@@ -45,10 +48,22 @@ def model_bytes(spec: ExperimentSpec) -> int:
     return source.max_bytes if source is not None else BUILTIN_MODEL_BYTES
 
 
+def form_bytes(spec: ExperimentSpec) -> int:
+    """What the model's built form may take on disk: about the model again (an exported TorchScript or ONNX
+    file holds the weights); nothing for eager and compile, which write no file."""
+    return model_bytes(spec) if spec.server.form in FILE_FORMS else 0
+
+
 def model_store_bytes(spec: ExperimentSpec) -> int:
     """The model store's sizeLimit: twice the model (an archive and what it unpacks to are both there while
-    it is unpacked; a download, before it is moved into place) and the margin."""
-    return 2 * model_bytes(spec) + _STORE_MARGIN_BYTES
+    it is unpacked; a download, before it is moved into place), its built form beside it, and the margin."""
+    return 2 * model_bytes(spec) + form_bytes(spec) + _STORE_MARGIN_BYTES
+
+
+def probe_tmp_bytes(spec: ExperimentSpec) -> int:
+    """/tmp of the probe and of a user's model's form build: torch's scratch, and the form built there (its
+    file, and room for the exporter's own copy while it writes) before it is merged into the model store."""
+    return PROBE_TMP_BYTES + 2 * form_bytes(spec)
 
 
 def tmp_bytes(spec: ExperimentSpec) -> int:
@@ -207,7 +222,7 @@ def model_volumes(spec: ExperimentSpec, cache_claim: str | None) -> list[Manifes
     volumes: list[Manifest] = [{"name": "model-store", "emptyDir": {"sizeLimit": size_limit(model_store_bytes(spec))}}]
     source = spec.model.source
     if source is not None:
-        volumes.append({"name": "probe-tmp", "emptyDir": {"sizeLimit": size_limit(PROBE_TMP_BYTES)}})
+        volumes.append({"name": "probe-tmp", "emptyDir": {"sizeLimit": size_limit(probe_tmp_bytes(spec))}})
     if source is not None and source.pvc is not None:
         claim = {"claimName": source.pvc.claim_name, "readOnly": True}
         volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
