@@ -241,7 +241,7 @@ def served(
         [SERVINGLAB, "run", str(spec_file), "--output", str(out)],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=1000 if form else 400,  # a compiled form's workers compile first (startupTimeoutSeconds 600)
         check=False,
     )
     row: dict[str, Any] = {

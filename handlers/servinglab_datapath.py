@@ -143,6 +143,13 @@ def powers_of_two_up_to(largest: int) -> list[int]:
     return sorted({min(2**i, largest) for i in range(max(largest, 1).bit_length() + 1)})
 
 
+def sizes_to_compile(plan: DataPathPlan, largest: int) -> list[int]:
+    """The padded sizes a batch of at most `largest` rows runs at (each compiles its graph on its first pass),
+    up to the one `largest` itself is padded to; none for a model that is not compiled."""
+    cap = next((size for size in plan.padded_sizes if size >= largest), largest)
+    return [size for size in plan.padded_sizes if size <= cap]
+
+
 def compile_model(model: torch.nn.Module, plan: DataPathPlan) -> Any:
     """The model as the plan runs it: torch.compile'd at fixed shapes (one graph per padded size), or as is."""
     if plan.compile == "none":

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from servinglab_datapath import BatchMaker, compile_model, plan_data_path
+from servinglab_datapath import BatchMaker, compile_model, plan_data_path, sizes_to_compile
 from servinglab_imaging import (
     BadInput,
     BatchRun,
@@ -136,8 +136,7 @@ class ServinglabImageHandler:
             sizes = sorted({min(2**i, batch_size) for i in range(batch_size.bit_length() + 1)})
         sizes = [int(s) for s in sizes]
         # a compiled model compiles each padded size it can be asked for before it serves, whatever the budget
-        largest = max(sizes, default=batch_size)
-        required = [size for size in path.padded_sizes if size <= largest]
+        required = sizes_to_compile(path, max(sizes, default=batch_size))
         report = warm_up(self._forward_zeros, sizes, float(settings.get("warmupSeconds", 60.0)), required=required)
         self.warmup_report = report
         logger.info("servinglab warm-up: %s", json.dumps(report))

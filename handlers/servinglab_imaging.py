@@ -328,8 +328,8 @@ def warm_up(
     (per-sample time falls with batch size, so the estimate errs long). The `required` sizes run whatever
     the budget: a compiled model compiles a graph per padded size on its first pass there (seconds to
     minutes each), and a size left out would compile inside the measured window; their time predicts
-    nothing. Returns what ran, for the log: ``{"seconds", "batchSizes", "skipped", "budgetSeconds",
-    "required"}``.
+    nothing. Returns what ran, for the log: ``{"seconds", "batchSizes", "skipped", "budgetSeconds"}``, and
+    ``"required"`` when some were.
     """
     started = clock()
     done: list[int] = []
@@ -352,6 +352,6 @@ def warm_up(
         "seconds": round(clock() - started, 3),
         "batchSizes": done,
         "skipped": skipped,
-        "required": sorted(required),
+        **({"required": sorted(required)} if required else {}),
         "budgetSeconds": budget_seconds,
     }

@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from servinglab_datapath import compile_model, plan_data_path, run_model, sizes_to_compile  # noqa: E402
 from servinglab_imaging import (  # noqa: E402
     BadInput,
     apply_precision,
@@ -88,17 +89,16 @@ class TritonPythonModel:
             model = definition.build_model()
             model.load_state_dict(torch.load(build / "weights.pt", map_location="cpu", weights_only=True))
         self.model = apply_precision(model.to(self.device).eval(), self.plan, self.channels_last)
-        if (mode := parameters.get("compile", "none")) != "none":  # form compile: warmed up at each batch size
-            import torch._dynamo as dynamo
-
-            # every batch size Triton forms compiles once (no padding here): each must fit dynamo's cache
-            largest = int(config.get("max_batch_size", 1))
-            dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, largest + 2)
-            self.model = torch.compile(self.model, mode=None if mode == "default" else mode, dynamic=False)
+        mode = parameters.get("compile", "none")
+        largest = max(int(config.get("max_batch_size", 1)), 1)
+        # form compile: fixed shapes, a batch padded to the next power of two (one graph each), as on every server
+        self.path = plan_data_path({"compile": mode}, self.device, "image", largest)
+        self.model = compile_model(self.model, self.path)
         print(f"servinglab form: {form or 'eager'}{f', compile {mode}' if mode != 'none' else ''}", flush=True)
 
         sizes = [int(size) for size in parameters.get("warmup_batch_sizes", "").split(",") if size]
-        required = sizes if mode != "none" else []  # each compiles its graph before Triton serves, whatever the budget
+        # each padded size compiles its graph before Triton serves, whatever the budget
+        required = sizes_to_compile(self.path, max(sizes, default=largest))
         report = warm_up(self._forward_zeros, sizes, float(parameters.get("warmup_seconds", "60")), required=required)
         print(f"servinglab warm-up: {json.dumps(report)}", flush=True)
 
@@ -125,8 +125,7 @@ class TritonPythonModel:
         batch = torch.zeros((size, 3, self.input_size, self.input_size), device=self.device, dtype=self.plan.dtype)
         if self.channels_last:
             batch = batch.contiguous(memory_format=torch.channels_last)
-        with torch.inference_mode():
-            self.model(batch)
+        run_model(self.model, batch, self.path)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -148,8 +147,7 @@ class TritonPythonModel:
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=refused)
         if images:
             batch = to_batch(images, self.device, self.plan.dtype, self.channels_last)
-            with torch.inference_mode():
-                logits = self.model(batch)
+            logits = run_model(self.model, batch, self.path)
             for index, predictions in zip(served, top_k(logits, self.top_k), strict=True):
                 classes = np.array([[p["class"] for p in predictions]], dtype=np.int64)
                 probabilities = np.array([[p["probability"] for p in predictions]], dtype=np.float32)

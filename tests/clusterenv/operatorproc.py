@@ -45,6 +45,8 @@ class Operator:
         self._supervisor: threading.Thread | None = None
 
     def start(self) -> Operator:
+        if self._supervisor is not None and self._stopping.is_set():
+            self._supervisor.join(timeout=5)  # a stopped one ends within its 0.5 s wait: never two, never none
         with self._lock:
             self._stopping.clear()
             self._launch()

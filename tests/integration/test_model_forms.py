@@ -124,6 +124,22 @@ def test_onnxruntime_is_served_by_torchserve_and_triton(
         )
 
 
+@pytest.mark.triton
+def test_the_compiled_form_on_triton_compiles_each_padded_size_before_it_serves(
+    triton_env: Any, servinglab_cmd: list[str], tmp_path: Path, no_leftover_servers: float
+) -> None:
+    """Triton's Python model forms any batch up to its maximum: compiled, it pads them to powers of two as the
+    other servers do (one graph each), and compiles every size 3 users can form (padded: 1, 2, 4) before it
+    serves, with no warm-up asked for."""
+    spec = document("tcomp", "triton", "compile")
+    spec["spec"]["server"]["warmupSeconds"] = 0
+    spec["spec"]["load"]["concurrency"] = [3]
+    output, code, results = run(servinglab_cmd, spec, tmp_path)
+    assert served_form(output, code, results)["form"] == "compile"
+    warmup = results["runtime"]["warmup"]
+    assert (warmup["required"], warmup["batchSizes"], warmup["skipped"]) == ([1, 2, 4], [1, 2, 4], [3]), warmup
+
+
 class AlwaysSeven(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -264,7 +264,7 @@ def test_server_that_never_gets_ready_fails_after_its_startup_timeout(
     body = wait_finished(cluster, namespace, "never-ready", operator.log, timeout=90)
     failed = condition(body, "Failed")
     assert failed["reason"] == "ServerNotReady"
-    assert "not ready within 5 s" in failed["message"]
+    assert "not ready within 5 s (server.startupTimeoutSeconds)" in failed["message"]
 
 
 def test_results_are_written_without_prometheus_and_the_condition_says_why(

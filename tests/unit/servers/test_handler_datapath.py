@@ -13,7 +13,7 @@ import torch
 
 from servinglab.api import PayloadFormat
 from servinglab.loadgen.payloads import make_payloads
-from servinglab_datapath import BatchMaker, DataPathError, plan_data_path
+from servinglab_datapath import BatchMaker, DataPathError, plan_data_path, sizes_to_compile
 from servinglab_image_handler import ServinglabImageHandler as Handler
 from support.handler import FakeContext, rows
 
@@ -127,3 +127,14 @@ def test_compiling_without_a_compiler_is_refused_naming_what_is_missing(monkeypa
     monkeypatch.setenv("CXX", "no-such-compiler")
     with pytest.raises(DataPathError, match=r"dataPath.compile: default needs a C\+\+ compiler .* there is none"):
         plan_data_path({"compile": "default"}, CPU, "image", 8)
+
+
+@pytest.mark.parametrize(("largest", "compiled"), [(8, [1, 2, 4, 8]), (6, [1, 2, 4, 8]), (3, [1, 2, 4]), (1, [1])])
+def test_the_sizes_compiled_before_serving_include_the_one_the_largest_batch_is_padded_to(
+    largest: int, compiled: list[int]
+) -> None:
+    """6 users form batches of 6, padded to 8: size 8's graph must be compiled before serving too."""
+    plan = plan_data_path({"compile": "default"}, torch.device("cpu"), "image", 8)
+    assert plan.padded_sizes == (1, 2, 4, 8)
+    assert sizes_to_compile(plan, largest) == compiled
+    assert sizes_to_compile(plan_data_path({}, torch.device("cpu"), "image", 8), largest) == []  # eager

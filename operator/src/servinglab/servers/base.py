@@ -130,6 +130,23 @@ def restricted(read_only_root: bool = True) -> Manifest:
     }
 
 
+#: How often the kubelet checks a server that is starting, then running (seconds).
+PROBE_PERIOD_SECONDS = 10
+
+
+def liveness_probes(check: Manifest, startup_timeout_seconds: int) -> Manifest:
+    """The container's `startupProbe` and `livenessProbe`, both running `check` (an httpGet, tcpSocket or exec).
+    The startup probe allows the whole `server.startupTimeoutSeconds` (the operator's own limit, which ends the
+    experiment as ServerNotReady with its reason) before the liveness probe counts: a server whose workers
+    warm up or compile for minutes (Triton opens its HTTP port only once every model has loaded) is not
+    restarted by the kubelet while it starts."""
+    return {
+        "startupProbe": {**check, "periodSeconds": PROBE_PERIOD_SECONDS,
+                         "failureThreshold": math.ceil(startup_timeout_seconds / PROBE_PERIOD_SECONDS) + 1},
+        "livenessProbe": {**check, "periodSeconds": PROBE_PERIOD_SECONDS},
+    }  # fmt: skip
+
+
 def size_limit(size: int) -> str:
     """An emptyDir's sizeLimit for `size` bytes, in whole MiB."""
     return f"{math.ceil(size / 2**20)}Mi"

@@ -15,6 +15,9 @@ from servinglab.api.status import ExperimentSummary
 from servinglab.k8s.experiment import diagnose, pods
 from servinglab.k8s.experiment.status import Experiment
 
+#: Why a compiled model's server takes longer to start, said when it did not start in time.
+COMPILING = "; a compiled model's workers compile a graph per batch size before they serve"
+
 
 def seconds_since(since: str | None) -> float:
     """Seconds since the status timestamp `since` (0 when unset)."""
@@ -69,7 +72,9 @@ async def await_server(experiment: Experiment, spec: ExperimentSpec) -> bool:
         return True
     if elapsed > spec.server.startup_timeout_seconds:
         await experiment.fail(
-            Reason.SERVER_NOT_READY, f"{kind} was not ready within {spec.server.startup_timeout_seconds} s"
+            Reason.SERVER_NOT_READY,
+            f"{kind} was not ready within {spec.server.startup_timeout_seconds} s "
+            f"(server.startupTimeoutSeconds{COMPILING if spec.server.compile_mode() != 'none' else ''})",
         )
         return True
     return False

@@ -13,7 +13,7 @@ system; inference and metrics listen on all interfaces (LitServe has no manageme
 from __future__ import annotations
 
 from servinglab.api import ExperimentSpec
-from servinglab.servers.base import Manifest, PodInputs, PodPlan, restricted, size_limit
+from servinglab.servers.base import Manifest, PodInputs, PodPlan, liveness_probes, restricted, size_limit
 from servinglab.servers.litserve.config import METRICS_DIR_ENV, SCRIPT, render_script
 from servinglab.servers.podparts import model_init_containers, model_volumes, tmp_bytes
 
@@ -63,7 +63,7 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
             "periodSeconds": 2,
             "failureThreshold": 3,
         },
-        "livenessProbe": {"tcpSocket": {"port": "metrics"}, "initialDelaySeconds": 10, "periodSeconds": 10},
+        **liveness_probes({"tcpSocket": {"port": "metrics"}}, spec.server.startup_timeout_seconds),
         "resources": resources,
         "volumeMounts": [
             {"name": "model-store", "mountPath": MODEL_STORE, "readOnly": True},

@@ -11,7 +11,7 @@ localhost only.
 from __future__ import annotations
 
 from servinglab.api import ExperimentSpec
-from servinglab.servers.base import Manifest, PodInputs, PodPlan, restricted, size_limit
+from servinglab.servers.base import Manifest, PodInputs, PodPlan, liveness_probes, restricted, size_limit
 from servinglab.servers.podparts import model_init_containers, model_volumes, tmp_bytes
 from servinglab.servers.torchserve.config import (
     Addresses,
@@ -99,7 +99,7 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
             "periodSeconds": 2,
             "failureThreshold": 3,
         },
-        "livenessProbe": {"tcpSocket": {"port": "inference"}, "initialDelaySeconds": 30, "periodSeconds": 10},
+        **liveness_probes({"tcpSocket": {"port": "inference"}}, spec.server.startup_timeout_seconds),
         "resources": resources,
         "volumeMounts": [
             {"name": "model-store", "mountPath": MODEL_STORE},

@@ -18,7 +18,7 @@ also reads the configuration back before it sends load). It is ready when Triton
 from __future__ import annotations
 
 from servinglab.api import ExperimentSpec
-from servinglab.servers.base import Manifest, PodInputs, PodPlan, restricted, size_limit
+from servinglab.servers.base import Manifest, PodInputs, PodPlan, liveness_probes, restricted, size_limit
 from servinglab.servers.podparts import model_bytes, model_init_containers, model_volumes
 from servinglab.servers.triton.config import VERSION, render_config
 from servinglab.servers.triton.repository import BUILD_DIR, CONFIG_FILE
@@ -95,11 +95,10 @@ def server_container(spec: ExperimentSpec, image: str, resources: Manifest) -> M
             "periodSeconds": 2,
             "failureThreshold": 3,
         },
-        "livenessProbe": {
-            "httpGet": {"path": "/v2/health/live", "port": "inference"},
-            "initialDelaySeconds": 30,
-            "periodSeconds": 10,
-        },
+        # Triton opens its HTTP port once every model has loaded (and warmed up): the startup probe waits for it
+        **liveness_probes(
+            {"httpGet": {"path": "/v2/health/live", "port": "inference"}}, spec.server.startup_timeout_seconds
+        ),
         "resources": resources,
         "volumeMounts": [
             {"name": "model-store", "mountPath": REPOSITORY, "readOnly": True},
