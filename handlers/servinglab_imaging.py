@@ -166,6 +166,9 @@ class OnnxModel(torch.nn.Module):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = torch.get_num_threads()
         options.inter_op_num_threads = 1
+        # ORT's intra-op threads spin after each run by default, taking the cores from the server's decoding
+        # and HTTP threads in between batches (a small model served slower than its TorchScript form)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers: list[Any] = ["CPUExecutionProvider"]
         if device.type == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
             cuda = {"device_id": device.index or 0, "use_tf32": int(allow_tf32)}

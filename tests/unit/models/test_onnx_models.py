@@ -175,6 +175,10 @@ def test_the_handler_runs_it_in_onnx_runtime_as_torch_runs_the_module(classifier
     with torch.inference_mode():
         assert torch.allclose(model(batch), module(batch), atol=1e-5)
     assert model.provider == "CPUExecutionProvider" and f"{torch.get_num_threads()} threads" in model.note
+    # its threads sleep between runs: spinning, they took the cores from the server's decoding and HTTP (a small
+    # model served at 0.6x its TorchScript form on 2 cores; docs/benchmarks.md section 17)
+    options = model.session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert "server.precision" in str(onnx_refusal(model, torch.float16, "none", 4))
     assert "server.dataPath.compile default" in str(onnx_refusal(model, torch.float32, "default", 4))
     assert onnx_refusal(model, torch.float32, "none", 64) is None
