@@ -84,8 +84,11 @@ def test_an_experiment_on_triton_reports_every_level_with_triton_s_breakdown(
     assert set(levels) == {1, 16}
     for level in levels.values():
         assert level["errors"] == 0 and level["requests"] > 0
-        # Triton counted what the generator sent in the window, and says where the time went
-        assert level["server"]["serverRequests"] == pytest.approx(level["requests"], abs=16)
+        # Triton counted what the generator sent in the window (up to the requests in flight at the window's two
+        # edges and those answered while its metrics were read: CI saw 502 against 484 at 16 users), and says
+        # where the time went
+        served, edges = level["server"]["serverRequests"], 2 * level["concurrency"]
+        assert abs(served - level["requests"]) <= edges + 0.25 * level["throughputRps"], (served, level["requests"])
         assert 0 < level["server"]["inferenceMsPerBatch"] < level["latencyMs"]["max"]
     assert levels[1]["server"]["meanBatchSize"] == pytest.approx(1.0)
     assert levels[16]["server"]["meanBatchSize"] > 2
