@@ -143,11 +143,15 @@ def powers_of_two_up_to(largest: int) -> list[int]:
     return sorted({min(2**i, largest) for i in range(max(largest, 1).bit_length() + 1)})
 
 
+def padded_size(plan: DataPathPlan, rows: int) -> int:
+    """The batch size a batch of `rows` runs at: the next compiled size, or `rows` itself (not compiled)."""
+    return next((size for size in plan.padded_sizes if size >= rows), rows)
+
+
 def sizes_to_compile(plan: DataPathPlan, largest: int) -> list[int]:
     """The padded sizes a batch of at most `largest` rows runs at (each compiles its graph on its first pass),
     up to the one `largest` itself is padded to; none for a model that is not compiled."""
-    cap = next((size for size in plan.padded_sizes if size >= largest), largest)
-    return [size for size in plan.padded_sizes if size <= cap]
+    return [size for size in plan.padded_sizes if size <= padded_size(plan, largest)]
 
 
 def compile_model(model: torch.nn.Module, plan: DataPathPlan) -> Any:
@@ -165,7 +169,7 @@ def run_model(model: Callable[[torch.Tensor], Any], batch: torch.Tensor, plan: D
     """The model's output for `batch`; a compiled model's batch is padded to the next compiled size (with
     copies of its last row) and the padding cut from the output. The raw probe runs the model this way too."""
     rows = batch.shape[0]
-    size = next((s for s in plan.padded_sizes if s >= rows), rows)
+    size = padded_size(plan, rows)
     if size > rows:
         batch = torch.cat([batch, batch[-1:].expand(size - rows, *batch.shape[1:])])
     # compiled graphs (CUDA graphs above all) are traced under no_grad; eager runs in inference mode

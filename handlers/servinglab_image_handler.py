@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from servinglab_datapath import BatchMaker, compile_model, plan_data_path, sizes_to_compile
+from servinglab_datapath import BatchMaker, compile_model, plan_data_path, powers_of_two_up_to, sizes_to_compile
 from servinglab_imaging import (
     BadInput,
     BatchRun,
@@ -133,7 +133,7 @@ class ServinglabImageHandler:
         logger.info("servinglab data path: %s", json.dumps(path.report(self.input["kind"])))
         sizes = settings.get("warmupBatchSizes")
         if sizes is None:  # an archive rendered without the list: every power of two up to batch_size
-            sizes = sorted({min(2**i, batch_size) for i in range(batch_size.bit_length() + 1)})
+            sizes = powers_of_two_up_to(batch_size)
         sizes = [int(s) for s in sizes]
         # a compiled model compiles each padded size it can be asked for before it serves, whatever the budget
         required = sizes_to_compile(path, max(sizes, default=batch_size))

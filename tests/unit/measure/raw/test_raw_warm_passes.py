@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from servinglab.measure.raw import child
+from servinglab_datapath import padded_size
 
 
 class Clock:
@@ -36,6 +37,7 @@ def probe_with_passes(monkeypatch: pytest.MonkeyPatch, durations: Iterator[float
         return seconds
 
     probe.path = SimpleNamespace(padded_sizes=padded)
+    probe.padded_size = padded_size
     probe.compiled_sizes, probe.compile_seconds = set(), 0.0
     probe.batch = lambda size: size  # type: ignore[method-assign]
     probe.forward = forward  # type: ignore[method-assign]

@@ -135,7 +135,7 @@ class Probe:
         self.compiled = datapath.compile_model(self.network, self.path)
         self.compiled_sizes: set[int] = set()  # the padded sizes whose graph is compiled
         self.compile_seconds = 0.0
-        self.run = datapath.run_model
+        self.run, self.padded_size = datapath.run_model, datapath.padded_size
         self.device_label = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
 
     def batch(self, batch_size: int) -> Any:
@@ -188,8 +188,8 @@ class Probe:
         """A compiled model's first pass at a padded size it has not run compiles that size's graph (seconds to
         minutes, CUDA graphs recorded too): set-up, as the handler's warm-up is before it serves, so it runs
         here outside the size's share and the budget (:func:`main` adds it). Its seconds, or None."""
-        padded = next((size for size in self.path.padded_sizes if size >= batch_size), None)
-        if padded is None or padded in self.compiled_sizes:
+        padded = self.padded_size(self.path, batch_size)
+        if not self.path.padded_sizes or padded in self.compiled_sizes:
             return None
         seconds = self.forward(batch)
         self.compiled_sizes.add(padded)
