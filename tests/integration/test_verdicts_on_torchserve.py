@@ -14,7 +14,8 @@ getting the verdict its construction implies. A few seconds of load each.
   the tiny model's 1-2 ms pass, the 1 ms every request waits for a batch to fill is 30 % of its latency or
   more on a busy host: batch-delay-bound, rightly);
 - a generator capped below the server (its limits, spec.load.generator, set below what it uses) ->
-  generator-bound, whatever the server says.
+  generator-bound, whatever the server says. The other cases give the generator limits a starved host's
+  send gaps stay within, so that a slow host does not turn them into this one.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.torchserve
 CASES: dict[str, dict[str, Any]] = {
     "preprocess-bound": {"variant": {"preprocessSleepMs": 150},
                          "server": {"batchSize": 1, "maxBatchDelayMs": 1}, "users": 4},
-    "compute-bound": {"variant": {"inferenceBurn": 256, "burnRounds": 12},
+    "compute-bound": {"variant": {"inferenceBurn": 256, "burnRounds": 24},
                       "server": {"batchSize": 4, "maxBatchDelayMs": 5}, "users": 8},
     "queue-bound": {"variant": {"inferenceSleepMs": 150, "skipModel": True},
                     "server": {"batchSize": 1, "maxBatchDelayMs": 1}, "users": 8},
@@ -60,8 +61,11 @@ def experiment(tmp_path: Path, tiny_archive: Path, expected: str) -> Path:
         model = {"name": f"tiny{short}", "source": {"path": str(folder), "format": "directory"}}
     load: dict[str, Any] = {"concurrency": [case["users"]], "warmupSeconds": 1, "durationSeconds": 3,
                             "payload": {"format": "jpeg"}}  # fmt: skip
-    if "generator" in case:
-        load["generator"] = case["generator"]
+    # the server's bottlenecks are built in; the generator's own (the last case) is built by its limits. On a host
+    # made slow (hack/slow-host.sh --busy 2) a starved generator's p99 send gap reached 16 ms, 13 % of the p99
+    # latency, past the default limits (10 ms and 10 %), and rightly said generator-bound: the other cases allow
+    # it gaps a starved host gives, so that what they assert is the server's construction
+    load["generator"] = case.get("generator", {"maxSendGapMs": 200, "maxSendGapShare": 0.5})
     document = manifests.experiment(
         name, model=model, server={**case["server"], "workers": 1, "precision": "fp32", "gpus": 0}, load=load,
         ceiling={"enabled": False},

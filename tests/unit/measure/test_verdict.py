@@ -44,6 +44,10 @@ def level(
 COMPUTING = {"cpu": CpuFigures(cores_busy=0.3, cores_wanted=1.6, cores=2)}
 WAITING = {"cpu": CpuFigures(cores_busy=0.02, cores_wanted=0.08, cores=2)}
 
+#: One worker whose handler counted 72 % of a 3 s window (26.9 ms a batch of 4 of 4, 80.5 batches) on busy cores.
+HANDED_OFF: dict[str, Any] = {"pre": 3.8, "infer": 22.9, "post": 0.2, "batch": 4.0, "batches": 80.5, "window": 3.0,
+                              "rps": 107.0, "cpu": CpuFigures(cores_busy=1.2, cores_wanted=1.7, cores=2)}  # fmt: skip
+
 CASES = [
     # (name, level, settings, expected verdict, first hint axis)
     (
@@ -82,6 +86,33 @@ CASES = [
         ServerSettings(batch_size=8, max_batch_delay_ms=50, workers=1),
         Bottleneck.COMPUTE,
         "maxBatchDelayMs",
+    ),
+    # a contended host (CI's, beside the cluster suite): the handler counted 72 % of the window, the rest went to
+    # the frontend's hand-offs between batches (72 - 35 - 26.9 = 10.1 ms of each request in the server): the
+    # workers' cycle filled the window, so they were the limit, not the load
+    (
+        "workers under the busy mark whose hand-offs fill the window",
+        level(client=75.0, server=72.0, queue=35.0, **HANDED_OFF),
+        ServerSettings(batch_size=4, max_batch_delay_ms=5, workers=1),
+        Bottleneck.COMPUTE,
+        "batchSize",
+    ),
+    # the same handler share with no hand-off time: the workers idled 28 % of the window, the load had room
+    (
+        "workers under the busy mark with no hand-offs",
+        level(client=35.0, server=33.0, queue=6.0, **HANDED_OFF),
+        ServerSettings(batch_size=4, max_batch_delay_ms=5, workers=1),
+        Bottleneck.UNDERLOADED,
+        None,
+    ),
+    # an open loop at 60 % of one worker queues by chance (Poisson arrivals), batches of one are always "full":
+    # the workers had room, whatever the queue
+    (
+        "an open loop queues by chance at 60 % of a worker",
+        level(client=40.0, server=38.0, queue=15.0, infer=21.0, batch=1.0, batches=50.0, rps=25.0, users=None),
+        ServerSettings(batch_size=1, max_batch_delay_ms=1, workers=1),
+        Bottleneck.UNDERLOADED,
+        None,
     ),
     # an idle worker: requests wait on the batch timer
     (

@@ -11,7 +11,9 @@ The rules, in order (the first that holds is the verdict; docs/verdicts.md expla
 1. the generator was saturated (its own judgement, or an open loop that dropped sends) -> generator-bound;
 2. served/raw at the formed batch is at least RAW_CEILING -> near-raw-ceiling (its next change: another form
    where one alone is at least FORM_GAIN faster than the served form, before a faster device);
-3. the workers were busy (at least BUSY of the window): the largest stage of their time says which —
+3. the workers were busy (at least BUSY of the window, their handler time with the hand-offs between batches
+   that a request spends in the server outside the queue and the handler): the largest stage of their time
+   says which —
    preprocess-bound, postprocess-bound, or, when the forward pass is the largest, compute-bound where the
    device is busy and queue-bound (too few workers) where it has room (a server whose stage figures are its
    own execution phases, as its declared worker signals say, counts decoding in the forward pass);
@@ -173,9 +175,24 @@ def _compute_hints(batch: BatchFormation) -> list[VerdictHint]:
     return [DELAY_UP, BATCH_UP] if batch.formed_by == "delay" else [BATCH_UP]
 
 
+def occupied_fraction(split: TimeSplit, load: WorkerLoad) -> float | None:
+    """The workers' share of the window with the hand-offs: a batch passes from the frontend to a worker and
+    back (`batching_ms`, a request's time in the server outside the queue and the handler) before the worker
+    takes the next, so that time is part of each worker's cycle even though the handler's counters miss it.
+    On a contended host the frontend's hand-offs reached 10 ms a batch beside a 27 ms handler."""
+    busy, handler = load.busy_fraction, load.handler_ms_per_batch
+    if busy is None or not handler:
+        return busy
+    return round(busy * (handler + (split.batching_ms or 0.0)) / handler, 3)
+
+
 def _workers_limit(split: TimeSplit, load: WorkerLoad, batch: BatchFormation, delay_ms: int) -> bool:
-    """Busy workers limit the level unless their batches hold every request in flight and none waited for
-    a worker beyond the delay: then too little load keeps them busy with small batches."""
+    """Workers occupied at least BUSY of the window limit the level unless their batches hold every request in
+    flight and none waited for a worker beyond the delay: then too little load keeps them busy with small
+    batches."""
+    occupied = occupied_fraction(split, load)
+    if occupied is None or occupied < BUSY:
+        return False
     if batch.formed_by != "load":
         return True
     waited = (split.queue_ms or 0.0) - delay_ms
@@ -192,6 +209,9 @@ def _busy_verdict(split: TimeSplit, load: WorkerLoad, device: DeviceLoad | None,
     largest = max(stages, key=lambda name: stages[name])
     share = stages[largest] / handler
     busy = f"workers busy {_pct(load.busy_fraction or 0)} of the window"
+    if (load.busy_fraction or 0) < BUSY:
+        busy += (f", {_pct(occupied_fraction(split, load) or 0)} with the {split.batching_ms or 0:.1f} ms a batch "
+                 "spent handed between the frontend and them")  # fmt: skip
     workers = f"{load.workers} worker(s)"
     if largest == "preprocess":
         return Verdict(
@@ -320,7 +340,7 @@ def judge(level: LevelResult, server: ServerSettings, ceiling: Ceiling | None = 
     if level.server is None or split.client_ms is None:
         return Verdict(bottleneck=Bottleneck.UNKNOWN, because="no server breakdown for this level",
                        next="serve the model with servinglab's handler so its counters are read", **parts)  # fmt: skip
-    if load.busy_fraction is not None and load.busy_fraction >= BUSY and _workers_limit(split, load, batch, delay_ms):
+    if _workers_limit(split, load, batch, delay_ms):
         found = _busy_verdict(split, load, device, batch, _times_handler_stages(server.kind))
     else:
         found = _idle_verdict(split, load, batch, delay_ms)
