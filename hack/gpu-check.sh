@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one GPU check (`make gpu-check`): benchmarks/gpu_check.py's steps, one JSON and one Markdown table in
 # $OUT (default gpu-check/), for docs/benchmarks.md.
-#   - on a GPU machine set up by hack/device-setup.sh (torch from the machine, the rest carried in .device:
-#     hack/device-bundle.sh), or with a .venv whose torch sees a GPU;
+#   - on a GPU machine set up by hack/device-setup.sh (torch from the machine, the rest carried in .device or,
+#     for Triton, .device-triton: hack/device-bundle.sh), or with a .venv whose torch sees a GPU;
 #   - DRY_RUN=1: the same steps on this CPU with the tiny model (CI runs it: tests/integration/test_gpu_check.py).
 # Extra arguments go to the script (e.g. --skip gpu-tests, --servers torchserve).
 set -euo pipefail

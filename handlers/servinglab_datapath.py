@@ -170,8 +170,8 @@ def run_model(model: Callable[[torch.Tensor], Any], batch: torch.Tensor, plan: D
     copies of its last row) and the padding cut from the output. The raw probe runs the model this way too."""
     rows = batch.shape[0]
     size = padded_size(plan, rows)
-    if size > rows:
-        batch = torch.cat([batch, batch[-1:].expand(size - rows, *batch.shape[1:])])
+    if plan.compile != "none":
+        batch = _compiled_input(batch, size, plan)
     # compiled graphs (CUDA graphs above all) are traced under no_grad; eager runs in inference mode
     with torch.no_grad() if plan.compile != "none" else torch.inference_mode():
         output = model(batch)
@@ -180,6 +180,27 @@ def run_model(model: Callable[[torch.Tensor], Any], batch: torch.Tensor, plan: D
     if isinstance(output, tuple | list):
         return type(output)(o[:rows] if isinstance(o, torch.Tensor) else o for o in output)
     return output[:rows]
+
+
+def _compiled_input(batch: torch.Tensor, size: int, plan: DataPathPlan) -> torch.Tensor:
+    """`batch` as a compiled model takes it: `size` rows (copies of its last row after its own) in the plan's
+    memory layout. A compiled graph is guarded on its input's strides, so every batch, the warm-up's too, is
+    given the one layout the plan names: padded with torch.cat, a channels-last batch came out contiguous and
+    missed the graph its warm-up compiled, compiling another inside the measured window."""
+    layout = torch.channels_last if plan.channels_last and batch.dim() == 4 else torch.contiguous_format
+    rows = batch.shape[0]
+    if size == rows:
+        return batch.contiguous(memory_format=layout)  # as it is when it already has that layout
+    padded = torch.empty((size, *batch.shape[1:]), dtype=batch.dtype, device=batch.device, memory_format=layout)
+    padded[:rows] = batch
+    padded[rows:] = batch[-1:]
+    return padded
+
+
+def warm_up_passes(plan: DataPathPlan) -> int:
+    """Passes per padded size before serving: CUDA graphs (reduce-overhead) run their first call as a warm-up
+    and record the graph on the second, which would otherwise be the first served batch of that size."""
+    return 2 if plan.compile == "reduce-overhead" else 1
 
 
 def normalise_on(batch: torch.Tensor, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:

@@ -36,7 +36,14 @@ from typing import Any
 
 import torch
 
-from servinglab_datapath import BatchMaker, compile_model, plan_data_path, powers_of_two_up_to, sizes_to_compile
+from servinglab_datapath import (
+    BatchMaker,
+    compile_model,
+    plan_data_path,
+    powers_of_two_up_to,
+    sizes_to_compile,
+    warm_up_passes,
+)
 from servinglab_imaging import (
     BadInput,
     BatchRun,
@@ -137,7 +144,8 @@ class ServinglabImageHandler:
         sizes = [int(s) for s in sizes]
         # a compiled model compiles each padded size it can be asked for before it serves, whatever the budget
         required = sizes_to_compile(path, max(sizes, default=batch_size))
-        report = warm_up(self._forward_zeros, sizes, float(settings.get("warmupSeconds", 60.0)), required=required)
+        report = warm_up(self._forward_zeros, sizes, float(settings.get("warmupSeconds", 60.0)), required=required,
+                         required_passes=warm_up_passes(path))  # fmt: skip
         self.warmup_report = report
         logger.info("servinglab warm-up: %s", json.dumps(report))
         self.initialized = True

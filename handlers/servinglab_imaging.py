@@ -324,6 +324,7 @@ def warm_up(
     budget_seconds: float,
     clock: Callable[[], float] = time.perf_counter,
     required: Sequence[int] = (),
+    required_passes: int = 1,
 ) -> dict[str, Any]:
     """Run `forward` once per batch size, smallest first, while the time budget lasts (by `clock`).
 
@@ -331,8 +332,8 @@ def warm_up(
     (per-sample time falls with batch size, so the estimate errs long). The `required` sizes run whatever
     the budget: a compiled model compiles a graph per padded size on its first pass there (seconds to
     minutes each), and a size left out would compile inside the measured window; their time predicts
-    nothing. Returns what ran, for the log: ``{"seconds", "batchSizes", "skipped", "budgetSeconds"}``, and
-    ``"required"`` when some were.
+    nothing. Each runs `required_passes` times (CUDA graphs record on the second). Returns what ran, for the
+    log: ``{"seconds", "batchSizes", "skipped", "budgetSeconds"}``, and ``"required"`` when some were.
     """
     started = clock()
     done: list[int] = []
@@ -347,7 +348,8 @@ def warm_up(
             skipped.append(size)
             continue
         begun = clock()
-        forward(size)
+        for _ in range(required_passes if must else 1):
+            forward(size)
         if not must:
             per_sample = (clock() - begun) / size
         done.append(size)

@@ -39,7 +39,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from servinglab_datapath import compile_model, plan_data_path, run_model, sizes_to_compile  # noqa: E402
+from servinglab_datapath import (  # noqa: E402
+    compile_model,
+    plan_data_path,
+    run_model,
+    sizes_to_compile,
+    warm_up_passes,
+)
 from servinglab_imaging import (  # noqa: E402
     BadInput,
     apply_precision,
@@ -71,7 +77,6 @@ class TritonPythonModel:
             self.device = torch.device(f"cuda:{int(args['model_instance_device_id'])}")
             torch.cuda.set_device(self.device)
         self.top_k = int(parameters.get("top_k", "5"))
-        self.channels_last = self.device.type == "cuda"  # pays off with cuDNN convolutions
         build = Path(__file__).resolve().parent / BUILD_DIR
         self.handler: Any = None
         if (build / INPUT_FILE).is_file():
@@ -88,18 +93,20 @@ class TritonPythonModel:
         else:
             model = definition.build_model()
             model.load_state_dict(torch.load(build / "weights.pt", map_location="cpu", weights_only=True))
-        self.model = apply_precision(model.to(self.device).eval(), self.plan, self.channels_last)
         mode = parameters.get("compile", "none")
         largest = max(int(config.get("max_batch_size", 1)), 1)
-        # form compile: fixed shapes, a batch padded to the next power of two (one graph each), as on every server
+        # form compile: fixed shapes, a batch padded to the next power of two (one graph each), as on every server;
+        # channels-last on a GPU (the plan's default there: it pays off with cuDNN convolutions)
         self.path = plan_data_path({"compile": mode}, self.device, "image", largest)
+        self.model = apply_precision(model.to(self.device).eval(), self.plan, self.path.channels_last)
         self.model = compile_model(self.model, self.path)
         print(f"servinglab form: {form or 'eager'}{f', compile {mode}' if mode != 'none' else ''}", flush=True)
 
         sizes = [int(size) for size in parameters.get("warmup_batch_sizes", "").split(",") if size]
         # each padded size compiles its graph before Triton serves, whatever the budget
         required = sizes_to_compile(self.path, max(sizes, default=largest))
-        report = warm_up(self._forward_zeros, sizes, float(parameters.get("warmup_seconds", "60")), required=required)
+        report = warm_up(self._forward_zeros, sizes, float(parameters.get("warmup_seconds", "60")), required=required,
+                         required_passes=warm_up_passes(self.path))  # fmt: skip
         print(f"servinglab warm-up: {json.dumps(report)}", flush=True)
 
     def _load_user_model(self, build: Path, parameters: dict[str, str], args: dict[str, Any], batch: int) -> None:
@@ -123,7 +130,7 @@ class TritonPythonModel:
 
     def _forward_zeros(self, size: int) -> None:
         batch = torch.zeros((size, 3, self.input_size, self.input_size), device=self.device, dtype=self.plan.dtype)
-        if self.channels_last:
+        if self.path.channels_last:
             batch = batch.contiguous(memory_format=torch.channels_last)
         run_model(self.model, batch, self.path)
         if self.device.type == "cuda":
@@ -146,7 +153,7 @@ class TritonPythonModel:
                 refused = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)  # an HTTP 400
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=refused)
         if images:
-            batch = to_batch(images, self.device, self.plan.dtype, self.channels_last)
+            batch = to_batch(images, self.device, self.plan.dtype, self.path.channels_last)
             logits = run_model(self.model, batch, self.path)
             for index, predictions in zip(served, top_k(logits, self.top_k), strict=True):
                 classes = np.array([[p["class"] for p in predictions]], dtype=np.int64)

@@ -61,10 +61,10 @@ def test_pinned_overlapped_copies_make_exactly_the_default_batch(gpu: torch.devi
 def test_compiled_and_device_paths_answer_as_the_default_path(
     tiny_archive: Path, gpu: torch.device, caplog: pytest.LogCaptureFixture, data_path: dict[str, Any]
 ) -> None:
-    images = make_payloads(PayloadFormat.JPEG, 32, 3, seed=33)  # 3 rows: padded to the compiled size 4
+    images = make_payloads(PayloadFormat.JPEG, 32, 5, seed=33)  # 5 rows: padded with 3 copies to the size 8
 
     def handler(settings: dict[str, Any]) -> tuple[ServinglabImageHandler, FakeContext]:
-        context = FakeContext(tiny_archive, "fp32")
+        context = FakeContext(tiny_archive, "fp32", batch_size=8)
         context.system_properties["gpu_id"] = 0
         context.model_yaml_config["handler"].update(dataPath=settings, warmupSeconds=300)
         served = ServinglabImageHandler()
@@ -78,7 +78,8 @@ def test_compiled_and_device_paths_answer_as_the_default_path(
     reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("servinglab data path:")]
     ran = json.loads(reports[-1].split(":", 1)[1])
     assert ran["device"] == "cuda:0" and all(ran[key] == value for key, value in data_path.items())
-    for ours, theirs in zip(served.handle(rows(*images), context), reference.handle(rows(*images), ref_context),
-                            strict=True):  # fmt: skip
+    with torch._dynamo.config.patch(error_on_recompile=True):  # the warm-up compiled the graph the batch runs
+        answers = served.handle(rows(*images), context)
+    for ours, theirs in zip(answers, reference.handle(rows(*images), ref_context), strict=True):
         top, expected = json.loads(ours)["predictions"][0], json.loads(theirs)["predictions"][0]
         assert top["probability"] == pytest.approx(expected["probability"], abs=0.05)

@@ -4,6 +4,7 @@ what the handler is told."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -116,3 +117,27 @@ def test_the_data_path_examples_are_valid_sweeps() -> None:
     assert len(data_paths(gpu)) == 2 * 2 * 2 + 1 * 2  # device decode takes neither threads nor pinned copies
     cpu = load_sweep(examples / "sweep-datapath-cpu.yaml").spec
     assert len(grid(cpu)) == 2 * 2 * 2 * 2 and not any(p.gpu_only() for p in data_paths(cpu))
+
+
+@pytest.mark.parametrize(
+    ("data_path", "named"),
+    [({"decodeThreads": 4}, "spec.server.dataPath.decodeThreads: 4: Triton (spec.server.kind: triton) would ignore"),
+     ({"channelsLast": False}, "spec.server.dataPath.channelsLast: False: Triton"),
+     ({"transfer": "float"}, "spec.server.dataPath.transfer: float: Triton")],
+)  # fmt: skip
+def test_triton_refuses_the_data_path_settings_its_model_would_ignore(data_path: dict[str, Any], named: str) -> None:
+    """Triton's Python model decodes and batches the requests itself: only dataPath.compile reaches it, so any
+    other setting would be measured as if it ran. The same settings run on TorchServe and LitServe."""
+    with pytest.raises(SpecError, match=re.escape(named)):
+        parse_experiment(experiment({"kind": "triton", "gpus": 1, "dataPath": data_path}))
+    for kind in ("torchserve", "litserve"):
+        assert parse_experiment(experiment({"kind": kind, "gpus": 1, "dataPath": data_path})).spec.server.data_path
+    compiled = parse_experiment(experiment({"kind": "triton", "dataPath": {"compile": "default"}}))
+    assert compiled.spec.server.compile_mode() == "default"
+
+
+def test_a_kind_axis_leaves_out_triton_with_a_data_path_it_would_ignore() -> None:
+    space = {"kind": {"values": ["torchserve", "triton"]}, "decodeThreads": {"values": [1, 4]}}
+    configs = grid(parse_sweep(sweep(space, {"gpus": 1})).spec)
+    assert sorted((c.kind, c.path.decode_threads) for c in configs) == [
+        ("torchserve", 1), ("torchserve", 4), ("triton", 1)]  # fmt: skip

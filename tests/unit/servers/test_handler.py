@@ -147,6 +147,9 @@ def test_a_compiled_models_sizes_are_warmed_whatever_the_budget() -> None:
     ran.clear()  # with no warm-up asked for (0 s), the compiles still run; nothing else does
     report = warm_up(forward, [1, 2, 3], budget_seconds=0, clock=lambda: now[0], required=[1, 2])
     assert ran == [1, 2] and report["skipped"] == [3]
+    ran.clear()  # CUDA graphs record on a size's second call: each required size runs twice, the others once
+    report = warm_up(forward, [1, 2, 3], budget_seconds=600, clock=lambda: now[0], required=[1, 2], required_passes=2)
+    assert ran == [1, 1, 2, 2, 3] and report["batchSizes"] == [1, 2, 3]
 
 
 def test_the_handler_file_defines_exactly_one_class_as_torchserve_requires() -> None:

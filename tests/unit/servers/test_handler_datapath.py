@@ -138,3 +138,48 @@ def test_the_sizes_compiled_before_serving_include_the_one_the_largest_batch_is_
     assert plan.padded_sizes == (1, 2, 4, 8)
     assert sizes_to_compile(plan, largest) == compiled
     assert sizes_to_compile(plan_data_path({}, torch.device("cpu"), "image", 8), largest) == []  # eager
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize("rows", [5, 7, 8])
+def test_every_batch_runs_the_graph_its_warm_up_compiled(channels_last: bool, rows: int) -> None:
+    """A compiled graph is guarded on its input's strides: a batch of 5 or 7 padded to 8, or one of 8 in
+    another layout, must reach the graph that the warm-up's zeros of 8 compiled, not compile another (on a GPU,
+    where channels-last is the default, torch.cat's padding of two rows or more came out contiguous and compiled
+    each padded size anew inside the measured window: 0 rps on an H200)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from servinglab_datapath import run_model, warm_up_passes
+
+    plan = plan_data_path({"compile": "default", "channelsLast": channels_last}, CPU, "image", 8)
+    assert warm_up_passes(plan) == 1
+    torch._dynamo.reset()  # graphs compiled for Conv2d.forward by other tests are not counted here
+    counter = CompileCounter()
+    model = torch.nn.Conv2d(3, 4, 3).eval()
+    compiled = torch.compile(model, backend=counter, dynamic=False)  # as compile_model does, counting graphs
+    warm_layout = torch.channels_last if channels_last else torch.contiguous_format
+    run_model(compiled, torch.zeros(8, 3, 8, 8).contiguous(memory_format=warm_layout), plan)  # the warm-up's pass
+    assert counter.frame_count == 1
+    for layout in (torch.channels_last, torch.contiguous_format):
+        batch = torch.rand(rows, 3, 8, 8).contiguous(memory_format=layout)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            output = run_model(compiled, batch, plan)
+        assert counter.frame_count == 1 and output.shape[0] == rows
+        torch.testing.assert_close(output, model(batch), rtol=1e-5, atol=1e-5)
+
+
+def test_a_channels_last_compiled_worker_serves_a_padded_batch_without_compiling(
+    tiny_archive: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker as TorchServe runs it (on a GPU channels-last is the default; here it is asked for): its warm-up
+    compiles each padded size, and a batch of 5, padded with 3 copies to 8, runs the graph compiled for 8."""
+    context = FakeContext(tiny_archive, "fp32", batch_size=8)
+    context.model_yaml_config["handler"].update(dataPath={"compile": "default", "channelsLast": True}, warmupSeconds=0)
+    handler = Handler()
+    with caplog.at_level(logging.INFO):
+        handler.initialize(context)
+    assert reported(caplog)["paddedBatchSizes"] == [1, 2, 4, 8]
+    images = make_payloads(PayloadFormat.JPEG, 32, 5, seed=5)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        answers = handler.handle(rows(*images), context)
+    assert [sorted(json.loads(answer)) for answer in answers] == [["predictions"]] * 5

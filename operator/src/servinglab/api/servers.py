@@ -7,10 +7,10 @@ renderers and pod builders read it.
 
 What each kind supports is declared here too, once (:data:`CAPABILITIES`): the formats of a user's own model
 it serves, the model's forms (`server.form`) and through which path (servinglab's handler, or a native
-backend of the server), whether it takes a new configuration in place, and the worker signals its metrics
-give the verdict. Spec validation, the sweep's grid, the verdict and the docs read the declarations without
-importing a server; each server (:mod:`servinglab.servers`) carries its own entry, and the README's table of
-them is generated here (`python -m servinglab.api.servers`; a unit test holds the two equal). A fourth
+backend of the server), the data-path settings its workers honour, whether it takes a new configuration in
+place, and the worker signals its metrics give the verdict. Spec validation, the sweep's grid, the verdict
+and the docs read the declarations without importing a server, and the README's table of them is generated
+here (`python -m servinglab.api.servers`; a unit test holds the two equal). A fourth
 server is one member of `ServerKind`, one entry of `CAPABILITIES` and its folder.
 """
 
@@ -111,6 +111,8 @@ class ServerCapabilities(BaseModel):
     reconfiguration: str
     #: What its metrics say about its workers.
     worker_signals: tuple[WorkerSignal, ...]
+    #: The `server.dataPath` settings its workers honour (None: every one, servinglab's handler's).
+    data_path_fields: tuple[str, ...] | None = None
 
     def form_problem(self, kind: str, form: ModelForm | None) -> str | None:
         """Why this server does not serve `form` (naming the fields), or None."""
@@ -118,6 +120,20 @@ class ServerCapabilities(BaseModel):
             return None
         served = ", ".join(str(f) for f in self.forms)
         return f"spec.server.form: {self.name} (spec.server.kind: {kind}) does not serve {form}; it serves {served}"
+
+    def data_path_problem(self, kind: str, data_path: DataPath) -> str | None:
+        """Why this server does not take `data_path` (the first setting it would ignore, named), or None."""
+        if self.data_path_fields is None:
+            return None
+        default = DataPath()
+        for name in DataPath.model_fields:
+            value = getattr(data_path, name)
+            if name not in self.data_path_fields and value != getattr(default, name):
+                taken = ", ".join(f"dataPath.{data_path_key(f)}" for f in self.data_path_fields)
+                return (f"spec.server.dataPath.{data_path_key(name)}: {value}: {self.name} (spec.server.kind: "
+                        f"{kind}) would ignore it (its model decodes and batches the requests itself); it honours "
+                        f"{taken}")  # fmt: skip
+        return None
 
     def format_problem(self, kind: str, fmt: ModelFormat) -> str | None:
         """Why this server does not serve a user's model given as `fmt` (naming the fields), or None (`auto` is
@@ -161,8 +177,15 @@ CAPABILITIES: dict[str, ServerCapabilities] = {
         reconfiguration="in place (repository API, with the runner's key: a new config.pbtxt loaded)",
         # its compute counters time the Python model's whole execution (decoding included), not the handler's stages
         worker_signals=(WorkerSignal.QUEUE, WorkerSignal.LATENCY, WorkerSignal.EXECUTION_STAGES, WorkerSignal.BATCH),
+        # servinglab's Python model decodes on the CPU, one image at a time, and compiles as asked
+        data_path_fields=("compile",),
     ),
 }
+
+
+def data_path_key(name: str) -> str:
+    """A `DataPath` field's name as a spec writes it (camelCase)."""
+    return DataPath.model_fields[name].alias or name
 
 
 def capabilities(kind: str) -> ServerCapabilities:
@@ -174,12 +197,13 @@ def capabilities(kind: str) -> ServerCapabilities:
 
 
 #: The first line of the README's table of what each server supports.
-TABLE_HEADER = "| kind | user's model formats | forms (`server.form`) | a new configuration | its workers' signals |"
+TABLE_HEADER = ("| kind | user's model formats | forms (`server.form`) | `server.dataPath` | a new configuration "
+                "| its workers' signals |")  # fmt: skip
 
 
 def capabilities_table() -> str:
     """The README's table of what each server supports, from the declarations (markdown, one row per kind)."""
-    rows = [TABLE_HEADER, "| --- | --- | --- | --- | --- |"]
+    rows = [TABLE_HEADER, "| --- | --- | --- | --- | --- | --- |"]
     for kind, caps in CAPABILITIES.items():
         formats = ", ".join(f"`{f}`" for f in caps.user_model_formats)
         native = caps.native_backends
@@ -187,7 +211,9 @@ def capabilities_table() -> str:
                           for f in caps.forms)  # fmt: skip
         forms += "; through servinglab's handler"
         signals = ", ".join(SIGNAL_WORDS[s] for s in caps.worker_signals)
-        rows.append(f"| `{kind}` ({caps.name}) | {formats} | {forms} | {caps.reconfiguration} | {signals} |")
+        fields = caps.data_path_fields
+        paths = "every setting" if fields is None else ", ".join(f"`{data_path_key(f)}`" for f in fields) + " only"
+        rows.append(f"| `{kind}` ({caps.name}) | {formats} | {forms} | {paths} | {caps.reconfiguration} | {signals} |")
     return "\n".join(rows) + "\n"
 
 
@@ -280,9 +306,13 @@ class ServerSpec(SpecModel):
         if self.gpus == 0 and (needs := self.data_path.gpu_only()):
             raise ValueError(f"dataPath.{needs[0]} needs a GPU, and gpus is 0 (ask for gpus: 1, or use the CPU's "
                              "options: decode: cpu with decodeThreads, compile: default)")  # fmt: skip
-        if (problem := self.form_problem()) is not None:
+        if (problem := self.form_problem() or self.data_path_problem()) is not None:
             raise ValueError(problem)
         return self
+
+    def data_path_problem(self) -> str | None:
+        """Why this server kind would ignore a `dataPath` setting (naming it), or None."""
+        return capabilities(self.kind).data_path_problem(self.kind, self.data_path)
 
     def form_problem(self) -> str | None:
         """Why `form` cannot run with the rest of this spec (naming the fields), or None."""

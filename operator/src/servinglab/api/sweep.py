@@ -183,7 +183,8 @@ def _variant_problem(sweep: SweepSpec, variant: Variant, kind: ServerKind | None
     precision, path, form = variant
     update: dict[str, Any] = {"precision": precision, "data_path": path, "form": form}
     server = sweep.template.server.model_copy(update=update | ({"kind": kind} if kind is not None else {}))
-    return sweep.template.model_copy(update={"server": server}).format_problem() or server.form_problem()
+    problem = sweep.template.model_copy(update={"server": server}).format_problem() or server.form_problem()
+    return problem or server.data_path_problem()
 
 
 def _all_variants(sweep: SweepSpec, kind: ServerKind | None) -> list[Variant]:

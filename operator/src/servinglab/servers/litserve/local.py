@@ -106,7 +106,10 @@ class LocalLitServe:
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 last = str(exc)
             time.sleep(0.3)
-        raise ServerError(f"LitServe was not ready within {timeout_seconds:.0f} s ({last}); log: {self.log}")
+        raise ServerError(
+            f"LitServe was not ready within {timeout_seconds:.0f} s (server.startupTimeoutSeconds; {last}); "
+            f"log: {self.log}"
+        )
 
     def reconfigure(self, server: ServerSpec, load: LoadSpec | None) -> float:
         """LitServe has no management API: stop, render the script with the new settings and start again

@@ -242,7 +242,8 @@ class LocalTorchServe:
                 last_error = str(exc)
             time.sleep(0.5)
         raise ServerError(
-            f"TorchServe was not ready within {timeout_seconds:.0f} s ({last_error}); logs in {self.workdir / 'logs'}"
+            f"TorchServe was not ready within {timeout_seconds:.0f} s (server.startupTimeoutSeconds; {last_error}); "
+            f"logs in {self.workdir / 'logs'}"
         )
 
     def _check_model_loads(self) -> None:

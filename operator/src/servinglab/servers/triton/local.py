@@ -163,7 +163,10 @@ class LocalTriton:
                 )
             last = f"model {state or 'not listed'}" + (f" ({reason})" if reason else "")
             time.sleep(0.25)
-        raise ServerError(f"Triton was not ready within {timeout_seconds:.0f} s ({last}); log in {self.workdir / _LOG}")
+        raise ServerError(
+            f"Triton was not ready within {timeout_seconds:.0f} s (server.startupTimeoutSeconds; {last}); "
+            f"log in {self.workdir / _LOG}"
+        )
 
     def _metrics_up(self) -> bool:
         """Whether the metrics port answers: Triton starts it after the model can be READY, and a window's
