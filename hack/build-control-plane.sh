@@ -178,7 +178,9 @@ started=$(date +%s)
 [[ -x "$bin/coredns-$COREDNS_VERSION" ]] || step coredns build_coredns
 [[ -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]] || step monitoring-crds fetch_monitoring_crds
 "$bin/kube-apiserver" --version >&2
-"$bin/etcd" --version | head -1 >&2
+# (sed, not head: head would stop reading after one line, and etcd writing its next one would die of
+# SIGPIPE, which pipefail turns into a failed build: a cold run ended so after building everything)
+"$bin/etcd" --version | sed -n 1p >&2
 touch "$bin/.complete"
 log "done in $(( $(date +%s) - started )) s"
 echo "$bin"
