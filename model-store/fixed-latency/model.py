@@ -3,7 +3,7 @@
 Every forward pass (one batch, whatever its size) waits SERVICE_MS, then computes almost nothing: a linear
 layer on the image's channel means. Waiting takes no CPU, so one worker serving batches of one answers at
 most 1000 / SERVICE_MS requests a second on any host, and N such replicas answer N times that: a capacity
-plan's replica count can be checked by running it (tests/k8s/test_plan_check_on_cluster.py), and a load
+plan's replica count can be checked by running it (tests/k8s/real_node/test_plan_check_on_cluster.py), and a load
 generator's own overhead read off against a server whose time is known. Input 32x32 RGB, 10 classes.
 
 It runs eager only: a traced, exported or compiled form would drop or split the wait (servinglab refuses

