@@ -132,6 +132,9 @@ class LocalKubelet:
         self.pods: dict[str, RunningPod] = {}
         self.errors: list[str] = []
         self._stop = threading.Event()
+        # held while a server's end is decided and reported, by the watch loop (a server that exited on its
+        # own) or by a fault played here (a kill, an eviction, an OOM kill): one end per pod, never both
+        self._ending = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="local-kubelet", daemon=True)
         self.cadvisor = CAdvisor(namespace, self._running_containers)
 
@@ -152,16 +155,14 @@ class LocalKubelet:
     def kill_server(self) -> None:
         """Crash the server: kill its processes and report the container terminated, as a kubelet would."""
         for pod in self._running_servers():
-            self._kill(pod)
-            pod.done = True
+            self._end_for_fault(pod)
             self._report_server_terminated(pod, 137, "Error", "killed")
 
     def evict_server(self, name: str, message: str = "The node was low on resource: memory.") -> None:
         """Evict the server pod `name` as a kubelet under node pressure does: its containers stopped, the pod
         Failed with reason Evicted (its ReplicaSet then makes another)."""
         (pod,) = [pod for pod in self._running_servers() if pod.name == name]
-        self._kill(pod)
-        pod.done = True
+        self._end_for_fault(pod)
         terminated = {"exitCode": 137, "reason": "Error", "message": "evicted"}
         self._patch_status(pod.name, {
             "phase": "Failed", "reason": "Evicted", "message": message,
@@ -175,8 +176,7 @@ class LocalKubelet:
         """The kernel kills the server container of pod `name` for its memory: the kubelet restarts it and
         reports the kill as the container's last state (OOMKilled, exit code 137)."""
         (pod,) = [pod for pod in self._running_servers() if pod.name == name]
-        self._kill(pod)
-        pod.done = True
+        self._end_for_fault(pod)
         killed = {"exitCode": 137, "reason": "OOMKilled", "startedAt": _now(), "finishedAt": _now()}
         self._patch_status(pod.name, {
             "phase": "Running",
@@ -185,6 +185,14 @@ class LocalKubelet:
                                    "restartCount": 1, "lastState": {"terminated": killed},
                                    "state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
         })  # fmt: skip
+
+    def _end_for_fault(self, pod: RunningPod) -> None:
+        """Stop a server whose end a fault reports: marked ended before its processes die. Killed first, the
+        watch loop could see them gone and report a plain exit of its own, before or over the fault's report
+        (an eviction or OOM kill the operator never sees)."""
+        with self._ending:
+            pod.done = True
+        self._kill(pod)
 
     def _running_containers(self) -> dict[tuple[str, str], int]:
         """(pod, container) -> main process id, of the containers running now: what the stand-in cAdvisor counts."""
@@ -585,14 +593,15 @@ class LocalKubelet:
 
     def _report_server_if_exited(self, running: RunningPod) -> None:
         """A server container that ended on its own (e.g. it gave up on its model), with its message."""
-        code = running.processes[-1].poll() if running.processes else None
-        if code is None:
-            return
-        log = running.root / "termination-log"
-        message = log.read_text() if log.exists() else ""
-        self._report_server_terminated(running, code, "Error" if code else "Completed", message)
+        with self._ending:
+            code = running.processes[-1].poll() if running.processes and not running.done else None
+            if code is None:
+                return
+            log = running.root / "termination-log"
+            message = log.read_text() if log.exists() else ""
+            self._report_server_terminated(running, code, "Error" if code else "Completed", message)
+            running.done = True
         self._kill(running)
-        running.done = True
 
     def _annotate(self, pod: str, annotations: dict[str, str]) -> None:
         pairs = [f"{key}={value}" for key, value in annotations.items()]

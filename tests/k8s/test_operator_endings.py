@@ -107,14 +107,18 @@ def wait_queued(cluster: Cluster, namespace: str, name: str) -> None:
     cluster.kubectl.wait_for(queued, 30, f"{name} queued for the GPU its sibling holds")
 
 
-def ended(cluster: Cluster, namespace: str, operator: Operator, name: str, reason: str, since: str) -> str:
+def ended(cluster: Cluster, namespace: str, operator: Operator, name: str, reason: str, since: str | float) -> str:
     """Wait until `name` has failed with `reason`, within a minute of `since` (a status field naming when the
-    cause arose, or "created"); its server removed. The Failed message."""
+    cause arose, "created", or the time a fault was played, in epoch seconds); its server removed. The Failed
+    message."""
     body = wait_finished(cluster, namespace, name, operator.log, timeout=180)
     failed = condition(body, "Failed")
     assert (failed["status"], failed["reason"]) == ("True", reason), (failed, operator.log())
-    began = body["metadata"]["creationTimestamp"] if since == "created" else body["status"][since]
-    took = epoch(body["status"]["finishedAt"]) - epoch(began)
+    if isinstance(since, float):
+        began = since
+    else:
+        began = epoch(body["metadata"]["creationTimestamp"] if since == "created" else body["status"][since])
+    took = epoch(body["status"]["finishedAt"]) - began
     assert took <= A_MINUTE, (name, reason, took)
     gone = lambda: get(cluster, namespace, "deployment", f"{name}-server") is None  # noqa: E731
     cluster.kubectl.wait_for(gone, 30, f"the server of {name} removed")
@@ -399,6 +403,19 @@ def server_pod(cluster: Cluster, namespace: str, kubelet: LocalKubelet, name: st
     return str(running())
 
 
+def loading(cluster: Cluster, namespace: str, name: str) -> bool:
+    conditions = status(cluster, namespace, name).get("conditions") or []
+    return any(c["type"] == "LoadTestComplete" and c.get("reason") == "Running" for c in conditions)
+
+
+def server_under_load(cluster: Cluster, namespace: str, kubelet: LocalKubelet, name: str) -> str:
+    """The server pod of experiment `name` once its load runs: a fault played before that could race the pod's
+    own way to Ready (KWOK's ready stage, matched before the fault, can write its status over the fault's)."""
+    pod = server_pod(cluster, namespace, kubelet, name)
+    cluster.kubectl.wait_for(lambda: loading(cluster, namespace, name), 180, f"the load of {name} running")
+    return pod
+
+
 @contextmanager
 def node_not_ready(cluster: Cluster, node: str) -> Iterator[None]:
     """The node stops reporting (KWOK lets go of it) and says NotReady; given back to KWOK, Ready, on exit."""
@@ -440,17 +457,11 @@ def test_a_node_not_ready_for_a_moment_is_waited_out_and_one_not_ready_past_the_
     serving, and the experiment goes on. Then the node stays NotReady: ServerLost once NODE_GRACE s have passed."""
     kubelet = kubelet_factory()
     cluster.kubectl.apply(held(pinned("lost", "gpu-t4-0")), namespace=namespace)
-    server_pod(cluster, namespace, kubelet, "lost")
-
-    def loading() -> bool:
-        conditions = status(cluster, namespace, "lost").get("conditions") or []
-        return any(c["type"] == "LoadTestComplete" and c.get("reason") == "Running" for c in conditions)
-
-    cluster.kubectl.wait_for(loading, 180, "the load of lost running")
+    server_under_load(cluster, namespace, kubelet, "lost")
     with node_not_ready(cluster, "gpu-t4-0"):
         time.sleep(BLIP)
     assert "finishedAt" not in status(cluster, namespace, "lost"), (status(cluster, namespace, "lost"), operator.log())
-    assert loading()
+    assert loading(cluster, namespace, "lost")
 
     began = time.time()
     with node_not_ready(cluster, "gpu-t4-0"):
@@ -471,20 +482,25 @@ def test_an_eviction_an_oom_kill_and_a_deleted_node_end_fast(
 ) -> None:
     kubelet = kubelet_factory()
     cluster.kubectl.apply(held(pinned("evicted", "gpu-t4-1")), namespace=namespace)
-    kubelet.evict_server(server_pod(cluster, namespace, kubelet, "evicted"))
-    message = ended(cluster, namespace, operator, "evicted", "ServerEvicted", "startedAt")
+    pod = server_under_load(cluster, namespace, kubelet, "evicted")
+    faulted = time.time()
+    kubelet.evict_server(pod)
+    message = ended(cluster, namespace, operator, "evicted", "ServerEvicted", faulted)
     assert message.endswith("was evicted by its node: The node was low on resource: memory."), message
 
     cluster.kubectl.apply(held(pinned("oom", "gpu-t4-1")), namespace=namespace)
-    kubelet.oom_kill_server(server_pod(cluster, namespace, kubelet, "oom"))
-    message = ended(cluster, namespace, operator, "oom", "OutOfMemory", "startedAt")
+    pod = server_under_load(cluster, namespace, kubelet, "oom")
+    faulted = time.time()
+    kubelet.oom_kill_server(pod)
+    message = ended(cluster, namespace, operator, "oom", "OutOfMemory", faulted)
     assert "killed for exceeding its memory (OOMKilled)" in message, message
 
     cluster.kubectl.apply(held(pinned("deleted", "gpu-t4-0")), namespace=namespace)
-    server_pod(cluster, namespace, kubelet, "deleted")
+    server_under_load(cluster, namespace, kubelet, "deleted")
+    faulted = time.time()
     cluster.kubectl.run("delete", "node", "gpu-t4-0", "--wait=false")
     try:
-        message = ended(cluster, namespace, operator, "deleted", "ServerLost", "startedAt")
+        message = ended(cluster, namespace, operator, "deleted", "ServerLost", faulted)
     finally:
         register_nodes(cluster.kubectl, [manifests.node("gpu-t4-0", gpus=1)])
         wait_schedulable(cluster, "gpu-t4-0")
