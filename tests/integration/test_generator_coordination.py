@@ -91,7 +91,7 @@ def test_a_second_generator_joins_past_a_silent_client_and_strangers_with_other_
     key = wire.key_to_text(wire.new_key())
     coordinator = load_pod(servinglab_cmd, tmp_path, endpoint, port, 0, key)
     silent = connect_when_listening(port)  # the first connection, and it never says a word
-    connected = time.monotonic()
+    silent_peer = f"('127.0.0.1', {silent.getsockname()[1]})"
     member = load_pod(servinglab_cmd, tmp_path, endpoint, port, 1, key)  # joins while that one is pending
     refusals: list[str] = []
     old_key = hashlib.sha256(spec_file(tmp_path).read_bytes()).digest()
@@ -102,20 +102,19 @@ def test_a_second_generator_joins_past_a_silent_client_and_strangers_with_other_
             refusals.append(str(refused.value))
     with pytest.raises((OSError, EOFError)):  # the old protocol's client (pickle over multiprocessing)
         Client(("127.0.0.1", port), authkey=old_key)
-    # all three were answered while the silent client's handshake was still pending
-    assert time.monotonic() - connected < wire.HANDSHAKE_SECONDS
-    # the silent client is shown the door within a few seconds: the challenge, then the end
-    silent.settimeout(20)
+    # (that none of them waits for the silent client's handshake is shown by
+    # test_connections_that_say_nothing_never_keep_a_generator_out, with a deadline no host is slow enough to
+    # reach; here it is the real 5 s, which a slow host can reach before the strangers are answered)
+    # the silent client is shown the door: the challenge, then the end (at its deadline, or once everyone joined)
+    silent.settimeout(60)
     with silent:
         received = b""
         while chunk := silent.recv(100):
             received += chunk
-    dropped_after = time.monotonic() - connected
     assert received.startswith(wire.MAGIC) and len(received) == len(wire.MAGIC) + 32
-    assert dropped_after < wire.HANDSHAKE_SECONDS + 3, dropped_after
 
-    out, err = coordinator.communicate(timeout=120)
-    member_out, member_err = member.communicate(timeout=30)
+    out, err = coordinator.communicate(timeout=300)  # starting the command alone can take a minute on a busy host
+    member_out, member_err = member.communicate(timeout=300)
     assert coordinator.returncode == 0, err[-3000:]
     assert member.returncode == 0, member_err[-3000:]
     assert refusals == ["the coordinator refused this generator's key (the two keys differ)"] * 2
@@ -123,8 +122,12 @@ def test_a_second_generator_joins_past_a_silent_client_and_strangers_with_other_
     assert level["generator"]["generators"] == 2 and level["errors"] == 0 and level["requests"] > 0
     assert all(g["cpuPercent"] > 0 for g in level["generator"]["perGenerator"]), level["generator"]
     assert (tmp_path / "outcome-1").read_text() == "load generator 2 done"
-    # each stranger was logged with why (the silent one was dropped, unlogged, once everyone had joined)
-    assert err.count("refused a load generator connection from") == 3, err
+    # each stranger was logged once with why; the silent one too if its deadline came before the member joined
+    # (which a slow host decides), else it was dropped unlogged once everyone had joined
+    refusals_logged = [line for line in err.splitlines() if "refused a load generator connection from" in line]
+    silent_logged = [line for line in refusals_logged if silent_peer in line]
+    assert len(refusals_logged) - len(silent_logged) == 3 and len(silent_logged) <= 1, err
+    assert all("arrived before the deadline" in line for line in silent_logged), silent_logged
     assert err.count("does not hold this experiment's generator key") == 2, err
     written = [out, err, member_out, member_err, *(p.read_text() for p in tmp_path.iterdir() if p.is_file())]
     assert not any(key in text or key.upper() in text for text in written)  # the key itself: nowhere
@@ -134,25 +137,27 @@ def test_a_generator_with_another_key_stops_at_once_and_the_coordinator_says_why
     servinglab_cmd: list[str], tmp_path: Path, endpoint: str
 ) -> None:
     (port,) = free_ports(1)
-    coordinator = load_pod(servinglab_cmd, tmp_path, endpoint, port, 0, wire.new_key().hex(), ready_timeout=10)
+    # the coordinator waits long enough for the member's command to start, which a busy host can take 30 s for
+    coordinator = load_pod(servinglab_cmd, tmp_path, endpoint, port, 0, wire.new_key().hex(), ready_timeout=45)
     silent = connect_when_listening(port)
-    began = time.monotonic()
     member = load_pod(servinglab_cmd, tmp_path, endpoint, port, 1, wire.new_key().hex(), ready_timeout=10)
-    member.communicate(timeout=60)
-    assert member.returncode == 6 and time.monotonic() - began < 30  # not after its 10 + 120 s of retries
+    member.communicate(timeout=300)
+    assert member.returncode == 6
     with silent:  # dropped at its handshake's deadline, while the coordinator still waits for a generator
-        silent.settimeout(20)
+        silent.settimeout(60)
         assert silent.recv(100).startswith(wire.MAGIC) and silent.recv(100) == b""
-    assert time.monotonic() - began < wire.HANDSHAKE_SECONDS + 3
     assert (tmp_path / "outcome-1").read_text() == (
         f"load generator for 127.0.0.1:{port}: the coordinator refused this generator's key (the two keys differ)"
     )
-    _, err = coordinator.communicate(timeout=60)
+    _, err = coordinator.communicate(timeout=300)
     assert coordinator.returncode == 6
     assert "the generator's answer: 0 of 72 bytes arrived before the deadline" in err, err
+    # the member stopped at its first refusal: one try, not its 10 + 120 s of retries
+    refusals_logged = [line for line in err.splitlines() if "refused a load generator connection from" in line]
+    assert sum("does not hold this experiment's generator key" in line for line in refusals_logged) == 1, err
     outcome = (tmp_path / "outcome-0").read_text()
     assert outcome == (
-        "0 of 1 load generators joined within 10 s; 2 connection(s) refused, "
+        "0 of 1 load generators joined within 45 s; 2 connection(s) refused, "
         "e.g. 127.0.0.1: the peer does not hold this experiment's generator key"
     )
 
