@@ -38,7 +38,7 @@ from clusterenv.controlplane import (  # noqa: E402
     wait_default_service_account,
 )
 from clusterenv.experiments import experiment, wait_finished  # noqa: E402
-from clusterenv.node import RealNode, image_engine, node_namespace  # noqa: E402
+from clusterenv.node import REAL_NODE_NAME, RealNode, image_engine, node_namespace  # noqa: E402
 
 ENGINE = image_engine()  # the engine the node takes its images from
 
@@ -100,7 +100,7 @@ def measure_chain(images: list[str], steps: list[list[str]]) -> None:
         labels = manifests.node("t4", gpus=1)["metadata"]["labels"]
         t4 = {key: value for key, value in labels.items() if key.startswith("nvidia.com/")}
         (workdir / "node").mkdir()
-        node = RealNode(binaries, workdir / "node", kubectl, plane.pki, plane.server, name="real-t4", labels=t4)
+        node = RealNode(binaries, workdir / "node", kubectl, plane.pki, plane.server, name=REAL_NODE_NAME, labels=t4)
         timed("real node", lambda: node.start(images), steps)
         steps += [[f"  {name}", f"{seconds:.1f} s"] for name, seconds in node.timings.items()]
         kubectl.apply(node_namespace(namespace))

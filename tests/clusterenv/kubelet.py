@@ -132,8 +132,8 @@ class LocalKubelet:
         self.pods: dict[str, RunningPod] = {}
         self.errors: list[str] = []
         self._stop = threading.Event()
-        # held while a server's end is decided and reported, by the watch loop (a server that exited on its
-        # own) or by a fault played here (a kill, an eviction, an OOM kill): one end per pod, never both
+        # held while a server's end is decided: by the watch loop, which reports a server that exited on its
+        # own, or by a fault played here (a kill, an eviction, an OOM kill), which reports it after; one end a pod
         self._ending = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="local-kubelet", daemon=True)
         self.cadvisor = CAdvisor(namespace, self._running_containers)
@@ -191,6 +191,8 @@ class LocalKubelet:
         watch loop could see them gone and report a plain exit of its own, before or over the fault's report
         (an eviction or OOM kill the operator never sees)."""
         with self._ending:
+            if pod.done:  # the loop saw it exit on its own first, and said so
+                raise RuntimeError(f"server pod {pod.name} ended on its own before the fault could be played")
             pod.done = True
         self._kill(pod)
 

@@ -137,8 +137,8 @@ def test_a_generator_with_another_key_stops_at_once_and_the_coordinator_says_why
     servinglab_cmd: list[str], tmp_path: Path, endpoint: str
 ) -> None:
     (port,) = free_ports(1)
-    # the coordinator waits long enough for the member's command to start, which a busy host can take 30 s for
-    coordinator = load_pod(servinglab_cmd, tmp_path, endpoint, port, 0, wire.new_key().hex(), ready_timeout=45)
+    # the coordinator waits long enough for the member's command to start, which a busy host can take a minute for
+    coordinator = load_pod(servinglab_cmd, tmp_path, endpoint, port, 0, wire.new_key().hex(), ready_timeout=90)
     silent = connect_when_listening(port)
     member = load_pod(servinglab_cmd, tmp_path, endpoint, port, 1, wire.new_key().hex(), ready_timeout=10)
     member.communicate(timeout=300)
@@ -157,7 +157,7 @@ def test_a_generator_with_another_key_stops_at_once_and_the_coordinator_says_why
     assert sum("does not hold this experiment's generator key" in line for line in refusals_logged) == 1, err
     outcome = (tmp_path / "outcome-0").read_text()
     assert outcome == (
-        "0 of 1 load generators joined within 45 s; 2 connection(s) refused, "
+        "0 of 1 load generators joined within 90 s; 2 connection(s) refused, "
         "e.g. 127.0.0.1: the peer does not hold this experiment's generator key"
     )
 
