@@ -43,8 +43,7 @@ REAL_NODE_PACKAGE = Path(__file__).parent / "real_node"
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The real node's tests last (their order kept): on a cold machine the images they need are still
     building in the background when the cluster tests start (`make test`), and the other tests need none."""
-    on_real_node = [item for item in items if REAL_NODE_PACKAGE in item.path.parents]
-    items[:] = [item for item in items if REAL_NODE_PACKAGE not in item.path.parents] + on_real_node
+    items.sort(key=lambda item: REAL_NODE_PACKAGE in item.path.parents)  # stable: False first
 
 
 @pytest.fixture(scope="session")
