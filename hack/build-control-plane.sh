@@ -9,8 +9,14 @@
 #   ServiceMonitor/PodMonitor CRDs                       <- github.com/prometheus-operator/prometheus-operator
 # into a cache directory outside the repo keyed by the versions in hack/control-plane.env, and
 # print that directory. A complete cache returns at once; a partial one builds what is missing.
+# Two parts: `cluster` is what a cluster of simulated nodes and the chart's tests need; `node` is the real
+# node's kubelet, kube-proxy and CoreDNS, which only the real-node tests use (they run last), so a cold
+# `make test` starts the cluster tests without waiting for them. One build at a time per cache (a lock):
+# a second caller waits, then finds the binaries built.
 #
-#   hack/build-control-plane.sh            # build or reuse; prints the bin directory
+#   hack/build-control-plane.sh [all]      # build or reuse both parts; prints the bin directory
+#   hack/build-control-plane.sh cluster    # only what a cluster of simulated nodes needs
+#   hack/build-control-plane.sh node       # only the real node's binaries
 #   SERVINGLAB_K8S_CACHE=/path ...         # cache root (default ~/.cache/servinglab/control-plane)
 set -euo pipefail
 
@@ -20,13 +26,33 @@ source "$here/control-plane.env"
 cache_root=${SERVINGLAB_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/servinglab/control-plane}
 bin="$cache_root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
 
-if [[ -f "$bin/.complete" && -x "$bin/kubelet" && -x "$bin/coredns-$COREDNS_VERSION" && -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]]; then
-  echo "$bin"
-  exit 0
-fi
+part=${1:-all}
+case $part in
+  all) parts=(cluster node) ;;
+  cluster | node) parts=("$part") ;;
+  *) echo "usage: $0 [all|cluster|node] (got: $part)" >&2; exit 2 ;;
+esac
+complete() { # PART: its binaries are there and were checked (a marker per part, written last; the
+  # versions outside the cache's name are checked by their own files)
+  case $1 in
+    cluster) [[ -f "$bin/.complete-cluster" && -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]] ;;
+    node) [[ -f "$bin/.complete-node" && -x "$bin/coredns-$COREDNS_VERSION" ]] ;;
+  esac
+}
+built() { # every part asked for is complete
+  local part
+  for part in "${parts[@]}"; do complete "$part" || return 1; done
+}
+built && { echo "$bin"; exit 0; }
+
+mkdir -p "$bin"
+# one build per cache at a time: `make test` builds the node's part while the cluster tests run, and the
+# real-node tests ask for it too; the second caller waits here, then finds it built
+exec 9>"$bin/.lock"
+flock 9
+built && { echo "$bin"; exit 0; }
 
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
-mkdir -p "$bin"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 log() { printf '[build-control-plane %s] %s\n' "$(date +%T)" "$*" >&2; }
@@ -168,19 +194,31 @@ step() { # NAME COMMAND...: run one build step in a subshell; a failure without 
   done
 }
 
+build_cluster_part() {
+  [[ -x "$bin/kube-apiserver" && -x "$bin/kubectl" && -x "$bin/kube-scheduler" && -x "$bin/kube-controller-manager" ]] ||
+    step kubernetes build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl
+  [[ -x "$bin/etcd" ]] || step etcd build_etcd
+  [[ -x "$bin/kwok" && -d "$bin/kwok-stages" ]] || step kwok build_kwok
+  [[ -x "$bin/helm" ]] || step helm build_helm
+  [[ -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]] || step monitoring-crds fetch_monitoring_crds
+  "$bin/kube-apiserver" --version >&2
+  # (sed, not head: head would stop reading after one line, and etcd writing its next one would die of
+  # SIGPIPE, which pipefail turns into a failed build: a cold run ended so after building everything)
+  "$bin/etcd" --version | sed -n 1p >&2
+}
+
+build_node_part() {
+  [[ -x "$bin/kubelet" && -x "$bin/kube-proxy" ]] || step node build_kubernetes kubelet kube-proxy
+  [[ -x "$bin/coredns-$COREDNS_VERSION" ]] || step coredns build_coredns
+  "$bin/kubelet" --version >&2
+}
+
 started=$(date +%s)
-[[ -x "$bin/kube-apiserver" && -x "$bin/kubectl" && -x "$bin/kube-scheduler" && -x "$bin/kube-controller-manager" ]] ||
-  step kubernetes build_kubernetes kube-apiserver kube-controller-manager kube-scheduler kubectl
-[[ -x "$bin/kubelet" && -x "$bin/kube-proxy" ]] || step node build_kubernetes kubelet kube-proxy
-[[ -x "$bin/etcd" ]] || step etcd build_etcd
-[[ -x "$bin/kwok" && -d "$bin/kwok-stages" ]] || step kwok build_kwok
-[[ -x "$bin/helm" ]] || step helm build_helm
-[[ -x "$bin/coredns-$COREDNS_VERSION" ]] || step coredns build_coredns
-[[ -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]] || step monitoring-crds fetch_monitoring_crds
-"$bin/kube-apiserver" --version >&2
-# (sed, not head: head would stop reading after one line, and etcd writing its next one would die of
-# SIGPIPE, which pipefail turns into a failed build: a cold run ended so after building everything)
-"$bin/etcd" --version | sed -n 1p >&2
-touch "$bin/.complete"
+for part in "${parts[@]}"; do
+  complete "$part" && continue
+  "build_${part}_part"
+  touch "$bin/.complete-$part"
+  log "$part part done"
+done
 log "done in $(( $(date +%s) - started )) s"
 echo "$bin"

@@ -6,8 +6,9 @@
 #   - the control plane is built or reused (cached by version) from the start;
 #   - unit + integration (real TorchServe processes) start at once: they need no control plane;
 #   - lint and type checks run one after another beside them;
-#   - tests/k8s (its own control plane) starts as soon as the control-plane build is done; its
-#     real-node tests wait for the images if they are still building.
+#   - tests/k8s (its own control plane) starts as soon as the cluster's part of that build is done, and
+#     the real node's binaries build behind it; its real-node tests, last, wait for those and for the
+#     images if they are still building.
 # Each part's output is prefixed ([local] / [k8s] / [lint] / [control-plane]) and kept whole under
 # $SERVINGLAB_TEST_LOGS (default test-logs/). Every part runs to its end; the exit status is non-zero
 # when any part failed.
@@ -55,9 +56,12 @@ free_disk() { df -h --output=avail,target / "${TMPDIR:-/tmp}" "$HOME" 2>/dev/nul
 say "free disk:$(free_disk)"
 
 # Cold, the control-plane build is the longest part before any cluster test (about 18 minutes on CI's
-# machines); warm, it returns in well under a second. Only tests/k8s waits for it.
-background control-plane hack/build-control-plane.sh
+# machines); warm, it returns in well under a second. Only tests/k8s waits for it, and only for the
+# cluster's part: the real node's binaries (kubelet, kube-proxy, CoreDNS; several minutes cold) build
+# behind it while the cluster tests run, and the real-node tests, which run last, wait for them.
+background control-plane hack/build-control-plane.sh cluster
 control_plane=$!
+node_binaries=
 
 pytest_session() { "$BIN/pytest" -p no:cacheprovider --durations=15 "$@"; }
 background local pytest_session tests/unit tests/integration "$@"
@@ -102,8 +106,14 @@ while ((${#pending[@]})); do
         say "control plane ready"
         background k8s pytest_session tests/k8s "$@"
         k8s_tests=$!
-        pending+=("$k8s_tests")
         say "tests/k8s started"
+        set -m
+        hack/build-control-plane.sh node >/dev/null 2>"$logs/node-binaries.log" &
+        node_binaries=$!
+        children+=("$node_binaries")
+        set +m
+        pending+=("$k8s_tests" "$node_binaries")
+        say "the real node's binaries building or reused (log: $logs/node-binaries.log)"
       else
         # the cluster fixture would only try the same build again
         failed+=(control-plane k8s)
@@ -121,6 +131,10 @@ while ((${#pending[@]})); do
     "$k8s_tests")
       ((status == 0)) || failed+=(k8s)
       say "tests/k8s done"
+      ;;
+    "$node_binaries")
+      # as for the images: the real-node tests ask for the same build, and fail naming it if it fails
+      ((status == 0)) || say "the real node's binaries did not build (see $logs/node-binaries.log)"
       ;;
     "$images")
       # a failed background build is not a failure of its own: the real-node tests build the images

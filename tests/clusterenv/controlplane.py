@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from clusterenv import manifests
 from clusterenv.pki import Pki, make_pki
@@ -58,13 +58,14 @@ class Binaries:
         return self.directory / "kwok-stages"
 
 
-def build_binaries() -> Binaries:
-    """Build or reuse the binaries (seconds when cached); SERVINGLAB_K8S_BIN points at a ready dir."""
+def build_binaries(part: Literal["all", "cluster", "node"] = "all") -> Binaries:
+    """Build or reuse the binaries (seconds when cached); SERVINGLAB_K8S_BIN points at a ready dir. `cluster`
+    is what a cluster of simulated nodes needs, `node` the real node's own (hack/build-control-plane.sh)."""
     override = os.environ.get("SERVINGLAB_K8S_BIN")
     if override:
         return Binaries(Path(override))
     result = subprocess.run(
-        [str(REPO / "hack" / "build-control-plane.sh")], capture_output=True, text=True, check=False
+        [str(REPO / "hack" / "build-control-plane.sh"), part], capture_output=True, text=True, check=False
     )
     if result.returncode != 0:
         raise ClusterError(f"building the control plane failed:\n{result.stderr[-4000:]}")

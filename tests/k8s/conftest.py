@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    binaries = build_binaries()
+    binaries = build_binaries("cluster")  # the real node's own binaries: its package asks for them
     workdir = Path(tempfile.mkdtemp(prefix="servinglab-k8s-"))
     control_plane: LocalControlPlane | None = None
     kwok: Kwok | None = None

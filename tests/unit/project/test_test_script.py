@@ -22,8 +22,14 @@ WAIT_FOR = 'wait_for() { for _ in $(seq 1200); do [[ -e "$MARKS/$1" ]] && return
 
 STUBS = {
     "hack/images.sh": "exit 0\n",
+    # the cluster's part first; the real node's part only after it (it must not delay the cluster tests)
     "hack/build-control-plane.sh": (
-        'echo "building" >&2\n'
+        'echo "building $1" >&2\n'
+        "if [[ $1 == node ]]; then\n"
+        '  [[ -e "$MARKS/control-plane-done" ]] || { echo "node part before cluster part" >&2; exit 1; }\n'
+        '  touch "$MARKS/node-built"; echo /the/binaries; exit 0\n'
+        "fi\n"
+        '[[ $1 == cluster ]] || { echo "asked for $1, not the cluster part" >&2; exit 1; }\n'
         'wait_for local-started || { echo "the unit + integration session had not started" >&2; exit 1; }\n'
         '[[ -n "${CP_FAILS:-}" ]] && exit 1\n'
         'touch "$MARKS/control-plane-done"; echo /the/binaries\n'
@@ -77,6 +83,8 @@ def test_the_unit_and_cluster_sessions_do_not_wait_for_what_they_do_not_need(tmp
     order = ["unit + integration started", "control plane ready", "tests/k8s started", "unit + integration done"]
     assert [step for step in steps if step in order] == order, lines
     assert "tests/k8s done" in steps
+    assert (tmp_path / "marks/node-built").exists(), lines
+    assert not any("did not build" in step for step in steps), lines
     assert "[local] local args: -p no:cacheprovider --durations=15 tests/unit tests/integration -k tiny" in lines
     assert "[k8s] k8s args: -p no:cacheprovider --durations=15 tests/k8s -k tiny" in lines
     assert "[lint] mypy: 1 error" in lines
@@ -91,6 +99,7 @@ def test_a_failed_control_plane_build_is_reported_and_the_other_parts_still_run(
         "control-plane build failed (see " + str(tmp_path / "logs/control-plane.log") + "): tests/k8s not run" in steps
     )
     assert not (tmp_path / "marks/k8s-started").exists()
+    assert not (tmp_path / "marks/node-built").exists()
     assert "unit + integration done" in steps and "lint and type checks done" in steps
     assert status == 1
     assert steps[-1].startswith("FAILED: "), lines
