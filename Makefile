@@ -41,7 +41,7 @@ integration: setup triton-env ## tests that start a real TorchServe or Triton
 triton-env: setup ## the Triton environment (tritonserver, its Python backend, perf_analyzer), cached by content
 	hack/triton-env.sh
 
-control-plane: ## build (or reuse the cached) Kubernetes binaries, etcd, KWOK and helm from Go modules
+control-plane: ## build (or reuse the cached) Kubernetes binaries, etcd, KWOK, helm and CoreDNS from Go modules (both parts: cluster, node)
 	hack/build-control-plane.sh
 
 images: ## build the operator, servinglab and Triton images (docker, else podman; README "Images")

@@ -32,22 +32,24 @@ case $part in
   cluster | node) parts=("$part") ;;
   *) echo "usage: $0 [all|cluster|node] (got: $part)" >&2; exit 2 ;;
 esac
-complete() { # PART: its binaries are there and were checked (a marker per part, written last; the
+part_complete() { # PART: its binaries are there and were checked (a marker per part, written last; the
   # versions outside the cache's name are checked by their own files)
   case $1 in
     cluster) [[ -f "$bin/.complete-cluster" && -d "$bin/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION" ]] ;;
     node) [[ -f "$bin/.complete-node" && -x "$bin/coredns-$COREDNS_VERSION" ]] ;;
+    *) return 1 ;;
   esac
 }
 built() { # every part asked for is complete
   local part
-  for part in "${parts[@]}"; do complete "$part" || return 1; done
+  for part in "${parts[@]}"; do part_complete "$part" || return 1; done
 }
 built && { echo "$bin"; exit 0; }
 
 mkdir -p "$bin"
 # one build per cache at a time: `make test` builds the node's part while the cluster tests run, and the
-# real-node tests ask for it too; the second caller waits here, then finds it built
+# real-node tests ask for it too; the second caller waits here, then finds it built (or, if the first
+# failed, tries once more itself)
 exec 9>"$bin/.lock"
 flock 9
 built && { echo "$bin"; exit 0; }
@@ -215,7 +217,7 @@ build_node_part() {
 
 started=$(date +%s)
 for part in "${parts[@]}"; do
-  complete "$part" && continue
+  part_complete "$part" && continue
   "build_${part}_part"
   touch "$bin/.complete-$part"
   log "$part part done"

@@ -10,8 +10,8 @@
 #     the real node's binaries build behind it; its real-node tests, last, wait for those and for the
 #     images if they are still building.
 # Each part's output is prefixed ([local] / [k8s] / [lint] / [control-plane]) and kept whole under
-# $SERVINGLAB_TEST_LOGS (default test-logs/). Every part runs to its end; the exit status is non-zero
-# when any part failed.
+# $SERVINGLAB_TEST_LOGS (default test-logs/); the background builds' (images, the real node's binaries)
+# are only there. Every part runs to its end; the exit status is non-zero when any part failed.
 #
 #   hack/test.sh [PYTEST ARGS...]     extra arguments go to both pytest sessions
 set -uo pipefail
@@ -22,7 +22,7 @@ BIN=.venv/bin
 logs=${SERVINGLAB_TEST_LOGS:-test-logs}
 mkdir -p "$logs"
 # a part that does not run this time (tests/k8s after a failed control-plane build) leaves no old log behind
-rm -f "$logs"/{local,k8s,lint,control-plane}.log
+rm -f "$logs"/{local,k8s,lint,control-plane,node-binaries}.log
 started=$SECONDS
 say() { printf '[test %s +%ds] %s\n' "$(date +%T)" "$((SECONDS - started))" "$*"; }
 
@@ -108,6 +108,7 @@ while ((${#pending[@]})); do
         k8s_tests=$!
         say "tests/k8s started"
         set -m
+        # (not niced: under a full load a niced build can starve until the real-node tests wait for it)
         hack/build-control-plane.sh node >/dev/null 2>"$logs/node-binaries.log" &
         node_binaries=$!
         children+=("$node_binaries")
@@ -142,6 +143,10 @@ while ((${#pending[@]})); do
       ((status == 0)) || say "the background image build failed (see $logs/images.log); the tests built them"
       ;;
   esac
+  # a part's process ID is never matched twice (a later part may be given a recycled one)
+  for part in control_plane local_tests lint k8s_tests node_binaries images; do
+    [[ ${!part} == "$ended" ]] && printf -v "$part" '%s' "done-$ended"
+  done
 done
 
 if ((${#failed[@]})); then

@@ -22,11 +22,13 @@ WAIT_FOR = 'wait_for() { for _ in $(seq 1200); do [[ -e "$MARKS/$1" ]] && return
 
 STUBS = {
     "hack/images.sh": "exit 0\n",
-    # the cluster's part first; the real node's part only after it (it must not delay the cluster tests)
+    # the cluster's part first; the real node's part after it, beside tests/k8s (which does not wait for it)
     "hack/build-control-plane.sh": (
         'echo "building $1" >&2\n'
         "if [[ $1 == node ]]; then\n"
         '  [[ -e "$MARKS/control-plane-done" ]] || { echo "node part before cluster part" >&2; exit 1; }\n'
+        '  wait_for k8s-started || { echo "tests/k8s waited for the node part" >&2; exit 1; }\n'
+        '  [[ -n "${NODE_FAILS:-}" ]] && exit 1\n'
         '  touch "$MARKS/node-built"; echo /the/binaries; exit 0\n'
         "fi\n"
         '[[ $1 == cluster ]] || { echo "asked for $1, not the cluster part" >&2; exit 1; }\n'
@@ -104,3 +106,14 @@ def test_a_failed_control_plane_build_is_reported_and_the_other_parts_still_run(
     assert status == 1
     assert steps[-1].startswith("FAILED: "), lines
     assert sorted(steps[-1].removeprefix("FAILED: ").split()) == ["control-plane", "k8s", "mypy"]
+
+
+def test_a_failed_build_of_the_real_nodes_binaries_is_said_and_left_to_the_real_node_tests(tmp_path: Path) -> None:
+    status, lines = run_script(tmp_path, NODE_FAILS="1")
+    steps = events(lines)
+    assert status == 1  # mypy's stand-in fails
+    assert "the real node's binaries did not build (see " + str(tmp_path / "logs/node-binaries.log") + ")" in steps
+    assert "tests/k8s done" in steps
+    assert not (tmp_path / "marks/node-built").exists()
+    # reported, not a failure of its own: the real-node tests ask for the same build and fail naming it
+    assert steps[-1] == "FAILED: mypy", lines
