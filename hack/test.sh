@@ -22,7 +22,7 @@ BIN=.venv/bin
 logs=${SERVINGLAB_TEST_LOGS:-test-logs}
 mkdir -p "$logs"
 # a part that does not run this time (tests/k8s after a failed control-plane build) leaves no old log behind
-rm -f "$logs"/{local,k8s,lint,control-plane,node-binaries}.log
+rm -f "$logs"/{local,k8s,lint,control-plane}.log "$logs"/node-binaries.{out,log}
 started=$SECONDS
 say() { printf '[test %s +%ds] %s\n' "$(date +%T)" "$((SECONDS - started))" "$*"; }
 
@@ -42,13 +42,20 @@ background() { # NAME COMMAND...: run COMMAND in the background, its output pref
   children+=("$!")
 }
 
+quietly() { # OUT LOG COMMAND...: run COMMAND in the background, its output only in files (stdout to
+  # $logs/OUT, stderr to $logs/LOG); its own process group, as for `background`
+  local out=$1 log=$2
+  shift 2
+  set -m
+  "$@" >"$logs/$out" 2>"$logs/$log" &
+  set +m
+  children+=("$!")
+}
+
 # the same images the suite's `images` fixture asks for (tests/conftest.py)
 export STANDIN=1 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://pypi.org/simple}
-set -m
-hack/images.sh >"$logs/images.out" 2>"$logs/images.log" &
+quietly images.out images.log hack/images.sh
 images=$!
-children+=("$images")
-set +m
 say "images building in the background (log: $logs/images.log)"
 # free space, at the start and in a failure's summary: a real node's pod whose image cannot be unpacked
 # waits in ContainerCreating until a timeout
@@ -107,12 +114,9 @@ while ((${#pending[@]})); do
         background k8s pytest_session tests/k8s "$@"
         k8s_tests=$!
         say "tests/k8s started"
-        set -m
         # (not niced: under a full load a niced build can starve until the real-node tests wait for it)
-        hack/build-control-plane.sh node >/dev/null 2>"$logs/node-binaries.log" &
+        quietly node-binaries.out node-binaries.log hack/build-control-plane.sh node
         node_binaries=$!
-        children+=("$node_binaries")
-        set +m
         pending+=("$k8s_tests" "$node_binaries")
         say "the real node's binaries building or reused (log: $logs/node-binaries.log)"
       else

@@ -24,7 +24,7 @@ def node(cluster: Cluster, images: dict[str, str], tmp_path_factory: pytest.Temp
     """One real node with the T4 labels, started once for the package (its images imported once)."""
     if cluster.control_plane is None or cluster.control_plane.pki is None:
         pytest.skip("the real node joins the local control plane (--cluster=local, what CI runs)")
-    build_binaries("node")  # kubelet, kube-proxy, CoreDNS: the cluster's build leaves them out (or builds them now)
+    build_binaries("node")  # kubelet, kube-proxy, CoreDNS: not in the cluster's part; built here unless they are
     t4 = {key: value for key, value in manifests.node("t4", gpus=1)["metadata"]["labels"].items()
           if key.startswith("nvidia.com/")}  # fmt: skip
     plane = cluster.control_plane
