@@ -56,7 +56,6 @@ from common import table  # noqa: E402
 from clusterenv import manifests  # noqa: E402 (after the path)
 from clusterenv.controlplane import (  # noqa: E402
     Cluster,
-    Kubectl,
     Kwok,
     LocalControlPlane,
     build_binaries,
@@ -65,6 +64,7 @@ from clusterenv.controlplane import (  # noqa: E402
     wait_default_service_account,
 )
 from clusterenv.experiments import experiment  # noqa: E402
+from clusterenv.kubectl import Kubectl  # noqa: E402
 from clusterenv.operatorproc import Operator  # noqa: E402
 from servinglab.api.crd import crd_manifest, sweep_crd_manifest  # noqa: E402
 

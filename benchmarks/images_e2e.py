@@ -31,13 +31,13 @@ from common import table  # noqa: E402
 from clusterenv import manifests  # noqa: E402 (after the path)
 from clusterenv.controlplane import (  # noqa: E402
     Cluster,
-    Kubectl,
     LocalControlPlane,
     build_binaries,
     remove_tree,
     wait_default_service_account,
 )
 from clusterenv.experiments import experiment, wait_finished  # noqa: E402
+from clusterenv.kubectl import Kubectl  # noqa: E402
 from clusterenv.node import REAL_NODE_NAME, RealNode, image_engine, node_namespace  # noqa: E402
 
 ENGINE = image_engine()  # the engine the node takes its images from

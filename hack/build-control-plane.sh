@@ -10,7 +10,7 @@
 # into a cache directory outside the repo keyed by the versions in hack/control-plane.env, and
 # print that directory. A complete cache returns at once; a partial one builds what is missing.
 # Two parts: `cluster` is what a cluster of simulated nodes and the chart's tests need; `node` is the real
-# node's kubelet, kube-proxy and CoreDNS, which only the real-node tests use (they run last), so a cold
+# node's kubelet, kube-proxy and CoreDNS, which only the real-node tests use (their own session), so a cold
 # `make test` starts the cluster tests without waiting for them. One build at a time per cache (a lock):
 # a second caller waits, then finds the binaries built.
 #

@@ -5,8 +5,15 @@ busy); a test that leans on timing passes here and fails there. This tool starts
 (processes that only burn CPU, at the tests' own priority), runs pytest R times under them, and
 reports each test that failed in any run: its id, which runs, and the first line of its failure.
 
-    hack/slow-host.sh [--busy N] [--runs R] [--logs DIR] [-- PYTEST ARGS...]
+    hack/slow-host.sh [--busy N] [--duty D[,D...]] [--runs R] [--logs DIR] [-- PYTEST ARGS...]
     hack/slow-host.sh --busy 2 --runs 3 -- tests/integration/test_x.py -k y
+    hack/slow-host.sh --busy 2 --duty 0.3,0.6,1 --runs 3 -- tests/integration/test_x.py
+
+A host that is always saturated is not the only hard case: a test can pass when every attempt it makes
+is disturbed, and when none is, and fail in between (a few stalls, not enough to be flagged). `--duty`
+makes each busy loop burn at most that share of every 100 ms and sleep the rest, at a random phase;
+several shares are taken in turn, one per run (the loops are restarted between runs), so --runs must be
+at least their number.
 
 Without PYTEST ARGS the whole default selection runs (pyproject's testpaths). Each run's output is
 kept in DIR/run-<i>.log (default $SERVINGLAB_TEST_LOGS/slow-host, else test-logs/slow-host). The busy
@@ -36,9 +43,22 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 REPORT_ENV = "SLOW_HOST_REPORT"
-# A busy loop that checks now and then whether its parent (this tool) is still there, so that not even
-# a SIGKILL of the tool leaves it burning CPU.
-BUSY_LOOP = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    for _ in range(1_000_000):\n        pass\n"
+# A busy loop that checks every period whether its parent (this tool) is still there, so that not even
+# a SIGKILL of the tool leaves it burning CPU. The tool's pid is passed, not read from getppid() at
+# start: a tool killed before the loop's interpreter is up would leave it reading init's pid and burning
+# forever. Given a duty below 1 it burns at most that share of every period (timed by the clock) and
+# sleeps the rest, from a random phase so that the loops' bursts do not line up.
+BUSY_LOOP = """
+import os, random, sys, time
+duty, parent, period = float(sys.argv[1]), int(sys.argv[2]), 0.1
+time.sleep(random.random() * period)
+while os.getppid() == parent:
+    until = time.monotonic() + duty * period
+    while time.monotonic() < until:
+        pass
+    if duty < 1:
+        time.sleep((1 - duty) * period)
+"""
 
 
 # --- the pytest plugin (runs inside each pytest run) ---------------------------------------------
@@ -76,8 +96,22 @@ class Failure:
     runs: list[int] = field(default_factory=list)
 
 
-def start_busy_loops(count: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
+def start_busy_loops(count: int, duty: float = 1.0) -> list[subprocess.Popen[bytes]]:
+    loop = [sys.executable, "-c", BUSY_LOOP, str(duty), str(os.getpid())]
+    # a session of their own: Ctrl-C reaches the tool, which stops them, not them with tracebacks
+    return [subprocess.Popen(loop, start_new_session=True) for _ in range(count)]
+
+
+def duties(text: str) -> list[float]:
+    """`--duty`'s shares, each in (0, 1]."""
+    try:
+        shares = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shares such as 0.3,1, got {text!r}") from None
+    wrong = [share for share in shares if not 0 < share <= 1]
+    if wrong:
+        raise argparse.ArgumentTypeError(f"each share must be above 0 and at most 1, got {wrong[0]:g}")
+    return shares
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -115,11 +149,15 @@ def run_once(index: int, pytest_args: list[str], logs: Path) -> tuple[int, list[
     return status, failures
 
 
-def main(argv: list[str]) -> int:
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The tool's options (checked) and the arguments after `--` for pytest."""
     parser = argparse.ArgumentParser(
         prog="hack/slow-host.sh", description=__doc__.split("\n\n")[0], usage="%(prog)s [options] [-- PYTEST ARGS...]"
     )
     parser.add_argument("--busy", type=int, default=2, help="busy loops beside the tests (default 2)")
+    parser.add_argument(
+        "--duty", type=duties, default=[1.0], help="share of the time each loop burns, one per run in turn (default 1)"
+    )
     parser.add_argument("--runs", type=int, default=3, help="how many times to run the tests (default 3)")
     default_logs = Path(os.environ.get("SERVINGLAB_TEST_LOGS", "test-logs")) / "slow-host"
     parser.add_argument(
@@ -131,23 +169,53 @@ def main(argv: list[str]) -> int:
         parser.error(f"--busy must be 0 or more, got {args.busy}")
     if args.runs < 1:
         parser.error(f"--runs must be 1 or more, got {args.runs}")
+    if args.runs < len(args.duty):
+        parser.error(f"--runs {args.runs} would leave out some of the {len(args.duty)} --duty shares")
+    return args, pytest_args
+
+
+def report(failed: dict[str, Failure], broken_runs: list[str], runs: int) -> int:
+    """Print what failed in which runs; the tool's exit status."""
+    for line in broken_runs:
+        print(line)
+    if not failed:
+        print("no test failed" if not broken_runs else "no test failed, but a run did not pass")
+        return 1 if broken_runs else 0
+    print(f"{len(failed)} test(s) failed in at least one run:")
+    for test_id, entry in sorted(failed.items()):
+        print(f"  {test_id}\n    runs {', '.join(map(str, entry.runs))} of {runs}: {entry.first_line}")
+    return 1
+
+
+def main(argv: list[str]) -> int:
+    args, pytest_args = parse(argv)
     logs = args.logs
     logs.mkdir(parents=True, exist_ok=True)
     # SIGTERM ends the tool the way Ctrl-C does: through the `finally` that stops the busy loops
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     what = " ".join(pytest_args) or "the default selection"
-    print(f"slow host: {args.busy} busy loop(s) on {os.cpu_count()} CPU(s), {args.runs} run(s) of {what}", flush=True)
+    shares = " at " + ",".join(f"{share:g}" for share in args.duty) + " duty" if args.duty != [1.0] else ""
+    print(
+        f"slow host: {args.busy} busy loop(s){shares} on {os.cpu_count()} CPU(s), {args.runs} run(s) of {what}",
+        flush=True,
+    )
     failed: dict[str, Failure] = {}
     broken_runs: list[str] = []
-    busy = start_busy_loops(args.busy)
+    busy: list[subprocess.Popen[bytes]] = []
+    running_duty: float | None = None
     try:
         for index in range(1, args.runs + 1):
+            duty = args.duty[(index - 1) % len(args.duty)]
+            if duty != running_duty:
+                stop(busy)
+                busy, running_duty = start_busy_loops(args.busy, duty), duty
             began = time.monotonic()
             status, failures = run_once(index, pytest_args, logs)
             log = logs / f"run-{index}.log"
             took = time.monotonic() - began
-            print(f"run {index}/{args.runs}: {summary_line(log)} (exit {status}, {took:.0f} s; {log})", flush=True)
+            at = f"duty {duty:g}, " if len(args.duty) > 1 else ""
+            print(f"run {index}/{args.runs}: {summary_line(log)} ({at}exit {status}, {took:.0f} s; {log})", flush=True)
             for failure in failures:
                 test_id = failure["id"] if failure["when"] == "call" else f"{failure['id']} ({failure['when']})"
                 entry = failed.setdefault(test_id, Failure(failure["first_line"]))
@@ -160,17 +228,7 @@ def main(argv: list[str]) -> int:
         return 130
     finally:
         stop(busy)
-
-    for line in broken_runs:
-        print(line)
-    if not failed:
-        print("no test failed" if not broken_runs else "no test failed, but a run did not pass")
-        return 1 if broken_runs else 0
-    print(f"{len(failed)} test(s) failed in at least one run:")
-    for test_id, entry in sorted(failed.items()):
-        runs = ", ".join(map(str, entry.runs))
-        print(f"  {test_id}\n    runs {runs} of {args.runs}: {entry.first_line}")
-    return 1
+    return report(failed, broken_runs, args.runs)
 
 
 if __name__ == "__main__":

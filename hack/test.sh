@@ -6,14 +6,15 @@
 #   - the control plane is built or reused (cached by version) from the start;
 #   - unit + integration (real TorchServe processes) start at once: they need no control plane;
 #   - lint and type checks run one after another beside them;
-#   - tests/k8s (its own control plane) starts as soon as the cluster's part of that build is done, and
-#     the real node's binaries build behind it; its real-node tests, last, wait for those and for the
-#     images if they are still building.
-# Each part's output is prefixed ([local] / [k8s] / [lint] / [control-plane]) and kept whole under
-# $SERVINGLAB_TEST_LOGS (default test-logs/); the background builds' (images, the real node's binaries)
-# are only there. Every part runs to its end; the exit status is non-zero when any part failed.
+#   - tests/k8s starts as soon as the cluster's part of that build is done, in two sessions side by side,
+#     each with its own control plane: the real-node tests (tests/k8s/real_node) and the rest. The real
+#     node's binaries build behind them; the real-node session waits for those and for the images.
+# Each part's output is prefixed ([local] / [k8s] / [k8s-node] / [lint] / [control-plane]) and kept whole
+# under $SERVINGLAB_TEST_LOGS (default test-logs/); the background builds' (images, the real node's
+# binaries) are only there. Every part runs to its end; the exit status is non-zero when any part failed.
 #
-#   hack/test.sh [PYTEST ARGS...]     extra arguments go to both pytest sessions
+#   hack/test.sh [PYTEST ARGS...]     extra arguments go to every pytest session (a filter that leaves the
+#                                     real-node session nothing to run is not a failure)
 set -uo pipefail
 # `wait -n -p` (bash 5.1+) collects the parts in the order they end
 ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501)) || { echo "hack/test.sh needs bash 5.1 or later" >&2; exit 2; }
@@ -22,7 +23,7 @@ BIN=.venv/bin
 logs=${SERVINGLAB_TEST_LOGS:-test-logs}
 mkdir -p "$logs"
 # a part that does not run this time (tests/k8s after a failed control-plane build) leaves no old log behind
-rm -f "$logs"/{local,k8s,lint,control-plane}.log "$logs"/node-binaries.{out,log}
+rm -f "$logs"/{local,k8s,k8s-node,lint,control-plane}.log "$logs"/node-binaries.{out,log}
 started=$SECONDS
 say() { printf '[test %s +%ds] %s\n' "$(date +%T)" "$((SECONDS - started))" "$*"; }
 
@@ -65,12 +66,29 @@ say "free disk:$(free_disk)"
 # Cold, the control-plane build is the longest part before any cluster test (about 18 minutes on CI's
 # machines); warm, it returns in well under a second. Only tests/k8s waits for it, and only for the
 # cluster's part: the real node's binaries (kubelet, kube-proxy, CoreDNS; several minutes cold) build
-# behind it while the cluster tests run, and the real-node tests, which run last, wait for them.
+# behind it while the cluster tests run, and the real-node session waits for them.
 background control-plane hack/build-control-plane.sh cluster
 control_plane=$!
 node_binaries=
 
 pytest_session() { "$BIN/pytest" -p no:cacheprovider --durations=15 "$@"; }
+real_node_session() { # pytest's 5 (no test selected) is a pass here: `-k chart` selects no real-node test
+  pytest_session tests/k8s/real_node "$@"
+  local status=$?
+  ((status == 5)) && { echo "no real-node test selected"; status=0; }
+  return "$status"
+}
+# The real-node tests start their own node against the local control plane; on another cluster
+# (--cluster=existing, kind) they skip, and a second session would only start a second KWOK there.
+on_local_cluster() {
+  local previous=
+  for arg in "$@"; do
+    [[ $arg == --cluster=* && $arg != --cluster=local ]] && return 1
+    [[ $previous == --cluster && $arg != local ]] && return 1
+    previous=$arg
+  done
+  return 0
+}
 background local pytest_session tests/unit tests/integration "$@"
 local_tests=$!
 say "unit + integration started; control plane building or reused"
@@ -98,6 +116,7 @@ lint=$!
 # tests/k8s starts the moment the control plane is there.
 failed=()
 k8s_tests=
+node_tests=
 pending=("$control_plane" "$local_tests" "$lint" "$images")
 while ((${#pending[@]})); do
   ended=
@@ -111,9 +130,18 @@ while ((${#pending[@]})); do
     "$control_plane")
       if ((status == 0)); then
         say "control plane ready"
-        background k8s pytest_session tests/k8s "$@"
+        # The real node's tests mostly wait (for the images, the node's start, its pods) while the rest
+        # mostly compute, so they run beside each other; one real node at a time (their own session).
+        background k8s pytest_session tests/k8s --ignore=tests/k8s/real_node "$@"
         k8s_tests=$!
-        say "tests/k8s started"
+        if on_local_cluster "$@"; then
+          background k8s-node real_node_session "$@"
+          node_tests=$!
+          pending+=("$node_tests")
+          say "tests/k8s started; the real-node tests in a session of their own"
+        else
+          say "tests/k8s started; the real-node tests not run (they need the local control plane)"
+        fi
         # (not niced: under a full load a niced build can starve until the real-node tests wait for it)
         quietly node-binaries.out node-binaries.log hack/build-control-plane.sh node
         node_binaries=$!
@@ -137,6 +165,10 @@ while ((${#pending[@]})); do
       ((status == 0)) || failed+=(k8s)
       say "tests/k8s done"
       ;;
+    "$node_tests")
+      ((status == 0)) || failed+=(k8s-node)
+      say "tests/k8s/real_node done"
+      ;;
     "$node_binaries")
       # as for the images: the real-node tests ask for the same build, and fail naming it if it fails
       ((status == 0)) || say "the real node's binaries did not build (see $logs/node-binaries.log)"
@@ -148,18 +180,18 @@ while ((${#pending[@]})); do
       ;;
   esac
   # a part's process ID is never matched twice (a later part may be given a recycled one)
-  for part in control_plane local_tests lint k8s_tests node_binaries images; do
+  for part in control_plane local_tests lint k8s_tests node_tests node_binaries images; do
     [[ ${!part} == "$ended" ]] && printf -v "$part" '%s' "done-$ended"
   done
 done
 
 if ((${#failed[@]})); then
-  # what failed, from both sessions, last: CI shows the end of this output. First every failed test, then
+  # what failed, from every session, last: CI shows the end of this output. First every failed test, then
   # each distinct reason once, its message folded onto one line (tests/conftest.py writes the WHY lines).
-  for name in local k8s; do
+  for name in local k8s k8s-node; do
     grep -E '^(FAILED|ERROR) ' "$logs/$name.log" 2>/dev/null | cut -c1-200 | sed "s/^/[$name] /"
   done
-  for name in local k8s; do
+  for name in local k8s k8s-node; do
     grep -E '^WHY ' "$logs/$name.log" 2>/dev/null | cut -c1-3200 | sed "s/^/[$name] /"
   done
   say "free disk now:$(free_disk)"

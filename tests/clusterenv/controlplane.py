@@ -29,16 +29,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from clusterenv import manifests
+from clusterenv.kubectl import ClusterError, Kubectl
 from clusterenv.pki import Pki, make_pki
 from servinglab.servers.process import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"  # must not overlap the service range
-
-
-class ClusterError(RuntimeError):
-    """A component failed to start or answer; the message carries the tail of its log."""
 
 
 @dataclass(frozen=True)
@@ -318,52 +315,6 @@ class Kwok:
 
     def stop(self) -> None:
         self.group.stop()
-
-
-class Kubectl:
-    """The pinned kubectl against one kubeconfig; JSON in, JSON out."""
-
-    def __init__(self, binary: Path, kubeconfig: Path) -> None:
-        self.binary = binary
-        self.kubeconfig = kubeconfig
-
-    def run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args],
-            input=stdin, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        if check and result.returncode != 0:
-            raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        return result
-
-    def get(self, *args: str) -> Any:
-        return json.loads(self.run("get", "-o", "json", *args).stdout)
-
-    def apply(self, *objects: dict[str, Any], namespace: str | None = None) -> None:
-        document = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
-        extra = [f"--namespace={namespace}"] if namespace else []
-        self.run("apply", *extra, "-f", "-", stdin=json.dumps(document))
-
-    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
-        """Until the CRD serves its kind. (`kubectl wait --for=condition=Established` errors out instead
-        of waiting when it reads the CRD before the API server has written any condition.)"""
-
-        def established() -> bool:
-            found = self.run("get", "crd", crd, "-o", "json", check=False)
-            conditions = (
-                json.loads(found.stdout).get("status", {}).get("conditions") or [] if found.returncode == 0 else []
-            )
-            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-
-        self.wait_for(established, timeout, f"CRD {crd} to be established")
-
-    def wait_for(self, check: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if check():
-                return
-            time.sleep(0.3)
-        raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def register_nodes(kubectl: Kubectl, nodes: list[dict[str, Any]], timeout: float = 60.0) -> None:

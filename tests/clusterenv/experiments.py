@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +9,8 @@ from typing import Any
 import pytest
 
 from clusterenv.controlplane import Cluster
+from clusterenv.kubectl import ClusterError
+from servinglab.api import GROUP_VERSION, PLURAL
 from support import manifests
 
 
@@ -45,12 +46,16 @@ def wait_finished(
     the operator's log."""
     deadline = time.monotonic() + timeout
     body: dict[str, Any] = {}
+    path = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
     while time.monotonic() < deadline:
-        found = cluster.kubectl.run("get", "sx", name, "-n", namespace, "-o", "json", check=False)
-        if found.returncode != 0:  # not applied yet
+        try:
+            found = cluster.kubectl.read(path)
+        except ClusterError:  # the API server stopped for a moment (some tests stop it): ask again
+            found = None
+        if found is None:  # not applied yet
             time.sleep(1)
             continue
-        body = json.loads(found.stdout)
+        body = found
         conditions = {c["type"]: c for c in body.get("status", {}).get("conditions", [])}
         if any(conditions.get(kind, {}).get("status") == "True" for kind in ("Succeeded", "Failed")):
             return body

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from clusterenv import manifests
-from clusterenv.controlplane import Binaries, ClusterError, Kubectl, ProcessGroup, host_address, http_ok
+from clusterenv.controlplane import Binaries, ProcessGroup, host_address, http_ok
+from clusterenv.kubectl import ClusterError, Kubectl
 from clusterenv.pki import Pki
 from servinglab.servers.process import free_ports
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from hoststalls import watching_host
+from servinglab.api.load import GeneratorLimits
 from servinglab.api.results import to_json
 from servinglab.loadgen.stats import Sample, rounded, summarise
 from servinglab.servers.process import free_ports
@@ -93,15 +94,23 @@ def measure_calm(url: str, mode: str, level: float, seconds: float) -> tuple[dic
 
 
 def assert_on_time_or_flagged(entry: dict[str, Any], quiet_host: bool) -> None:
-    """On a quiet host a calm generator sends on time and does not flag itself; when the host stalled
-    in every attempt, the late sends it caused must at least be flagged rather than hidden."""
+    """On a quiet host a calm generator sends on time and does not flag itself. When the host stalled
+    in every attempt, more than a few late sends must be flagged unless they were immaterial by the
+    generator's own rule: a p99 send gap within `maxSendGapShare` of the p99 latency (a CI run beside the
+    cluster tests had 2 sends of 80 late, the latest by 14 ms, against a p99 latency that the rule puts at
+    140 ms or more). Either way every late send shows in the send gaps."""
+    limits = GeneratorLimits()
     late = entry["openLoop"]["lateSends"] if "openLoop" in entry else 0
     on_time = late <= 0.02 * entry["requests"]
+    generator = entry["generator"]
+    if late:
+        assert generator["sendGapMs"]["max"] >= limits.max_send_gap_ms, (entry["openLoop"], generator)
     if quiet_host:
         assert on_time, entry["openLoop"]
-        assert entry["generator"]["saturated"] is False, entry["generator"]
-    else:
-        assert on_time or entry["generator"]["saturated"] is True, (entry["openLoop"], entry["generator"])
+        assert generator["saturated"] is False, generator
+        return
+    immaterial = generator["sendGapMs"]["p99"] <= limits.max_send_gap_share * entry["latencyMs"]["p99"]
+    assert on_time or immaterial or generator["saturated"] is True, (entry["openLoop"], generator, entry["latencyMs"])
 
 
 def test_open_loop_sends_at_the_requested_rate(parallel_endpoint: str) -> None:

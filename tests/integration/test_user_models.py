@@ -47,13 +47,17 @@ def model_cache(tmp_path: Path) -> Iterator[Path]:
         os.environ["SERVINGLAB_MODEL_CACHE"] = before
 
 
+#: The experiments' start-up timeout: a bad model is told before it runs out (its reason says so too).
+STARTUP_TIMEOUT_SECONDS = 120
+
+
 def experiment(name: str, model: dict[str, Any], precision: str = "fp32", payload: dict[str, Any] | None = None,
                levels: tuple[int, ...] = (2,), ceiling: bool = False) -> dict[str, Any]:  # fmt: skip
     return manifests.experiment(
         name,
         model=model,
         server={"gpus": 0, "batchSize": 4, "maxBatchDelayMs": 5, "precision": precision, "warmupSeconds": 5,
-                "startupTimeoutSeconds": 120},
+                "startupTimeoutSeconds": STARTUP_TIMEOUT_SECONDS},
         load={"concurrency": list(levels), "warmupSeconds": 1, "durationSeconds": 2,
               "payload": payload or {"format": "png"}},
         ceiling={"enabled": ceiling, "rawSeconds": 1},
@@ -156,15 +160,17 @@ def test_an_archive_with_its_own_handler_behind_credentials(
     payload = {"files": ["good.json", "bad.txt"], "check": {"json": True}}
     ca = make_local_ca(tmp_path / "ca")
     monkeypatch.setenv("SSL_CERT_FILE", str(ca.ca_cert))  # `servinglab run` trusts the test's CA
+    # the archive calls its model "echo" (its manifest); the experiment calls it "greeter", and TorchServe must
+    # serve it under that name, the one the runner waits for and sends to
     with file_server(user_models.folder, authorization="Bearer s3cret", tls=ca) as files:
         url = f"{files.url}/{user_models.echo_mar.name}"
         monkeypatch.setenv("SERVINGLAB_MODEL_AUTHORIZATION", "Bearer s3cret")
-        completed, results = run(servinglab_cmd, experiment("mar", {"name": "echo", "source": {"url": url}},
+        completed, results = run(servinglab_cmd, experiment("mar", {"name": "greeter", "source": {"url": url}},
                                                              payload=payload), tmp_path)  # fmt: skip
-        refused, _ = run(servinglab_cmd, experiment("mar16", {"name": "echo", "source": {"url": url}}, "fp16",
+        refused, _ = run(servinglab_cmd, experiment("mar16", {"name": "greeter", "source": {"url": url}}, "fp16",
                                                     payload), tmp_path)  # fmt: skip
         monkeypatch.delenv("SERVINGLAB_MODEL_AUTHORIZATION")
-        unauthorised, _ = run(servinglab_cmd, experiment("mar", {"name": "echo", "source": {"url": url}},
+        unauthorised, _ = run(servinglab_cmd, experiment("mar", {"name": "greeter", "source": {"url": url}},
                                                           payload=payload), tmp_path)  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert results is not None and results["modelInfo"]["handler"] == "echo_handler.py"
@@ -210,5 +216,5 @@ def test_a_bad_source_fails_with_its_reason_and_leaves_nothing_running(
     assert reason in message, message[-2000:]
     named = source.get("url") or source.get("path")
     assert reason == "ModelLoadFailed" or named in message, "the message names the source"
-    assert time.monotonic() - started < 90, "a bad model must not wait out the start-up timeout"
+    assert time.monotonic() - started < STARTUP_TIMEOUT_SECONDS, "a bad model must not wait out the start-up timeout"
     assert not list((model_cache / "files").glob("*/*")) or case not in ("checksum", "missing")

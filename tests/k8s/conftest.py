@@ -24,7 +24,6 @@ import pytest
 from clusterenv import manifests
 from clusterenv.controlplane import (
     Cluster,
-    Kubectl,
     Kwok,
     LocalControlPlane,
     build_binaries,
@@ -32,6 +31,7 @@ from clusterenv.controlplane import (
     remove_tree,
     wait_default_service_account,
 )
+from clusterenv.kubectl import Kubectl
 from clusterenv.kubelet import LocalKubelet
 from clusterenv.monitoring import DcgmExporter, Prometheus
 from clusterenv.operatorproc import Operator
@@ -41,8 +41,9 @@ REAL_NODE_PACKAGE = Path(__file__).parent / "real_node"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The real node's tests last (their order kept): on a cold machine the images they need are still
-    building in the background when the cluster tests start (`make test`), and the other tests need none."""
+    """The real node's tests last (their order kept) in a plain `pytest tests/k8s`: on a cold machine the
+    images they need are still building when the cluster tests start, and the other tests need none.
+    (`make test` runs them as a session of their own, which waits for the images.)"""
     items.sort(key=lambda item: REAL_NODE_PACKAGE in item.path.parents)  # stable: False first
 
 

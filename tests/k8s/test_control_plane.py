@@ -3,13 +3,19 @@ collection and CRD validation are done by the real Kubernetes components, not by
 
 from __future__ import annotations
 
+import base64
 import json
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from clusterenv import manifests
-from clusterenv.controlplane import Cluster, Kubectl
+from clusterenv.apiread import ApiReader
+from clusterenv.controlplane import Cluster
+from clusterenv.kubectl import ClusterError, Kubectl
 
 pytestmark = pytest.mark.k8s
 
@@ -258,3 +264,68 @@ def test_test_namespaces_refuse_pods_that_break_the_restricted_standard(cluster:
     compliant = {**loose, "spec": {"securityContext": POD_SECURITY, "containers": [
         {"name": "c", "image": "servinglab/loadgen:0.1.0", "securityContext": CONTAINER_SECURITY}]}}  # fmt: skip
     cluster.kubectl.apply(compliant, namespace=namespace)
+
+
+def test_reads_in_process_and_through_kubectl_see_the_same_objects(cluster: Cluster, namespace: str) -> None:
+    """The polling loops read in-process (apiread.py); a kubeconfig it cannot use falls back to
+    `kubectl get --raw`. Both see the same pod, and both say "none" for one that does not exist."""
+    cluster.kubectl.apply(gpu_deployment("read-me", gpus=1), namespace=namespace)
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    cluster.kubectl.wait_for(lambda: bool(cluster.kubectl.read(pods)["items"]), 60, "the deployment's pod")
+    # as for a kubeconfig with an exec plugin, which the in-process reader cannot use
+    through_kubectl = Kubectl(cluster.kubectl.binary, cluster.kubeconfig, in_process_reads=False)
+    (pod,) = cluster.kubectl.read(pods)["items"]
+    name = pod["metadata"]["name"]
+    for kubectl in (cluster.kubectl, through_kubectl):
+        assert kubectl.read(f"{pods}/{name}")["metadata"]["uid"] == pod["metadata"]["uid"]
+        assert [item["metadata"]["name"] for item in kubectl.read(pods)["items"]] == [name]
+        assert kubectl.read(f"{pods}/{name}-gone") is None
+    assert not through_kubectl.reads_in_process
+
+
+def test_the_in_process_reader_takes_named_or_embedded_credentials_and_keeps_no_copy(
+    cluster: Cluster, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kind's and our kubeconfigs embed the CA and the client's certificate and key; others name files,
+    relative to the kubeconfig's folder as for kubectl. The reader takes both. ssl loads only from files,
+    so the embedded ones are written for a moment: no copy stays."""
+    config = yaml.safe_load(cluster.kubeconfig.read_text())  # a fresh copy: the same, with files named
+    cluster_section, user_section = config["clusters"][0]["cluster"], config["users"][0]["user"]
+    if "client-key-data" not in user_section:
+        pytest.skip("this cluster's kubeconfig does not embed a client certificate (--cluster=existing)")
+    for section, key in ((cluster_section, "certificate-authority"), (user_section, "client-certificate"),
+                         (user_section, "client-key")):  # fmt: skip
+        (tmp_path / f"{key}.pem").write_bytes(base64.b64decode(section.pop(f"{key}-data")))
+        section[key] = f"{key}.pem"
+    (tmp_path / "named.kubeconfig").write_text(json.dumps(config))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.chdir(scratch)  # not the kubeconfig's folder
+
+    readers = [ApiReader(cluster.kubeconfig), ApiReader(tmp_path / "named.kubeconfig")]
+
+    assert list(scratch.iterdir()) == []  # the embedded credentials' copies are gone
+    for reader in readers:
+        assert reader.get(f"/api/v1/namespaces/{namespace}")["metadata"]["name"] == namespace
+        assert reader.get(f"/api/v1/namespaces/{namespace}-gone") is None
+    assert cluster.kubectl.reads_in_process
+
+
+def test_a_refused_read_is_an_error_and_an_unusable_kubeconfig_falls_back_to_kubectl(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Only a missing object reads as None: a refused read (a wrong token here) is a ClusterError, in-process
+    and through kubectl alike. A kubeconfig the reader cannot use (an exec plugin) reads through kubectl."""
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    config["users"][0]["user"] = {"token": "not-a-token"}
+    (tmp_path / "token.kubeconfig").write_text(json.dumps(config))
+    wrong_token = Kubectl(cluster.kubectl.binary, tmp_path / "token.kubeconfig")
+    config["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "false"}}
+    (tmp_path / "exec.kubeconfig").write_text(json.dumps(config))
+
+    assert wrong_token.reads_in_process
+    for kubectl in (wrong_token, Kubectl(cluster.kubectl.binary, wrong_token.kubeconfig, in_process_reads=False)):
+        with pytest.raises(ClusterError, match=r"401|Unauthorized"):
+            kubectl.read("/api/v1/namespaces/default")
+    assert not Kubectl(cluster.kubectl.binary, tmp_path / "exec.kubeconfig").reads_in_process

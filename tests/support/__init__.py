@@ -1,2 +1,4 @@
-"""Helpers the test modules share that are no fixture: the manifests users write (`support.manifests`) and
-where the repository's files are (`support.paths`)."""
+"""Helpers the test modules share that are no fixture: the manifests users write (`support.manifests`),
+where the repository's files are (`support.paths`), servinglab's handler without TorchServe
+(`support.handler`), the hack scripts as modules (`support.scripts`) and a port held as another process
+would hold it (`support.ports`)."""

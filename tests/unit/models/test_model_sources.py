@@ -119,12 +119,13 @@ def test_precision_cannot_be_claimed_for_an_archive_with_its_own_handler(tmp_pat
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "own", "handler": "mine.py"}}))
         archive.writestr("mine.py", "def handle(data, context): return data\n")
-    model = ModelRef(name="own", source=ModelSource(path=str(path)))
+    model = ModelRef(name="mine", source=ModelSource(path=str(path)))
     prepared = modelsource.prepare(model, Precision.FP32, tmp_path / "work", cache=tmp_path / "cache")
     laid_out = sorted(p.name for p in tmp_path.iterdir())
     assert prepared.directory == tmp_path / "work" and laid_out == ["own.mar", "work"], "and the work folder is gone"
     manifest = json.loads((prepared.directory / "MAR-INF" / "MANIFEST.json").read_text())
     assert manifest["model"]["configFile"] == "model-config.yaml", "the experiment's batching must apply"
+    assert manifest["model"]["modelName"] == "mine", "TorchServe registers it under the experiment's name"
     with pytest.raises(modelsource.ModelSourceError) as refused:
         modelsource.prepare(model, Precision.FP16, tmp_path / "work", cache=tmp_path / "cache")
     assert refused.value.reason == "PrecisionNotSupported" and "mine.py" in str(refused.value)

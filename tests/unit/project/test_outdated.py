@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from types import ModuleType
 
-from support.paths import ROOT
-
-SCRIPT = ROOT / "hack" / "outdated.py"
+from support.scripts import load_hack_script
 
 
 def outdated() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("outdated", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_hack_script("outdated")
 
 
 def test_a_name_pinned_in_two_places_is_listed_when_either_pin_is_behind() -> None:

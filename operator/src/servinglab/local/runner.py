@@ -18,13 +18,14 @@ import platform
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from servinglab import servers
-from servinglab.api import ServerSpec, ServingExperiment
+from servinglab.api import ExperimentSpec, ServerSpec, ServingExperiment
 from servinglab.api.ceiling import Ceiling
 from servinglab.api.conditions import now
 from servinglab.api.results import ExperimentResults, Runtime
@@ -39,9 +40,21 @@ from servinglab.measure.raw import probe as raw_probe
 from servinglab.measure.raw.figures import RawCache
 from servinglab.measure.telemetry import LocalTelemetry
 from servinglab.models import forms
-from servinglab.servers.base import LocalServer, ModelError, ServedModel, ServerError, not_applied
+from servinglab.servers.base import (
+    LocalServer,
+    ModelError,
+    PortTaken,
+    ServedModel,
+    Server,
+    ServerError,
+    not_applied,
+)
 from servinglab.servers.handler import powers_of_two_up_to
 from servinglab.servers.process import visible_gpus
+
+#: Starts of a server, each on other free ports, before a port taken at every start ends the run: a port is
+#: picked free seconds before the server binds it, and on a busy machine another process may bind it first.
+PORT_ATTEMPTS = 3
 
 
 class RunError(RuntimeError):
@@ -120,7 +133,14 @@ class ServerSlot:
                 self.hooks.phase(f"Reconfiguring {kind.name}: {experiment.metadata.name}")
                 return self.server, self.server.reconfigure(spec.server, spec.load), True
             self.hooks.phase(f"Restarting {kind.name} with the new configuration: {experiment.metadata.name}")
-            seconds = self.server.reconfigure(spec.server, spec.load)
+            began = time.monotonic()
+            try:
+                seconds = self.server.reconfigure(spec.server, spec.load)
+            except PortTaken as exc:  # it restarts on the same ports: start it on others, from the same model
+                assert self.model is not None
+                self.stop_server()
+                server, _ = self._start(kind, spec, self.model, taken=exc)
+                return server, time.monotonic() - began, False  # the restart's cold start, from its stop
             self.hooks.phase(f"{kind.name} ready in {seconds:.1f} s")
             return self.server, seconds, False
         self.stop_server()
@@ -132,13 +152,31 @@ class ServerSlot:
             self.model = model = _with_form(spec.server, kind.prepare_model(spec, self.workdir), self.hooks)
         except ModelError as exc:
             raise RunError(f"{exc.reason}: {exc}") from None
-        server = kind.local(spec.model.name, model.directory, spec, self.workdir, self.reuse)
-        self.server, self.kind = server, kind.kind
         self.hooks.phase(f"Starting {kind.name}")
-        server.start()
-        cold_start = server.wait_ready(spec.server.startup_timeout_seconds)
-        self.hooks.phase(f"{kind.name} ready in {cold_start:.1f} s")
+        server, cold_start = self._start(kind, spec, model)
         return server, cold_start, False
+
+    def _start(
+        self, kind: Server, spec: ExperimentSpec, model: ServedModel, taken: PortTaken | None = None
+    ) -> tuple[LocalServer, float]:
+        """A new server for the model, ready, and the seconds that took: started again on other ports when a
+        port picked for it was taken before it bound it, at most PORT_ATTEMPTS starts (`taken`: a restart
+        that found its port taken, the first of them)."""
+        for _attempt in range(2 if taken else 1, PORT_ATTEMPTS + 1):
+            if taken is not None:  # its work directory goes with a run that then succeeds: this says all there is
+                self.hooks.phase(f"{taken.server} could not listen ({taken.said}); starting it again on other ports")
+            server = kind.local(spec.model.name, model.directory, spec, self.workdir, self.reuse)  # new ports
+            self.server, self.kind = server, kind.kind
+            try:
+                server.start()
+                cold_start = server.wait_ready(spec.server.startup_timeout_seconds)
+            except PortTaken as exc:
+                self.stop_server()
+                taken = exc
+                continue
+            self.hooks.phase(f"{kind.name} ready in {cold_start:.1f} s")
+            return server, cold_start
+        raise ServerError(f"{taken}; a port was taken at each of {PORT_ATTEMPTS} starts")
 
     def stop_server(self) -> None:
         if self.server is not None:

@@ -52,6 +52,16 @@ class ServerError(RuntimeError):
     with a reason, such as `ModelLoadFailed: ...`, where one is known)."""
 
 
+class PortTaken(ServerError):
+    """The server exited because a port picked free for it was bound by another process first: the pick and
+    the server's own bind are seconds apart. The local runner starts it again on other ports."""
+
+    def __init__(self, server: str, code: int | None, said: str, logs: Path) -> None:
+        super().__init__(f"{server} exited with code {code}: {said} (a port picked free for it was bound by "
+                         f"another process first); logs in {logs}")  # fmt: skip
+        self.server, self.said = server, said
+
+
 class ModelError(RuntimeError):
     """The model cannot be served; `reason` is the condition reason the experiment ends with."""
 

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 import psutil
 
 from servinglab import lifeline
+from servinglab.servers.base import PortTaken, ServerError
 
 #: Where free ports are looked for: below the kernel's ephemeral range, which outgoing connections draw
 #: from. A port picked there (bound to 0) can be taken by any client's connection before the server binds
@@ -99,6 +101,57 @@ def stop_guarded(guard: lifeline.Guarded) -> None:
         with contextlib.suppress(psutil.Error):
             proc.kill()
     psutil.wait_procs(descendants, timeout=5)
+
+
+#: How a server says a port it was to listen on is bound already: Python's "[Errno 98] Address already in
+#: use", Netty's "bind(..) failed: Address already in use", Triton's "Socket '127.0.0.1:P' already in use".
+_PORT_TAKEN = re.compile(r"address already in use|socket '[^']*' already in use", re.IGNORECASE)
+#: The end of a server's log searched for it: the server exits right after saying so.
+_PORT_TAKEN_TAIL_BYTES = 256 * 1024
+
+
+def log_end(log: Path) -> int:
+    """Where a server's log ends now (0 while there is none): a start's own output follows it."""
+    try:
+        return log.stat().st_size
+    except OSError:
+        return 0
+
+
+def port_taken(log: Path, since: int = 0) -> str | None:
+    """The last line, of what a server's log gained after byte `since` (the start's :func:`log_end`: a log
+    is appended to across restarts), that says one of its ports was bound already; None when none does."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(since, handle.seek(0, os.SEEK_END) - _PORT_TAKEN_TAIL_BYTES))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    said = [line.strip() for line in text.splitlines() if _PORT_TAKEN.search(line)]
+    return said[-1] if said else None
+
+
+class ServerOutput:
+    """A local server's output file across its starts (appended to by each): where the current start's output
+    begins, and whether the server has come up since. Read when the server's process has exited, for the
+    error to say why: a port it could not bind is said before it comes up, so only then is such a line
+    taken for a taken port (a model may print those words later, and a crash is then a crash)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.since = 0
+        self.up = False
+
+    def starting(self) -> None:
+        """Just before the server's process starts."""
+        self.since, self.up = log_end(self.path), False
+
+    def exit_error(self, server: str, code: int | None, logs: Path, tail: str) -> ServerError:
+        """:class:`PortTaken` when, before it came up, this start's output said a port was in use; else a
+        ServerError with the exit code, where the logs are and their `tail`."""
+        if not self.up and (taken := port_taken(self.path, self.since)) is not None:
+            return PortTaken(server, code, taken, logs)
+        return ServerError(f"{server} exited with code {code}; logs in {logs}:\n{tail}")
 
 
 def tail_of(log: Path, lines: int = 20) -> str:

@@ -30,6 +30,7 @@ from servinglab.servers.litserve.config import API_PATH, METRICS_DIR_ENV, SCRIPT
 from servinglab.servers.litserve.metrics import effective as reported_settings
 from servinglab.servers.litserve.metrics import parse
 from servinglab.servers.process import (
+    ServerOutput,
     descendants_running,
     free_ports,
     post,
@@ -58,6 +59,7 @@ class LocalLitServe:
         self.guard: lifeline.Guarded | None = None
         self.process: subprocess.Popen[bytes] | None = None  # the watchdog; its exit status is LitServe's
         self.started_at: float | None = None
+        self.output = ServerOutput(self.log)
 
     @property
     def server(self) -> ServerSpec:
@@ -84,6 +86,7 @@ class LocalLitServe:
             "--listen", self.inference.removeprefix("http://"), "--metrics-listen", self.metrics_address,
             "--failure-log", str(self.failure_log),
         ]  # fmt: skip
+        self.output.starting()
         self.started_at = time.monotonic()
         # own process group under a watchdog: the API processes, workers and queue manager go with it
         self.guard = start_guarded(command, log=self.log, cwd=self.workdir, env=env, grace_seconds=STOP_GRACE_SECONDS)
@@ -101,6 +104,7 @@ class LocalLitServe:
                 if self._http(f"{self.inference}/health", 5.0) == b"ok":
                     ready = self.effective().ready_workers or 0
                     if ready >= self.server.workers:
+                        self.output.up = True
                         return time.monotonic() - self.started_at
                     last = f"{ready}/{self.server.workers} workers ready"
             except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -129,8 +133,7 @@ class LocalLitServe:
             self.stop()
             raise ServerError(f"{said}; log: {self.log}")
         if self.process is not None and self.process.poll() is not None:
-            code = self.process.returncode
-            raise ServerError(f"LitServe exited with code {code}; log: {self.log}\n{self.log_tail()}")
+            raise self.output.exit_error("LitServe", self.process.returncode, self.log, self.log_tail())
 
     def log_tail(self, lines: int = 20) -> str:
         return tail_of(self.log, lines)

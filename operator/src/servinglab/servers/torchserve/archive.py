@@ -63,10 +63,12 @@ FORMATS = capabilities("torchserve").user_model_formats
 _MANIFEST_MAX_BYTES = 1 << 20
 
 
-def _adopt_archive(directory: Path) -> tuple[str, str | None]:
+def _adopt_archive(directory: Path, name: str) -> tuple[str, str | None]:
     """(the archive's handler, the config file it named) after pointing its manifest at
     model-config.yaml, which the runner renders from the experiment (batch size, delay, workers,
-    precision): TorchServe reads batching settings only from the file the manifest names."""
+    precision): TorchServe reads batching settings only from the file the manifest names. The manifest's
+    model name becomes the experiment's: TorchServe registers the model under the manifest's name, and
+    everything that asks after it (readiness, the load failure, the requests) uses the experiment's."""
     manifest_path = directory / "MAR-INF" / "MANIFEST.json"
     try:
         if manifest_path.stat().st_size > _MANIFEST_MAX_BYTES:
@@ -78,6 +80,7 @@ def _adopt_archive(directory: Path) -> tuple[str, str | None]:
             Reason.MODEL_NOT_RECOGNIZED, f"{directory}: unreadable MAR-INF/MANIFEST.json ({exc})"
         ) from None
     manifest["model"]["configFile"] = "model-config.yaml"
+    manifest["model"]["modelName"] = name
     manifest_path.write_text(json.dumps(manifest, indent=2))
     return handler, str(own) if own else None
 
@@ -130,7 +133,7 @@ def _lay_out(model: ModelRef, precision: Precision) -> LayOut:
                 shutil.copyfile(helper, target / helper.name)
             write_manifest(target, model.name, serialized)
             return Staged(target)
-        return Staged(target, _adopted(source, target, precision))
+        return Staged(target, _adopted(source, target, model.name, precision))
 
     return lay_out
 
@@ -171,10 +174,10 @@ def prepare(model: ModelRef, precision: Precision, target: Path, authorization: 
                              cache, count, precision, batch_size)  # fmt: skip
 
 
-def _adopted(source: ModelSource, target: Path, precision: Precision) -> dict[str, str]:
+def _adopted(source: ModelSource, target: Path, name: str, precision: Precision) -> dict[str, str]:
     """What the description says of an archive served with its own handler; refuses a precision that handler
     cannot run."""
-    handler, replaced = _adopt_archive(target)
+    handler, replaced = _adopt_archive(target, name)
     info = {"handler": handler}
     if replaced:
         info["archiveConfigReplaced"] = replaced

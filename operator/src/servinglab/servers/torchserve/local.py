@@ -36,6 +36,7 @@ from servinglab.api.results import EffectiveSettings
 from servinglab.models.catalogue import HANDLER_FILE
 from servinglab.servers.base import RuntimeNotes, ServerError
 from servinglab.servers.process import (
+    ServerOutput,
     descendants_running,
     free_ports,
     post,
@@ -109,6 +110,8 @@ class LocalTorchServe:
         self.guard: lifeline.Guarded | None = None
         self.process: subprocess.Popen[bytes] | None = None  # the watchdog; its exit status is TorchServe's
         self.started_at: float | None = None
+        # the launcher's output: the frontend's logs and what they lack, the exception it ended with
+        self.output = ServerOutput(self.workdir / "logs" / "launcher.log")
         # where the model log and ts_log stood when the current registration began: what follows is its
         self.registered_at = (Mark(), Mark())
         self.gpus = visible_gpus()
@@ -184,6 +187,7 @@ class LocalTorchServe:
             "--model-store", str(self.workdir / "model-store"),
             "--disable-token-auth",
         ]  # fmt: skip
+        self.output.starting()
         self.started_at = time.monotonic()
         self.registered_at = self._marks()
         self.guard = start_guarded(
@@ -236,6 +240,7 @@ class LocalTorchServe:
             try:
                 status = self.status()
                 if status.ready_workers >= self.server.workers:
+                    self.output.up = True
                     return time.monotonic() - since
                 last_error = f"{status.ready_workers}/{self.server.workers} workers ready"
             except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -261,18 +266,15 @@ class LocalTorchServe:
 
     def check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:
-            raise ServerError(
-                f"TorchServe exited with code {self.process.returncode}; "
-                f"logs in {self.workdir / 'logs'}:\n{self.log_tail()}"
-            )
+            raise self.output.exit_error("TorchServe", self.process.returncode, self.workdir / "logs", self.log_tail())
 
     def worker_process_ids(self) -> list[int]:
         """The Python workers now running (model_service_worker.py, children of the Java frontend)."""
         return descendants_running(self.process, "model_service_worker.py")
 
     def log_tail(self, lines: int = 20) -> str:
-        log = self.workdir / "logs" / "ts_log.log"
-        return tail_of(log if log.exists() else self.workdir / "logs" / "launcher.log", lines)
+        """The end of the launcher's output: ts_log's lines and the exception the frontend ended with."""
+        return tail_of(self.output.path, lines)
 
     def stop(self) -> None:
         """End TorchServe's process group (SIGTERM, SIGKILL after STOP_GRACE_SECONDS), then kill any

@@ -38,6 +38,7 @@ from servinglab.api.results import EffectiveSettings
 from servinglab.servers.base import RuntimeNotes, ServerError
 from servinglab.servers.handler import handler_notes
 from servinglab.servers.process import (
+    ServerOutput,
     descendants_running,
     free_ports,
     start_guarded,
@@ -78,6 +79,7 @@ class LocalTriton:
         self.guard: lifeline.Guarded | None = None
         self.process: subprocess.Popen[bytes] | None = None  # the watchdog; its exit status is tritonserver's
         self.started_at: float | None = None
+        self.output = ServerOutput(self.workdir / _LOG)
 
     # -- files -----------------------------------------------------------------------------------
 
@@ -118,6 +120,7 @@ class LocalTriton:
             f"--backend-config=python,shm-region-prefix-name=servinglab{self.http_port}_",
             "--exit-timeout-secs=10",
         ]  # fmt: skip
+        self.output.starting()
         self.started_at = time.monotonic()
         self.guard = start_guarded(
             command, log=self.workdir / _LOG, cwd=self.workdir, env=environment, grace_seconds=STOP_GRACE_SECONDS
@@ -155,6 +158,7 @@ class LocalTriton:
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 state, reason = "", str(exc)
             if state == "READY" and self._metrics_up():
+                self.output.up = True
                 return time.monotonic() - since
             if state == "UNAVAILABLE" and reason:
                 raise ServerError(
@@ -186,10 +190,7 @@ class LocalTriton:
 
     def check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:
-            raise ServerError(
-                f"tritonserver exited with code {self.process.returncode}; log in {self.workdir / _LOG}:\n"
-                f"{self.log_tail()}"
-            )
+            raise self.output.exit_error("tritonserver", self.process.returncode, self.workdir / _LOG, self.log_tail())
 
     def worker_process_ids(self) -> list[int]:
         """The model's instances now running: the Python backend's stubs, children of tritonserver."""
