@@ -8,7 +8,7 @@ torch). It runs in its own process so that Ctrl-C/SIGTERM end it at once even in
 that does not return to Python for a minute, and so that its memory is given back when it exits.
 
 It prints one JSON object per line on stdout, in order:
-``{"event": "ready", "setupSeconds", "device"}``, then per batch size ``{"event": "start",
+``{"event": "ready", "device"}``, then per batch size ``{"event": "start",
 "batchSize"}`` followed by ``{"event": "measured", ...}`` or ``{"event": "skipped", "batchSize",
 "reason"}``, and finally ``{"event": "done", "measureSeconds"}``.
 
@@ -215,13 +215,12 @@ def skip_reason(probe: Probe, batch_size: int, remaining: float, seconds_per_sam
 
 
 def main(request: RawRequest) -> None:
-    started = time.monotonic()
     keep_stdout_for_events()
     options = request.data_path
     formed = options.get("batchSize")  # a compiled model's padding goes up to it
     largest = int(formed) if isinstance(formed, int | float | str) else max(request.batch_sizes)
     probe = Probe(request.model, request.precision, request.device, options, largest)
-    emit("ready", setupSeconds=round(time.monotonic() - started, 3), device=probe.device_label)
+    emit("ready", device=probe.device_label)  # the parent times the setup: start-up and imports included
     sizes = request.batch_sizes
     measure_started = time.monotonic()
     seconds_per_sample: float | None = None  # from the last size measured: estimates the next pass

@@ -279,7 +279,7 @@ def main(request: FormsRequest) -> None:
     started = time.monotonic()
     forms = Forms(request)
     label = forms.torch.cuda.get_device_name(forms.device) if forms.device.type == "cuda" else "cpu"
-    emit("ready", device=label, versions=forms.versions, setupSeconds=round(time.monotonic() - started, 3))
+    emit("ready", device=label, versions=forms.versions)
     for form in request.forms:
         emit("form", **forms.measure(form).model_dump(by_alias=True, exclude_none=True))
     emit("done", seconds=round(time.monotonic() - started, 3))

@@ -70,9 +70,10 @@ def measure(
         return figures
     request = RawRequest(model=model, precision=precision, device=device, batch_sizes=wanted, seconds=seconds,
                          data_path=options)  # fmt: skip
+    spawned = time.monotonic()  # the child starts at the first event read: its setup includes Python's start-up
     for event in _child_events(request, progress):
         if isinstance(event, Ready):
-            figures.device, figures.setup_seconds = event.device, event.setup_seconds
+            figures.device, figures.setup_seconds = event.device, round(time.monotonic() - spawned, 3)
             cache.device_names[device] = event.device
         elif isinstance(event, Measured):
             row = event.row()

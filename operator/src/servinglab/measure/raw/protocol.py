@@ -61,7 +61,6 @@ class _Event(BaseModel):
 class Ready(_Event):
     event: Literal["ready"]
     device: str
-    setup_seconds: float = 0.0
 
 
 class Start(_Event):
