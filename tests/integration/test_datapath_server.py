@@ -17,6 +17,7 @@ from servinglab.api.exitcodes import ExitCode
 from servinglab.loadgen.payloads import make_payloads
 from servinglab.servers.torchserve.local import LocalTorchServe
 from support.manifests import experiment
+from support.serving import ready_server
 
 pytestmark = pytest.mark.torchserve
 
@@ -38,9 +39,8 @@ def test_every_cpu_option_reaches_the_workers_and_keeps_the_answers(
     tiny_archive: Path, tmp_path: Path, no_leftover_servers: float
 ) -> None:
     bodies = make_payloads(PayloadFormat.JPEG, 48, 3, seed=13)  # resized to 32x32 by the handler
-    server = LocalTorchServe("tiny", tiny_archive, spec({}), tmp_path, model_api=True)
-    with server:
-        server.wait_ready(120)
+    serving = ready_server(lambda: LocalTorchServe("tiny", tiny_archive, spec({}), tmp_path, model_api=True), 120)
+    with serving as (server, _):
         notes = server.notes().data_path
         assert notes is not None and (notes.decode, notes.decode_threads, notes.compile) == ("cpu", 1, "none")
         expected = [server.predict(body, "image/jpeg")[1]["predictions"] for body in bodies]

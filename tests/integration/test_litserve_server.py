@@ -22,6 +22,7 @@ from servinglab.api import ExperimentSpec, PayloadFormat
 from servinglab.loadgen.payloads import make_payloads
 from servinglab.servers.base import ServerError
 from support import manifests
+from support.serving import ready_server
 
 ROOT = Path(__file__).resolve().parents[2]
 LITSERVE = servers.get("litserve")
@@ -57,12 +58,10 @@ def test_the_workers_report_the_requested_settings_batches_form_and_nothing_outl
 ) -> None:
     spec = experiment_spec(batchSize=4, maxBatchDelayMs=300, workers=2)
     served = LITSERVE.prepare_model(spec, tmp_path)
-    server = LITSERVE.local("tiny", served.directory, spec, tmp_path, reuse=False)
-    server.start()
-    assert server.process is not None
-    pid = server.process.pid
-    try:
-        assert server.wait_ready(180) > 0
+    serving = ready_server(lambda: LITSERVE.local("tiny", served.directory, spec, tmp_path, reuse=False), 180)
+    with serving as (server, cold_start):
+        assert cold_start > 0 and server.process is not None
+        pid = server.process.pid
         sessions = sessions_under(pid)
         assert len(sessions) == 2, "the watchdog's session and LitServe's"
         effective = server.effective()
@@ -76,8 +75,6 @@ def test_the_workers_report_the_requested_settings_batches_form_and_nothing_outl
         after = metrics.snapshot(server.metrics_text())
         code, refused = server.predict(b"\x00" * 100, "application/octet-stream")
         notes = server.notes()
-    finally:
-        server.stop()
     assert all(code == 200 and len(answer["predictions"]) == 5 for code, answer in answers)
     breakdown = metrics.breakdown(before, after)
     assert breakdown.server_requests == 16 and breakdown.batches is not None

@@ -17,6 +17,7 @@ from servinglab.api import ServerSpec
 from servinglab.servers.torchserve import metrics as tsmetrics
 from servinglab.servers.torchserve.local import LocalTorchServe
 from support import manifests
+from support.serving import ready_server
 
 pytestmark = pytest.mark.torchserve
 
@@ -29,9 +30,8 @@ def test_loadtest_command_measures_a_running_server(
     )
     spec_file = tmp_path / "experiment.yaml"
     spec_file.write_text(yaml.safe_dump(experiment))
-    server = LocalTorchServe("tiny", tiny_archive, ServerSpec(batch_size=4, max_batch_delay_ms=5), tmp_path / "ts")
-    with server:
-        server.wait_ready(120)
+    spec = ServerSpec(batch_size=4, max_batch_delay_ms=5)
+    with ready_server(lambda: LocalTorchServe("tiny", tiny_archive, spec, tmp_path / "ts"), 120) as (server, _):
         before = tsmetrics.parse(server.metrics_text(), "tiny")
         output = tmp_path / "results.json"
         run = subprocess.run(

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from servinglab.api.exitcodes import ExitCode
 from servinglab.loadgen.payloads import make_payloads
 from servinglab.models import digests, forms
 from support.manifests import experiment
+from support.serving import ready_server
 from usermodels import make_user_models
 
 CPU_FORMS = ("eager", "torchscript", "compile", "onnxruntime")
@@ -157,13 +159,9 @@ def test_the_handler_serves_the_form_that_was_built(tmp_path: Path, no_leftover_
     # the built file replaced by one that always answers class 7: what is served is that file, not model.py
     always = torch.jit.trace(AlwaysSeven(), torch.zeros(1, 3, 32, 32))  # type: ignore[no-untyped-call]
     torch.jit.save(always, str(served.packed / "servinglab-form.pt"))  # type: ignore[no-untyped-call]
-    server = litserve.local("tiny", served.directory, spec, tmp_path, reuse=False)
-    server.start()
-    try:
-        server.wait_ready(180)
+    make = partial(litserve.local, "tiny", served.directory, spec, tmp_path, False)
+    with ready_server(make, 180) as (server, _):
         answers = [server.predict(body, "image/png", 30) for body in make_payloads(PayloadFormat.PNG, 32, 3, seed=5)]
-    finally:
-        server.stop()
     assert [(code, answer["predictions"][0]["class"]) for code, answer in answers] == [(200, 7)] * 3
 
 

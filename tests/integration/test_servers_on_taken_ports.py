@@ -20,6 +20,7 @@ from servinglab.api.experiment import load_experiment
 from servinglab.servers.base import LocalServer, PortTaken
 from support.paths import EXAMPLES, ROOT
 from support.ports import listen_on
+from support.serving import ready_server
 
 TOOL = Path(__file__).parent / "tools" / "taken_ports_runner.py"
 
@@ -67,6 +68,28 @@ def test_a_server_whose_port_was_taken_ends_its_start_saying_so(
     finally:
         server.stop()
     assert "in use" in raised.value.said and "bound by another process" in str(raised.value)
+
+
+def test_a_test_that_starts_a_server_itself_gets_it_on_other_ports_when_one_was_taken(
+    listeners: list[socket.socket], tmp_path: Path, no_leftover_servers: float
+) -> None:
+    """support.serving, which the integration tests that start a server directly use: CI's race there too."""
+    spec = load_experiment(EXAMPLES / "experiment-litserve-smoke.yaml").spec
+    litserve = servers.get("litserve")
+    directory = litserve.prepare_model(spec, tmp_path).directory
+    made: list[LocalServer] = []
+
+    def make() -> LocalServer:
+        made.append(litserve.local("tiny", directory, spec, tmp_path, False))
+        if len(made) == 1:
+            listeners.append(listen_on(TAKEN_PORT["litserve"](made[0])))
+        return made[-1]
+
+    with ready_server(make, spec.server.startup_timeout_seconds) as (server, cold_start):
+        assert server is made[1] and cold_start > 0
+        code, _ = server.predict(b"\x00" * 100, "application/octet-stream", 30)
+        assert code == 400, "the second server answers on its own port"
+    assert len(made) == 2, "one server for the taken port, one that started"
 
 
 def serve_with_ports_taken(experiment: str, *mode: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from servinglab.api import PayloadFormat, Precision, ServerSpec
 from servinglab.loadgen.payloads import CONTENT_TYPES, make_payloads
 from servinglab.servers.torchserve import metrics as tsmetrics
 from servinglab.servers.torchserve.local import LocalTorchServe
+from support.serving import ready_server
 
 pytestmark = pytest.mark.torchserve
 
@@ -32,9 +33,8 @@ def serve(archive: Path, workdir: Path, **settings: object) -> LocalTorchServe:
 def test_requested_batching_and_workers_are_in_effect_and_batches_form(
     tiny_archive: Path, tmp_path: Path, no_leftover_servers: float
 ) -> None:
-    server = serve(tiny_archive, tmp_path, batchSize=4, maxBatchDelayMs=300, workers=2)
-    with server:
-        cold_start = server.wait_ready(120)
+    serving = ready_server(partial(serve, tiny_archive, tmp_path, batchSize=4, maxBatchDelayMs=300, workers=2), 120)
+    with serving as (server, cold_start):
         assert cold_start > 0
         status = server.status()
         assert (status.batch_size, status.max_batch_delay_ms) == (4, 300)
@@ -55,8 +55,7 @@ def test_requested_batching_and_workers_are_in_effect_and_batches_form(
 def test_handler_through_the_server_accepts_every_format_and_rejects_garbage(
     tiny_archive: Path, tmp_path: Path, no_leftover_servers: float
 ) -> None:
-    with serve(tiny_archive, tmp_path, batchSize=2, maxBatchDelayMs=5) as server:
-        server.wait_ready(120)
+    with ready_server(lambda: serve(tiny_archive, tmp_path, batchSize=2, maxBatchDelayMs=5), 120) as (server, _):
         for fmt in PayloadFormat:
             code, answer = server.predict(make_payloads(fmt, 32, 1, seed=2)[0], CONTENT_TYPES[fmt])
             assert code == 200, answer
@@ -73,8 +72,7 @@ def test_precision_reaches_the_worker_and_keeps_predictions(
     answers = {}
     for precision in (Precision.FP32, Precision.BF16):
         workdir = tmp_path / str(precision)
-        with serve(tiny_archive, workdir, precision=str(precision)) as server:
-            server.wait_ready(120)
+        with ready_server(partial(serve, tiny_archive, workdir, precision=str(precision)), 120) as (server, _):
             code, answers[precision] = server.predict(body, "image/jpeg")
             assert code == 200
         log = (workdir / "logs" / "model_log.log").read_text()
@@ -152,10 +150,11 @@ def test_nothing_from_outside_the_model_store_can_be_registered_while_the_store_
         ("models", str(mar)), ("models", f"FILE://{mar}"), ("models", "planted/../planted"),
         ("workflows", f"file://{war}"), ("workflows", f"{web}/flow.war"), ("workflows", str(war)),
     ]  # fmt: skip
-    server = LocalTorchServe("tiny", tiny_archive, ServerSpec(), tmp_path / "ts", model_api=True)
+    serving = ready_server(
+        partial(LocalTorchServe, "tiny", tiny_archive, ServerSpec(), tmp_path / "ts", model_api=True), 120
+    )
     try:
-        with server:
-            server.wait_ready(120)
+        with serving as (server, _):
             answers = {url: register(server, kind, url, f"foreign{n}") for n, (kind, url) in enumerate(foreign)}
             refused = {url: status for url, (status, _) in answers.items() if 400 <= status < 500}
             assert refused.keys() == {url for _, url in foreign}, answers

@@ -27,6 +27,7 @@ from servinglab.servers.counters import Snapshot
 from servinglab.servers.triton import metrics as triton_metrics
 from servinglab.servers.triton.env import TritonEnv
 from servinglab.servers.triton.local import LocalTriton
+from support.serving import ready_server
 
 pytestmark = pytest.mark.triton
 
@@ -97,8 +98,8 @@ def test_an_experiment_on_triton_reports_every_level_with_triton_s_breakdown(
 def test_triton_applies_the_requested_settings_and_forms_batches(
     tiny_entry: Path, tmp_path: Path, no_leftover_servers: float
 ) -> None:
-    with serve(tiny_entry, tmp_path, batchSize=4, maxBatchDelayMs=300, workers=2, precision="bf16") as server:
-        cold_start = server.wait_ready(120)
+    settings = {"batchSize": 4, "maxBatchDelayMs": 300, "workers": 2, "precision": "bf16"}
+    with ready_server(lambda: serve(tiny_entry, tmp_path, **settings), 120) as (server, cold_start):
         assert cold_start > 0
         applied = server.applied()
         assert (applied.max_batch_size, applied.max_queue_delay_us, applied.instances) == (4, 300_000, 2)
@@ -196,8 +197,8 @@ def test_a_load_without_the_runner_s_key_is_refused_and_the_served_configuration
 ) -> None:
     """Every local user reaches the loopback port: without the runner's key the repository API neither loads
     another configuration (or model.py) nor unloads the model; the runner's own reconfiguration still loads."""
-    with serve(tiny_entry, tmp_path, batchSize=4, maxBatchDelayMs=5, workers=1) as server:
-        server.wait_ready(120)
+    settings = {"batchSize": 4, "maxBatchDelayMs": 5, "workers": 1}
+    with ready_server(lambda: serve(tiny_entry, tmp_path, **settings), 120) as (server, _):
         repository = f"{server.inference_url}/v2/repository"
         assert post(f"{repository}/models/tiny/load", overridden(server, max_batch_size=2)) == 403
         assert post(f"{repository}/models/tiny/unload", {}) == 403
@@ -212,8 +213,8 @@ def test_a_configuration_changed_behind_the_runner_s_back_is_caught_before_any_l
     servinglab_cmd: list[str], tiny_entry: Path, tmp_path: Path, no_leftover_servers: float
 ) -> None:
     spec_file = experiment(tmp_path, "changed", {"batchSize": 4, "maxBatchDelayMs": 5, "workers": 1}, [4])
-    with serve(tiny_entry, tmp_path / "server", batchSize=4, maxBatchDelayMs=5, workers=1) as server:
-        server.wait_ready(120)
+    settings = {"batchSize": 4, "maxBatchDelayMs": 5, "workers": 1}
+    with ready_server(lambda: serve(tiny_entry, tmp_path / "server", **settings), 120) as (server, _):
         # a load with another batch size by whoever holds the key (here the runner's own request)
         server._http("/v2/repository/models/tiny/load", 120, json.dumps(overridden(server, max_batch_size=2)).encode())
         with pytest.raises(ServerError) as local:

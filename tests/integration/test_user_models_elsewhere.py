@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from test_user_models import experiment, run  # the TorchServe tests' experiment
 
 from servinglab import servers
 from servinglab.api import ExperimentSpec
+from support.serving import ready_server
 from usermodels import UserModels, make_user_models
 
 KINDS = ["litserve", pytest.param("triton", marks=pytest.mark.triton)]
@@ -134,13 +136,9 @@ def test_a_users_models_answer_as_they_do_in_process(
         server = servers.get(kind)
         work = tmp_path / name
         served = server.prepare_model(spec, work)
-        local = server.local(name, served.directory, spec, work, reuse=False)
-        local.start()
-        try:
-            local.wait_ready(180)
+        make = partial(server.local, name, served.directory, spec, work, False)
+        with ready_server(make, 180) as (local, _):
             answers[name] = answer_of(kind, *local.predict(body, content_type, 60.0))
-        finally:
-            local.stop()
 
     classifier = torch.jit.load(str(user_models.torchscript_classifier)).eval()
     batch = torch.from_numpy(pixels).permute(2, 0, 1).float().div(255.0).unsqueeze(0)
