@@ -19,9 +19,9 @@ import socket
 import sys
 
 from servinglab.api.experiment import load_experiment
-from servinglab.local.runner import PORT_ATTEMPTS, RunHooks, ServerSlot
+from servinglab.local.runner import RunHooks, ServerSlot
 from servinglab.servers import process
-from servinglab.servers.base import ServerError
+from servinglab.servers.base import PORT_ATTEMPTS, ServerError
 from servinglab.servers.litserve import local as litserve_local
 from support.ports import listen_on
 

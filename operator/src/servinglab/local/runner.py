@@ -41,6 +41,7 @@ from servinglab.measure.raw.figures import RawCache
 from servinglab.measure.telemetry import LocalTelemetry
 from servinglab.models import forms
 from servinglab.servers.base import (
+    PORT_ATTEMPTS,
     LocalServer,
     ModelError,
     PortTaken,
@@ -51,10 +52,6 @@ from servinglab.servers.base import (
 )
 from servinglab.servers.handler import powers_of_two_up_to
 from servinglab.servers.process import visible_gpus
-
-#: Starts of a server, each on other free ports, before a port taken at every start ends the run: a port is
-#: picked free seconds before the server binds it, and on a busy machine another process may bind it first.
-PORT_ATTEMPTS = 3
 
 
 class RunError(RuntimeError):

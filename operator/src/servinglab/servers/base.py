@@ -54,12 +54,19 @@ class ServerError(RuntimeError):
 
 class PortTaken(ServerError):
     """The server exited because a port picked free for it was bound by another process first: the pick and
-    the server's own bind are seconds apart. The local runner starts it again on other ports."""
+    the server's own bind are seconds apart. The local runner starts it again on other ports, at most
+    :data:`PORT_ATTEMPTS` starts."""
 
     def __init__(self, server: str, code: int | None, said: str, logs: Path) -> None:
         super().__init__(f"{server} exited with code {code}: {said} (a port picked free for it was bound by "
                          f"another process first); logs in {logs}")  # fmt: skip
         self.server, self.said = server, said
+
+
+#: Starts of a local server, each on other free ports, before a port taken at every start ends the run: a
+#: port is picked free seconds before the server binds it, and on a busy machine another process may bind it
+#: first.
+PORT_ATTEMPTS = 3
 
 
 class ModelError(RuntimeError):

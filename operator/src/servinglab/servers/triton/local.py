@@ -190,7 +190,7 @@ class LocalTriton:
 
     def check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:
-            raise self.output.exit_error("tritonserver", self.process.returncode, self.workdir / _LOG, self.log_tail())
+            raise self.output.exit_error("Triton", self.process.returncode, self.workdir / _LOG, self.log_tail())
 
     def worker_process_ids(self) -> list[int]:
         """The model's instances now running: the Python backend's stubs, children of tritonserver."""
