@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,17 @@ class Prometheus:
         current = json.loads(self.kubelets.read_text())
         current.append({"targets": [target]})
         self.kubelets.write_text(json.dumps(current))
+
+    def forget(self, targets: Collection[str]) -> None:
+        """Stop scraping `targets` (host:port), added by `scrape` or `scrape_kubelet`: once their test has ended,
+        another process may listen on one of those ports."""
+        for path in (self.targets, self.kubelets):
+            kept = [group for group in json.loads(path.read_text()) if not set(group["targets"]) & set(targets)]
+            path.write_text(json.dumps(kept))
+
+    def scraped(self) -> set[str]:
+        """The addresses (host:port) of the targets Prometheus scrapes now."""
+        return {target["labels"]["instance"] for target in self._api("targets", {"state": "active"})["activeTargets"]}
 
     def query(self, expression: str, at: float | None = None) -> list[dict[str, object]]:
         """Evaluate an instant query (now, or at the Unix time `at`); a bad expression raises

@@ -9,13 +9,15 @@ once; a pod Prometheus has no figure for makes the reading unread, not a smaller
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from clusterenv.monitoring import Prometheus
 from clusterenv.textendpoint import TextEndpoint
 from servinglab.k8s.podutilisation import PodUtilisation, UtilisationSource
+from servinglab.servers.process import free_ports
 
 #: Cores busy per pod: what the exporter's counters grow by per second.
 BUSY = {"srv-5d8f7c9b4-aaaaa": 1.5, "srv-5d8f7c9b4-bbbbb": 0.5}
@@ -100,6 +102,35 @@ def test_a_counter_first_scraped_during_the_window_is_not_read_as_its_share(
         late.stop()
         exporter.stop()
     assert value is None and note is not None and "a sample from before the window for 0 of the 2 pods" in note
+
+
+def test_a_target_forgotten_is_scraped_no_more(tmp_path: Path) -> None:
+    """The cluster tests' Prometheus outlives each test's servers and kubelets: their ports, which another
+    process may listen on next, are forgotten when the test ends."""
+    exporter = TextEndpoint(CpuCounters().render, "kept-counters")
+    exporter.start()
+    server = Prometheus(tmp_path, exporter.port)
+    kept, gone = f"127.0.0.1:{exporter.port}", [f"127.0.0.1:{port}" for port in free_ports(2)]
+    server.scrape(gone[0], {"namespace": "team", "pod": "srv-0"})
+    server.scrape_kubelet(gone[1])
+    try:
+        server.start()
+        assert eventually(lambda: server.scraped() == {kept, *gone}), server.scraped()
+        server.forget(gone)
+        assert eventually(lambda: server.scraped() == {kept}), server.scraped()
+    finally:
+        server.stop()
+        exporter.stop()
+
+
+def eventually(holds: Callable[[], bool], seconds: float = 120) -> bool:
+    """Whether `holds()` became true within `seconds` (Prometheus reads its target files every second)."""
+    deadline = time.monotonic() + seconds
+    while not holds():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def test_a_pod_prometheus_has_no_figure_for_makes_the_probe_unread(prometheus: str) -> None:

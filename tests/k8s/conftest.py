@@ -140,19 +140,23 @@ def kubelet_factory(
 ) -> Iterator[Callable[..., LocalKubelet]]:
     exporter, prometheus = monitoring
     started: list[LocalKubelet] = []
+    scraped: list[str] = []
 
     def server_started(pod: str, metrics_port: int) -> None:
         exporter.pods.append((namespace, pod))
-        prometheus.scrape(f"127.0.0.1:{metrics_port}", {"namespace": namespace, "pod": pod})
+        scraped.append(f"127.0.0.1:{metrics_port}")
+        prometheus.scrape(scraped[-1], {"namespace": namespace, "pod": pod})
 
     def make(**options: Any) -> LocalKubelet:
         api = cluster.api_server(tmp_path / "ca.crt")
         pods = Path(tempfile.mkdtemp(prefix="pods-"))  # short paths: unix sockets live under it
         kubelet = LocalKubelet(cluster.kubectl, namespace, pods, api, tmp_path / "ca.crt", server_started, **options)
         started.append(kubelet.start())
-        prometheus.scrape_kubelet(f"127.0.0.1:{kubelet.cadvisor.port}")
+        scraped.append(f"127.0.0.1:{kubelet.cadvisor.port}")
+        prometheus.scrape_kubelet(scraped[-1])
         return kubelet
 
     yield make
     for kubelet in started:
         kubelet.stop()
+    prometheus.forget(scraped)

@@ -283,13 +283,16 @@ def installed(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": restricted}}
     )
     workdir = tmp_path_factory.mktemp("chart")
+    scraped: list[str] = []
 
     def server_started(pod: str, metrics_port: int) -> None:
         exporter.pods.append((namespace, pod))
-        prometheus.scrape(f"127.0.0.1:{metrics_port}", {"namespace": namespace, "pod": pod})
+        scraped.append(f"127.0.0.1:{metrics_port}")
+        prometheus.scrape(scraped[-1], {"namespace": namespace, "pod": pod})
 
     def operator_started(pod: str, metrics_port: int) -> None:
-        prometheus.scrape(f"127.0.0.1:{metrics_port}", {"operator_pod": pod})
+        scraped.append(f"127.0.0.1:{metrics_port}")
+        prometheus.scrape(scraped[-1], {"operator_pod": pod})
 
     api = cluster.api_server(workdir / "ca.crt")
     pods = Path(tempfile.mkdtemp(prefix="pods-"))  # short paths: unix sockets live under it
@@ -306,6 +309,7 @@ def installed(
     finally:
         helm(cluster, "uninstall", RELEASE, "-n", namespace, "--wait", check=False)
         kubelet.stop()
+        prometheus.forget(scraped)
         cluster.kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
 
 
