@@ -9,7 +9,7 @@ once; a pod Prometheus has no figure for makes the reading unread, not a smaller
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from clusterenv.monitoring import Prometheus
 from clusterenv.textendpoint import TextEndpoint
 from servinglab.k8s.podutilisation import PodUtilisation, UtilisationSource
 from servinglab.servers.process import free_ports
+from support.waiting import eventually
 
 #: Cores busy per pod: what the exporter's counters grow by per second.
 BUSY = {"srv-5d8f7c9b4-aaaaa": 1.5, "srv-5d8f7c9b4-bbbbb": 0.5}
@@ -115,22 +116,12 @@ def test_a_target_forgotten_is_scraped_no_more(tmp_path: Path) -> None:
     server.scrape_kubelet(gone[1])
     try:
         server.start()
-        assert eventually(lambda: server.scraped() == {kept, *gone}), server.scraped()
+        assert eventually(lambda: server.scraped() == {kept, *gone}, 120), server.scraped()  # files read each second
         server.forget(gone)
-        assert eventually(lambda: server.scraped() == {kept}), server.scraped()
+        assert eventually(lambda: server.scraped() == {kept}, 120), server.scraped()
     finally:
         server.stop()
         exporter.stop()
-
-
-def eventually(holds: Callable[[], bool], seconds: float = 120) -> bool:
-    """Whether `holds()` became true within `seconds` (Prometheus reads its target files every second)."""
-    deadline = time.monotonic() + seconds
-    while not holds():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
 
 
 def test_a_pod_prometheus_has_no_figure_for_makes_the_probe_unread(prometheus: str) -> None:

@@ -44,6 +44,7 @@ from servinglab.models.digests import KEY_ENV as CACHE_KEY_ENV
 from servinglab.models.fetch import AUTHORIZATION_ENV, MODEL_URL_ENV, MODEL_URL_KEY
 from servinglab.servers.base import PodInputs
 from servinglab.servers.podparts import MODEL_CACHE_KEY_FIELD
+from support.waiting import eventually
 
 pytestmark = [pytest.mark.k8s]
 
@@ -52,6 +53,10 @@ CHART = REPO / "charts" / "serving"
 RELEASE = "serving"
 OPERATOR = f"{RELEASE}-operator"  # the chart's name for the operator's Deployment, SA, Role, Service
 OPERATOR_PODS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+#: How long the chart's figures and permissions may take to show: the operator's figures appear with
+#: Prometheus' next scrape, which on a busy machine can come some seconds after the experiment's status says
+#: Succeeded.
+SETTLE_SECONDS = 20
 #: The chart's admission policies (`<operator>-<namespace>-<name>`), each with its binding.
 POLICIES = ("pods", "objects", "load-accounts", "job-accounts")
 
@@ -889,7 +894,7 @@ def test_load_accounts_write_nothing_but_configmaps(cluster: Cluster, installed:
         # the server's own pod spec (Pod Security's restricted level, enforced here, would refuse a worse one)
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "escape", "namespace": ns},
                "spec": altered(server, lambda _: None)["spec"]["template"]["spec"]}  # fmt: skip
-        assert eventually(lambda: can_i(cluster, account, "create", "pods", "-n", ns))
+        assert eventually(lambda: can_i(cluster, account, "create", "pods", "-n", ns), SETTLE_SECONDS)
         policy_in_force(cluster, account, pod)
         refused = partial(refusal, cluster, account, denial=LOAD_ACCOUNTS_DENIAL)
         assert f"writes only ConfigMaps; {account} may not CREATE pods" in refused(pod)
@@ -957,7 +962,7 @@ def test_every_dashboard_query_returns_data_from_a_real_run(
         if variable["type"] != "query":
             continue
         metric, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable["query"]["query"]).groups()
-        assert eventually(partial(has_label, metric, label)), (variable["name"], metric, label)
+        assert eventually(partial(has_label, metric, label), SETTLE_SECONDS), (variable["name"], metric, label)
 
     def returns_data(query: str) -> bool:
         return bool(finite_values(prometheus.query(query, at)))
@@ -975,23 +980,13 @@ def test_every_dashboard_query_returns_data_from_a_real_run(
     # leaves that series empty, rightly; when any experiment here measured one, it must reach the panel
     unbounded = [f"servinglab_experiment_latency_p99_{b}_ms" for b in ("lower", "upper") if not measured_bound(b)]
     queries = [(title, query) for title, query in queries if not any(metric in query for metric in unbounded)]
-    missing = [f"{title}: {query}" for title, query in queries if not eventually(partial(returns_data, query))]
+    shows = [(title, query, eventually(partial(returns_data, query), SETTLE_SECONDS)) for title, query in queries]
+    missing = [f"{title}: {query}" for title, query, shown in shows if not shown]
     if missing:  # what the operator exports now, and what the sweep's status holds, to tell why
         exported = prometheus.series('{__name__=~"servinglab_.+"}')
         sweep = cluster.kubectl.get("servingsweep", "chart-sweep", "-n", installed.namespace).get("status") or {}
         held = {key: sweep.get(key) for key in ("best", "front", "counts", "conditions")}
         pytest.fail(f"no data:\n{chr(10).join(missing)}\nseries: {exported}\nsweep: {held}\n{operator_log(installed)}")
-
-
-def eventually(check: Callable[[], bool], seconds: float = 20) -> bool:
-    """Whether `check` holds within `seconds`: the operator's figures appear with its next scrape,
-    which on a busy machine can come some seconds after the experiment's status says Succeeded."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(1)
-    return True
 
 
 # -- upgrade and uninstall (last: they change the release) ------------------------------------------
