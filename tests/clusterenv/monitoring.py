@@ -12,6 +12,7 @@ cAdvisor) every second.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -119,20 +120,20 @@ class Prometheus:
         """Add a scrape target (host:port) through file discovery."""
         current = json.loads(self.targets.read_text())
         current.append({"targets": [target], "labels": labels})
-        self.targets.write_text(json.dumps(current))
+        _replace(self.targets, current)
 
     def scrape_kubelet(self, target: str) -> None:
         """Add a stand-in kubelet's cAdvisor (host:port) through file discovery."""
         current = json.loads(self.kubelets.read_text())
         current.append({"targets": [target]})
-        self.kubelets.write_text(json.dumps(current))
+        _replace(self.kubelets, current)
 
     def forget(self, targets: Collection[str]) -> None:
         """Stop scraping `targets` (host:port), added by `scrape` or `scrape_kubelet`: once their test has ended,
         another process may listen on one of those ports."""
         for path in (self.targets, self.kubelets):
             kept = [group for group in json.loads(path.read_text()) if not set(group["targets"]) & set(targets)]
-            path.write_text(json.dumps(kept))
+            _replace(path, kept)
 
     def scraped(self) -> set[str]:
         """The addresses (host:port) of the targets Prometheus scrapes now."""
@@ -160,6 +161,13 @@ class Prometheus:
 
     def stop(self) -> None:
         self.group.stop()
+
+
+def _replace(path: Path, groups: list[dict[str, Any]]) -> None:
+    """Write a file-discovery list whole (Prometheus reads it every second, so never half-written)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(groups))
+    os.replace(partial, path)
 
 
 # Grafana's built-in variables, as a 1 s scrape interval and a short run make them.

@@ -109,12 +109,12 @@ def test_a_target_forgotten_is_scraped_no_more(tmp_path: Path) -> None:
     """The cluster tests' Prometheus outlives each test's servers and kubelets: their ports, which another
     process may listen on next, are forgotten when the test ends."""
     exporter = TextEndpoint(CpuCounters().render, "kept-counters")
-    exporter.start()
     server = Prometheus(tmp_path, exporter.port)
     kept, gone = f"127.0.0.1:{exporter.port}", [f"127.0.0.1:{port}" for port in free_ports(2)]
     server.scrape(gone[0], {"namespace": "team", "pod": "srv-0"})
     server.scrape_kubelet(gone[1])
     try:
+        exporter.start()
         server.start()
         assert eventually(lambda: server.scraped() == {kept, *gone}, 120), server.scraped()  # files read each second
         server.forget(gone)

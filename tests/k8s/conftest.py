@@ -157,6 +157,8 @@ def kubelet_factory(
         return kubelet
 
     yield make
-    for kubelet in started:
-        kubelet.stop()
-    prometheus.forget(scraped)
+    try:
+        for kubelet in started:
+            kubelet.stop()
+    finally:
+        prometheus.forget(scraped)

@@ -55,7 +55,7 @@ OPERATOR = f"{RELEASE}-operator"  # the chart's name for the operator's Deployme
 OPERATOR_PODS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
 #: How long the chart's figures and permissions may take to show: the operator's figures appear with
 #: Prometheus' next scrape, which on a busy machine can come some seconds after the experiment's status says
-#: Succeeded.
+#: Succeeded, and a new binding with the API server's next authorisation check.
 SETTLE_SECONDS = 20
 #: The chart's admission policies (`<operator>-<namespace>-<name>`), each with its binding.
 POLICIES = ("pods", "objects", "load-accounts", "job-accounts")

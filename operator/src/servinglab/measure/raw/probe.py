@@ -70,7 +70,7 @@ def measure(
         return figures
     request = RawRequest(model=model, precision=precision, device=device, batch_sizes=wanted, seconds=seconds,
                          data_path=options)  # fmt: skip
-    spawned = time.monotonic()  # the child starts at the first event read: its setup includes Python's start-up
+    spawned = time.monotonic()  # spawned at the first event read: the setup includes the watchdog's and child's start
     for event in _child_events(request, progress):
         if isinstance(event, Ready):
             figures.device, figures.setup_seconds = event.device, round(time.monotonic() - spawned, 3)
