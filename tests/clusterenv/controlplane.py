@@ -361,6 +361,16 @@ class Cluster:
         """Environment for subprocesses (helm, the operator) that should talk to this cluster."""
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
 
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """The pinned helm run against this cluster; with `check`, a failure raises with helm's own words."""
+        result = subprocess.run(
+            [str(self.binaries.helm), *args], env=self.env, capture_output=True, text=True, timeout=timeout,
+            check=False,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
+        return result
+
     def api_server(self, ca_file: Path) -> str:
         """The API server URL of the current context; its CA certificate is written to `ca_file`."""
         config = json.loads(self.kubectl.run("config", "view", "--raw", "--minify", "-o", "json").stdout)

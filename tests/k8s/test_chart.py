@@ -61,17 +61,8 @@ SETTLE_SECONDS = 20
 POLICIES = ("pods", "objects", "load-accounts", "job-accounts")
 
 
-def helm(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(cluster.binaries.helm), *args], env=cluster.env, capture_output=True, text=True, timeout=300, check=False
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
-    return result
-
-
 def render(cluster: Cluster, namespace: str, *values: str) -> list[dict[str, Any]]:
-    rendered = helm(cluster, "template", RELEASE, str(CHART), "-n", namespace, *values).stdout
+    rendered = cluster.helm("template", RELEASE, str(CHART), "-n", namespace, *values).stdout
     return [document for document in yaml.safe_load_all(rendered) if document]
 
 
@@ -109,7 +100,7 @@ def test_rendered_chart_is_valid_for_the_pinned_kubernetes(
     cluster: Cluster, namespace: str, monitoring_crds: None, variant: str, values: list[str]
 ) -> None:
     values = [value.replace("NS", namespace) for value in values]
-    lint = helm(cluster, "lint", "--strict", str(CHART), "-n", namespace, *values)
+    lint = cluster.helm("lint", "--strict", str(CHART), "-n", namespace, *values)
     assert "0 chart(s) failed" in lint.stdout, variant
     documents = render(cluster, namespace, *values)
     # The API server of the pinned version validates every object, unknown fields included.
@@ -201,7 +192,7 @@ def test_pod_policy_is_bound_to_the_operators_service_account_and_needs_kubernet
         )
         assert binding == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     # ValidatingAdmissionPolicy is GA from 1.30: an older cluster gets a reason, not a half-installed chart
-    old = helm(cluster, "template", RELEASE, str(CHART), "--kube-version", "1.29.4", check=False)
+    old = cluster.helm("template", RELEASE, str(CHART), "--kube-version", "1.29.4", check=False)
     assert old.returncode != 0 and "podPolicy.enabled needs ValidatingAdmissionPolicy" in old.stderr, old.stderr
     kinds = {d["kind"] for d in render(cluster, "ops", "--kube-version", "1.29.4", "--set", "podPolicy.enabled=false")}
     assert "ValidatingAdmissionPolicy" not in kinds and "Deployment" in kinds
@@ -234,7 +225,7 @@ def test_values_violating_the_schema_are_refused_naming_the_key(
     values_file = tmp_path / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
     for command in ("lint", "template"):
-        result = helm(cluster, command, str(CHART), "-f", str(values_file), check=False)
+        result = cluster.helm(command, str(CHART), "-f", str(values_file), check=False)
         assert result.returncode != 0, command
         assert named in result.stdout + result.stderr, (command, result.stdout, result.stderr)
 
@@ -305,14 +296,14 @@ def installed(
         cluster.kubectl, namespace, pods, api, workdir / "ca.crt", server_started, on_operator_started=operator_started
     ).start()
     try:
-        helm(
-            cluster, "install", RELEASE, str(CHART), "-n", namespace, "--take-ownership",
+        cluster.helm(
+            "install", RELEASE, str(CHART), "-n", namespace, "--take-ownership",
             "--wait", "--timeout", "180s", "--set", "pollSeconds=1", "--set", "unschedulableGraceSeconds=3",
             "--set", f"prometheusUrl={prometheus.url}", "--set-json", f"pricing={json.dumps(PRICING)}",
         )  # fmt: skip
         yield Installed(namespace, kubelet, prometheus)
     finally:
-        helm(cluster, "uninstall", RELEASE, "-n", namespace, "--wait", check=False)
+        cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", check=False)
         kubelet.stop()
         prometheus.forget(scraped)
         cluster.kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
@@ -325,7 +316,7 @@ def operator_log(installed: Installed) -> str:
 
 def test_install_creates_the_operator_and_serves_the_crd(cluster: Cluster, installed: Installed) -> None:
     ns = installed.namespace
-    status = json.loads(helm(cluster, "status", RELEASE, "-n", ns, "-o", "json").stdout)
+    status = json.loads(cluster.helm("status", RELEASE, "-n", ns, "-o", "json").stdout)
     assert status["info"]["status"] == "deployed"
     selector = f"app.kubernetes.io/instance={RELEASE}"
     created = {
@@ -471,8 +462,8 @@ def test_operator_service_account_can_do_exactly_what_it_needs(cluster: Cluster,
 
 def test_all_namespaces_option_grants_the_same_rules_cluster_wide(cluster: Cluster, namespace: str) -> None:
     release = "serving-all"
-    helm(
-        cluster, "install", release, str(CHART), "-n", namespace, "--set", "watchAllNamespaces=true",
+    cluster.helm(
+        "install", release, str(CHART), "-n", namespace, "--set", "watchAllNamespaces=true",
         "--set", "crds.install=false", "--set", "dashboards.enabled=false",
     )  # fmt: skip
     try:
@@ -493,12 +484,12 @@ def test_all_namespaces_option_grants_the_same_rules_cluster_wide(cluster: Clust
         deployment = cluster.kubectl.get("deployment", f"{release}-operator", "-n", namespace)
         assert "--all-namespaces" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     finally:
-        helm(cluster, "uninstall", release, "-n", namespace, "--wait")
+        cluster.helm("uninstall", release, "-n", namespace, "--wait")
     assert not cluster.kubectl.get("clusterroles", "-l", f"app.kubernetes.io/instance={release}")["items"]
 
 
 def test_helm_test_checks_the_operators_health(cluster: Cluster, installed: Installed) -> None:
-    result = helm(cluster, "test", RELEASE, "-n", installed.namespace, "--timeout", "120s", check=False)
+    result = cluster.helm("test", RELEASE, "-n", installed.namespace, "--timeout", "120s", check=False)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{operator_log(installed)}"
     assert re.search(rf"TEST SUITE:\s+{OPERATOR}-test\n(?:.*\n)*?Phase:\s+Succeeded", result.stdout), result.stdout
 
@@ -698,8 +689,8 @@ def test_pod_policy_allow_lists_limit_images_node_selectors_and_sent_secrets(clu
         {"secret": "registry", "key": "token", "hosts": ["models.example.com"]},
         {"secret": "mirror", "key": "token", "hosts": ["mirror.example.com"], "namespaces": ["elsewhere"]},
     ]
-    helm(
-        cluster, "install", release, str(CHART), "-n", namespace, "--set", "crds.install=false",
+    cluster.helm(
+        "install", release, str(CHART), "-n", namespace, "--set", "crds.install=false",
         "--set", "dashboards.enabled=false",
         "--set-json", 'podPolicy.allowedImages=["servinglab/", "pytorch/torchserve:"]',
         "--set-json", 'podPolicy.allowedNodeSelectors={"nvidia.com/gpu.product": ["Tesla-T4", "NVIDIA-A10G"]}',
@@ -730,7 +721,7 @@ def test_pod_policy_allow_lists_limit_images_node_selectors_and_sent_secrets(clu
         assert admitted.returncode == 0, admitted.stderr
         assert f"Deployment {PROBE}-server refers to model: mirror/token" in refusal(cluster, operator, sends("mirror"))
     finally:
-        helm(cluster, "uninstall", release, "-n", namespace, "--wait")
+        cluster.helm("uninstall", release, "-n", namespace, "--wait")
 
 
 def secret_key(name: str, key: str, env: str = "TOKEN") -> dict[str, Any]:
@@ -1005,7 +996,7 @@ def upgraded_chart(directory: Path) -> Path:
 
 
 def release_version(cluster: Cluster, namespace: str) -> int:
-    return int(json.loads(helm(cluster, "status", RELEASE, "-n", namespace, "-o", "json").stdout)["version"])
+    return int(json.loads(cluster.helm("status", RELEASE, "-n", namespace, "-o", "json").stdout)["version"])
 
 
 def test_an_upgrade_mid_run_leaves_the_running_experiment_and_its_server_alone(
@@ -1029,8 +1020,8 @@ def test_an_upgrade_mid_run_leaves_the_running_experiment_and_its_server_alone(
     operators = {p["metadata"]["uid"] for p in cluster.kubectl.get("pods", "-n", ns, "-l", OPERATOR_PODS)["items"]}
     try:
         # a new operator image, another image for experiments' pods, a CRD that defaults a new field
-        helm(
-            cluster, "upgrade", RELEASE, str(upgraded_chart(tmp_path)), "-n", ns, "--reuse-values",
+        cluster.helm(
+            "upgrade", RELEASE, str(upgraded_chart(tmp_path)), "-n", ns, "--reuse-values",
             "--set", "image.tag=0.1.1", "--set", "experimentImage=servinglab/servinglab:0.1.1",
             "--wait", "--timeout", "180s",
         )  # fmt: skip
@@ -1054,9 +1045,9 @@ def test_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd_and_results(
 ) -> None:
     ns = installed.namespace
     before = release_version(cluster, ns)
-    helm(cluster, "upgrade", RELEASE, str(CHART), "-n", ns, "--reuse-values", "--set", "pollSeconds=5",
-         "--wait", "--timeout", "180s")  # fmt: skip
-    status = json.loads(helm(cluster, "status", RELEASE, "-n", ns, "-o", "json").stdout)
+    cluster.helm("upgrade", RELEASE, str(CHART), "-n", ns, "--reuse-values", "--set", "pollSeconds=5",
+                 "--wait", "--timeout", "180s")  # fmt: skip
+    status = json.loads(cluster.helm("status", RELEASE, "-n", ns, "-o", "json").stdout)
     assert (status["version"], status["info"]["status"]) == (before + 1, "deployed")
     deployment = cluster.kubectl.get("deployment", OPERATOR, "-n", ns)
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -1067,7 +1058,7 @@ def test_upgrade_rolls_the_operator_and_uninstall_keeps_the_crd_and_results(
     again = cluster.kubectl.get("sx", "chart-e2e", "-n", ns)
     assert again["status"]["results"] == finished["status"]["results"]
 
-    helm(cluster, "uninstall", RELEASE, "-n", ns, "--wait")
+    cluster.helm("uninstall", RELEASE, "-n", ns, "--wait")
     for kind in ("deployments", "serviceaccounts", "roles", "rolebindings", "services", "configmaps"):
         assert not cluster.kubectl.get(kind, "-n", ns, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"], kind
     # helm.sh/resource-policy: keep — the CRD and every experiment with its results survive

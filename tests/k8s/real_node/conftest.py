@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,11 +38,6 @@ def node(cluster: Cluster, images: dict[str, str], tmp_path_factory: pytest.Temp
         cluster.kubectl.run("delete", "node", real.name, "--wait=false", check=False)
 
 
-def helm(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(cluster.binaries.helm), *args], env=cluster.env, capture_output=True, text=True,
-                          timeout=400, check=False)  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster, node: RealNode) -> Iterator[str]:
     """The chart installed with its default images into a namespace whose pods run on the real node: one per
@@ -51,12 +45,12 @@ def installed(cluster: Cluster, node: RealNode) -> Iterator[str]:
     namespace = f"real-{uuid.uuid4().hex[:6]}"
     cluster.kubectl.apply(node_namespace(namespace))
     begun = time.monotonic()
-    installed = helm(cluster, "install", RELEASE, str(CHART), "-n", namespace, "--take-ownership", "--wait",
-                     "--timeout", "300s", "--set", "pollSeconds=1")  # fmt: skip
+    installed = cluster.helm("install", RELEASE, str(CHART), "-n", namespace, "--take-ownership", "--wait",
+                             "--timeout", "300s", "--set", "pollSeconds=1", check=False, timeout=400)  # fmt: skip
     try:
         assert installed.returncode == 0, f"{installed.stderr}\n{describe(cluster, namespace)}"
         print(f"chart installed, operator ready in {time.monotonic() - begun:.1f} s")
         yield namespace
     finally:
-        helm(cluster, "uninstall", RELEASE, "-n", namespace, "--wait")
+        cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", check=False, timeout=400)
         cluster.kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)

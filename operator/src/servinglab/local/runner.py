@@ -41,7 +41,6 @@ from servinglab.measure.raw.figures import RawCache
 from servinglab.measure.telemetry import LocalTelemetry
 from servinglab.models import forms
 from servinglab.servers.base import (
-    PORT_ATTEMPTS,
     LocalServer,
     ModelError,
     PortTaken,
@@ -51,7 +50,7 @@ from servinglab.servers.base import (
     not_applied,
 )
 from servinglab.servers.handler import powers_of_two_up_to
-from servinglab.servers.process import visible_gpus
+from servinglab.servers.process import start_ready, visible_gpus
 
 
 class RunError(RuntimeError):
@@ -157,23 +156,24 @@ class ServerSlot:
         self, kind: Server, spec: ExperimentSpec, model: ServedModel, taken: PortTaken | None = None
     ) -> tuple[LocalServer, float]:
         """A new server for the model, ready, and the seconds that took: started again on other ports when a
-        port picked for it was taken before it bound it, at most PORT_ATTEMPTS starts (`taken`: a restart
-        that found its port taken, the first of them)."""
-        for _attempt in range(2 if taken else 1, PORT_ATTEMPTS + 1):
-            if taken is not None:  # its work directory goes with a run that then succeeds: this says all there is
-                self.hooks.phase(f"{taken.server} could not listen ({taken.said}); starting it again on other ports")
-            server = kind.local(spec.model.name, model.directory, spec, self.workdir, self.reuse)  # new ports
+        port picked for it was taken before it bound it, at most PORT_ATTEMPTS starts (`taken`: a restart that
+        found its port taken, the first of them). A start that fails leaves the slot empty."""
+
+        def make() -> LocalServer:  # new ports; held at once, so an interrupt's cleanup finds it
+            server = kind.local(spec.model.name, model.directory, spec, self.workdir, self.reuse)
             self.server, self.kind = server, kind.kind
-            try:
-                server.start()
-                cold_start = server.wait_ready(spec.server.startup_timeout_seconds)
-            except PortTaken as exc:
-                self.stop_server()
-                taken = exc
-                continue
-            self.hooks.phase(f"{kind.name} ready in {cold_start:.1f} s")
-            return server, cold_start
-        raise ServerError(f"{taken}; a port was taken at each of {PORT_ATTEMPTS} starts")
+            return server
+
+        def retrying(taken: PortTaken) -> None:  # the only record: a run that then succeeds removes its workdir
+            self.hooks.phase(f"{taken.server} could not listen ({taken.said}); starting it again on other ports")
+
+        try:
+            server, cold_start = start_ready(make, spec.server.startup_timeout_seconds, taken=taken, retrying=retrying)
+        except BaseException:  # stopped already; the slot must not offer it to the next experiment
+            self.stop_server()
+            raise
+        self.hooks.phase(f"{kind.name} ready in {cold_start:.1f} s")
+        return server, cold_start
 
     def stop_server(self) -> None:
         if self.server is not None:

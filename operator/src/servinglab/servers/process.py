@@ -1,7 +1,8 @@
 """What every local server process needs from this machine: free loopback ports, how many GPUs it may
 use, starting it under a watchdog that stops it with everything it started (even when this process is
-killed), and one request to it. Used by the servers' local processes (and by the tests' stand-ins, which
-need free ports too).
+killed), a server started again on other ports when one picked for it was taken, and one request to it.
+Used by the servers' local processes and the local runner (and by the tests: their stand-ins need free
+ports too, and the tests that start a server themselves meet taken ports as users do).
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import socket
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
 from servinglab import lifeline
-from servinglab.servers.base import PortTaken, ServerError
+from servinglab.servers.base import PORT_ATTEMPTS, LocalServer, PortTaken, ServerError
+
+S = TypeVar("S", bound=LocalServer)
 
 #: Where free ports are looked for: below the kernel's ephemeral range, which outgoing connections draw
 #: from. A port picked there (bound to 0) can be taken by any client's connection before the server binds
@@ -88,6 +92,31 @@ def start_guarded(
         return lifeline.spawn(
             command, grace_seconds=grace_seconds, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT
         )
+
+
+def start_ready(
+    make: Callable[[], S], timeout_seconds: float, *, taken: PortTaken | None = None,
+    retrying: Callable[[PortTaken], None] = lambda taken: None,
+) -> tuple[S, float]:  # fmt: skip
+    """`make()`'s server, started and ready, and the seconds that took (its cold start). A start that ends
+    in :class:`PortTaken` is stopped and `make()` called again, since a new server picks new ports; `retrying`
+    hears why before each new start. At most PORT_ATTEMPTS starts, `taken` counting as the first: a start the
+    caller saw end so. A port taken at every start raises :class:`ServerError`; any other failure (an
+    interrupt too) stops the server and is raised as it came."""
+    for _attempt in range(2 if taken else 1, PORT_ATTEMPTS + 1):
+        if taken is not None:
+            retrying(taken)
+        server = make()
+        try:
+            server.start()
+            return server, server.wait_ready(timeout_seconds)
+        except PortTaken as exc:
+            server.stop()
+            taken = exc
+        except BaseException:
+            server.stop()
+            raise
+    raise ServerError(f"{taken}; a port was taken at each of {PORT_ATTEMPTS} starts")
 
 
 def stop_guarded(guard: lifeline.Guarded) -> None:

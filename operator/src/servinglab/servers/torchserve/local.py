@@ -278,14 +278,15 @@ class LocalTorchServe:
 
     def stop(self) -> None:
         """End TorchServe's process group (SIGTERM, SIGKILL after STOP_GRACE_SECONDS), then kill any
-        descendant that left the group; idempotent."""
-        if self.guard is None:
-            return
-        stop_guarded(self.guard)
-        self.guard = None
-        self.process = None
+        descendant that left the group; idempotent. Its temp folder goes too, made even by a start that
+        failed before TorchServe ran."""
+        if self.guard is not None:
+            stop_guarded(self.guard)
+            self.guard = None
+            self.process = None
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
 
     def __enter__(self) -> LocalTorchServe:
         self.start()
