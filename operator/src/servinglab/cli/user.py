@@ -154,7 +154,7 @@ def results(name: str, namespace: str, output: Path | None, is_sweep: bool, expo
         fail(f"{SWEEP_KIND if is_sweep else 'ServingExperiment'} {namespace}/{name} not found", ExitCode.INVALID)
     if isinstance(found, follow.ClusterExperiment):
         if not found.results.results:
-            console.print(f"{namespace}/{name}: {found.state}, no results yet")
+            console.print(f"{namespace}/{name}: {found.state or 'Pending'}, no results yet")
         _show_cluster_result(found, output)
         return
     print_sweep(found.results)

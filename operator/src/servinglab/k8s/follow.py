@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from servinglab.api import GROUP_VERSION, KIND, ExperimentSpec, ServingExperiment, ServingSweep
 from servinglab.api import conditions as cond
 from servinglab.api.results import ExperimentResults, PeakRate, Runtime
+from servinglab.api.states import ExperimentState
 from servinglab.api.status import ExperimentStatus
 from servinglab.api.trials import SweepResults
 from servinglab.k8s.client import Kube, KubeError, Ref
@@ -26,10 +27,11 @@ from servinglab.servers.base import Manifest
 
 @dataclass(frozen=True)
 class ClusterExperiment:
-    """A cluster experiment as a results document, its state, and why it failed (if it did)."""
+    """A cluster experiment as a results document, its state (None: the operator has written none yet), and
+    why it failed (if it did)."""
 
     results: ExperimentResults
-    state: str
+    state: ExperimentState | None
     failure: str | None
 
 
@@ -66,7 +68,7 @@ def experiment_of(body: Manifest) -> ClusterExperiment:
     ).model_copy(update={"conditions": status.conditions, "generator": None})  # fmt: skip
     failed = cond.get(status.conditions, cond.FAILED)
     failure = f"{failed.reason}: {failed.message}" if failed is not None and failed.status == "True" else None
-    return ClusterExperiment(document, summary.state if summary is not None else "Pending", failure)
+    return ClusterExperiment(document, summary.state if summary is not None else None, failure)
 
 
 async def _apply_and_follow(

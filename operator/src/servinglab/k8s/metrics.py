@@ -37,6 +37,7 @@ from prometheus_client import Counter, Gauge, start_http_server
 
 from servinglab.api import ExperimentSpec
 from servinglab.api.results import LevelResult
+from servinglab.api.states import ExperimentState
 from servinglab.api.trials import SweepBest, SweepPoint
 
 _CONFIG_LABELS = (
@@ -118,7 +119,7 @@ def start_server() -> None:
 def finished(
     namespace: str,
     experiment: str,
-    state: str,
+    state: ExperimentState,
     spec: ExperimentSpec | None = None,
     levels: list[LevelResult] | None = None,
 ) -> None:
