@@ -118,15 +118,11 @@ class Prometheus:
 
     def scrape(self, target: str, labels: dict[str, str]) -> None:
         """Add a scrape target (host:port) through file discovery."""
-        current = json.loads(self.targets.read_text())
-        current.append({"targets": [target], "labels": labels})
-        _replace(self.targets, current)
+        _add(self.targets, {"targets": [target], "labels": labels})
 
     def scrape_kubelet(self, target: str) -> None:
         """Add a stand-in kubelet's cAdvisor (host:port) through file discovery."""
-        current = json.loads(self.kubelets.read_text())
-        current.append({"targets": [target]})
-        _replace(self.kubelets, current)
+        _add(self.kubelets, {"targets": [target]})
 
     def forget(self, targets: Collection[str]) -> None:
         """Stop scraping `targets` (host:port), added by `scrape` or `scrape_kubelet`: once their test has ended,
@@ -161,6 +157,11 @@ class Prometheus:
 
     def stop(self) -> None:
         self.group.stop()
+
+
+def _add(path: Path, group: dict[str, Any]) -> None:
+    """One target group more in a file-discovery list."""
+    _replace(path, [*json.loads(path.read_text()), group])
 
 
 def _replace(path: Path, groups: list[dict[str, Any]]) -> None:

@@ -157,21 +157,17 @@ class ServerSlot:
     ) -> tuple[LocalServer, float]:
         """A new server for the model, ready, and the seconds that took: started again on other ports when a
         port picked for it was taken before it bound it, at most PORT_ATTEMPTS starts (`taken`: a restart that
-        found its port taken, the first of them). A start that fails leaves the slot empty."""
+        found its port taken, the first of them). The slot holds it once it is ready: start_ready stops a start
+        that fails (an interrupt too), so a failed start leaves the slot empty."""
 
-        def make() -> LocalServer:  # new ports; held at once, so an interrupt's cleanup finds it
-            server = kind.local(spec.model.name, model.directory, spec, self.workdir, self.reuse)
-            self.server, self.kind = server, kind.kind
-            return server
+        def make() -> LocalServer:  # each one picks new ports
+            return kind.local(spec.model.name, model.directory, spec, self.workdir, self.reuse)
 
         def retrying(taken: PortTaken) -> None:  # the only record: a run that then succeeds removes its workdir
             self.hooks.phase(f"{taken.server} could not listen ({taken.said}); starting it again on other ports")
 
-        try:
-            server, cold_start = start_ready(make, spec.server.startup_timeout_seconds, taken=taken, retrying=retrying)
-        except BaseException:  # stopped already; the slot must not offer it to the next experiment
-            self.stop_server()
-            raise
+        server, cold_start = start_ready(make, spec.server.startup_timeout_seconds, taken=taken, retrying=retrying)
+        self.server, self.kind = server, kind.kind
         self.hooks.phase(f"{kind.name} ready in {cold_start:.1f} s")
         return server, cold_start
 
